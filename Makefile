@@ -1,0 +1,33 @@
+# trl-prime: the two Quickstart commands. Each sets itself up on a fresh machine.
+#   make demo   PRIME training on the embedded default model and problems
+#   make test   the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# On a machine without an NVIDIA GPU, install the CPU build of torch first (else pip pulls a CUDA build).
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: setup test demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "GPU found: installing the default torch build"; \
+	else \
+		echo "no GPU: installing $(TORCH_CPU) (CPU build)"; \
+		$(PY) -m pip install --quiet "$(TORCH_CPU)"; \
+	fi
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) recipes/demo.py $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

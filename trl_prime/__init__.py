@@ -1,0 +1,39 @@
+"""trl-prime: process rewards without process labels for Hugging Face TRL.
+
+PRIME (arXiv 2502.01456), the Implicit PRM (arXiv 2412.01981), PRL (arXiv 2601.10201) and PROF
+(arXiv 2509.03403) as TRL trainers over a pure tensor core, :mod:`trl_prime.functional`.
+
+Heavy submodules (trainers, models) are imported lazily, so ``import trl_prime.functional`` stays cheap.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0.dev0"
+
+# public name -> submodule that defines it
+_LAZY = {
+    "ImplicitPRM": "trl_prime.implicit_prm",
+    "PrimeRLOOConfig": "trl_prime.prime_config",
+    "PrimeGRPOConfig": "trl_prime.prime_config",
+    "PrimeRLOOTrainer": "trl_prime.prime_trainer",
+    "PrimeGRPOTrainer": "trl_prime.prime_trainer",
+}
+
+__all__ = ["functional", "rewards", "__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name in ("functional", "rewards", "callbacks"):
+        return import_module(f"trl_prime.{name}")
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trl_prime' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trl_prime import functional, rewards  # noqa: F401
