@@ -1,0 +1,1708 @@
+# Copyright 2025 The trl-prime developers. Licensed under the Apache License, Version 2.0.
+"""Pure tensor functions of PRIME, the Implicit PRM, PRL and PROF.
+
+Everything here is a side-effect-free function of tensors: no trainer, no model, no global state (the
+only randomness, PROF's ``mode="correct"``, goes through an explicit ``torch.Generator``). Functions work
+on any device and floating dtype (half precision inputs are reduced in float32 internally and cast back),
+keep the autograd graph of their inputs, and are vectorised over tokens.
+
+Conventions (SPEC section 0):
+
+* ``B`` completions, ``T`` padded completion length, completions right-padded. ``mask`` is ``(B, T)``
+  bool or 0/1 and is 1 on real completion tokens (EOS included). Masks are never inferred from token
+  values.
+* Groups (completions of one prompt) are given either by ``group_ids`` ``(B,)`` (integer tensor, or any
+  sequence of hashables; any order, any group size) or, for contiguous equal groups, by
+  ``num_generations``.
+* Outcome rewards ``(B,)`` may be ``NaN`` = unscorable: such rows are excluded from every mean, std and
+  baseline, get advantage 0 and loss weight 0.
+* Values at padded positions are unspecified by the SPEC; the advantage functions here return 0 there.
+
+Sources: PRIME (arXiv 2502.01456), Implicit PRM (arXiv 2412.01981), PRL (arXiv 2601.10201), PROF
+(arXiv 2509.03403). Where the authors' released code differs from the paper, the paper is the default
+and the released behaviour is a named option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+
+__all__ = [
+    # implicit PRM
+    "implicit_token_rewards",
+    "token_logps",
+    "sequence_logps",
+    "implicit_prm_loss",
+    "step_rewards",
+    "aggregate_step_rewards",
+    "split_steps",
+    "join_steps",
+    "step_end_mask",
+    # generic helpers
+    "masked_mean",
+    "masked_whiten",
+    "last_token_mask",
+    "discounted_cumsum",
+    "process_reward_batch_norm",
+    "left_fill_by_next_nonzero",
+    "fill_from_step_end",
+    # advantages
+    "rloo_advantages",
+    "grpo_advantages",
+    "prime_advantages",
+    # PRIME metrics and filter
+    "prompt_accuracy_mask",
+    "prm_pair_accuracy",
+    "prm_abs_accuracy",
+    # PRL
+    "prl_advantages",
+    # PROF
+    "prof_step_scores_from_logits",
+    "prof_step_scores_from_implicit",
+    "prof_consistency_scores",
+    "prof_select",
+]
+
+GroupIds = Union[torch.Tensor, Sequence[Any]]
+
+_PRIME_ESTIMATORS = ("rloo", "grpo", "reinforce")
+_RLOO_BASELINES = ("paper", "reference")
+_PROCESS_REWARD_NORMS = ("none", "batch_norm")
+_LOSS_TYPES = ("ce", "dpo", "kto", "nca")
+_AGGREGATIONS = ("min", "mean", "sum", "last")
+_STEP_SPLITS = ("double_newline", "newline", "length", "token")
+_PRL_ORDERS = ("advantage_first", "process_first")
+_PROF_CENTERS = ("none", "batch")
+_PROF_MODES = ("both", "correct")
+_PROF_PENALTY_POSITIONS = ("paper", "reference")
+_PROF_ROUNDINGS = ("half_even", "half_up", "half_down")
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation and dtype helpers (private)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
+
+
+def _check_tensor(name: str, x: Any) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}.")
+
+
+def _check_2d(name: str, x: torch.Tensor) -> None:
+    _check_tensor(name, x)
+    if x.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (B, T), got shape {tuple(x.shape)}.")
+
+
+def _check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    _check_tensor(name_a, a)
+    _check_tensor(name_b, b)
+    if a.shape != b.shape:
+        raise ValueError(
+            f"`{name_a}` and `{name_b}` must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}; "
+            f"pass per-token tensors aligned on the same (B, T) completion grid."
+        )
+
+
+def _check_rows(name: str, x: torch.Tensor, batch_size: int) -> None:
+    _check_tensor(name, x)
+    if x.dim() != 1 or x.shape[0] != batch_size:
+        raise ValueError(f"`{name}` must have shape ({batch_size},) (one value per completion), got {tuple(x.shape)}.")
+
+
+def _as_bool_mask(name: str, mask: torch.Tensor) -> torch.Tensor:
+    """Validate a 0/1 or bool mask and return it as bool (never inferred from token values)."""
+    _check_tensor(name, mask)
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise ValueError(f"`{name}` must be a bool or 0/1 tensor, got dtype {mask.dtype}.")
+    if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"`{name}` must contain only 0/1 (or be bool); it holds other values.")
+    return mask != 0
+
+
+def _work_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32 for half/bfloat16/integer inputs, float64 if any input is float64."""
+    dt = torch.float32
+    for t in tensors:
+        if t is not None and t.is_floating_point():
+            dt = torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def _group_index(
+    group_ids: Optional[GroupIds],
+    num_generations: Optional[int],
+    batch_size: int,
+    device: torch.device,
+    *,
+    fn: str,
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Map groups to ``(gid (B,) long in [0, G), G, counts (G,) long)``."""
+    if group_ids is not None and num_generations is not None:
+        raise ValueError(f"{fn}: pass either `group_ids` or `num_generations`, not both.")
+    if group_ids is None and num_generations is None:
+        raise ValueError(f"{fn}: pass `group_ids` (B,) or `num_generations` to say which completions share a prompt.")
+    if group_ids is not None:
+        if isinstance(group_ids, torch.Tensor):
+            if group_ids.dim() != 1 or group_ids.shape[0] != batch_size:
+                raise ValueError(
+                    f"{fn}: `group_ids` must have shape ({batch_size},) (one id per completion), "
+                    f"got {tuple(group_ids.shape)}."
+                )
+            if group_ids.is_floating_point() or group_ids.is_complex():
+                raise ValueError(f"{fn}: `group_ids` must be an integer tensor, got dtype {group_ids.dtype}.")
+            _, gid = torch.unique(group_ids.to(device), return_inverse=True)
+            gid = gid.long()
+        else:
+            ids = list(group_ids)
+            if len(ids) != batch_size:
+                raise ValueError(
+                    f"{fn}: `group_ids` must have {batch_size} entries (one per completion), got {len(ids)}."
+                )
+            first: dict[Any, int] = {}
+            gid = torch.tensor([first.setdefault(g, len(first)) for g in ids], dtype=torch.long, device=device)
+        num_groups = int(gid.max().item()) + 1 if batch_size else 0
+    else:
+        if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
+            raise ValueError(f"{fn}: `num_generations` must be a positive int, got {num_generations!r}.")
+        if batch_size % num_generations != 0:
+            raise ValueError(
+                f"{fn}: num_generations={num_generations} does not divide the batch size B={batch_size}; "
+                f"make B a multiple of num_generations or pass `group_ids` for uneven groups."
+            )
+        gid = torch.arange(batch_size, device=device) // num_generations
+        num_groups = batch_size // num_generations
+    counts = torch.bincount(gid, minlength=num_groups)
+    return gid, num_groups, counts
+
+
+def _group_label(group_ids: GroupIds, row: int) -> Any:
+    g = group_ids[row]
+    return g.item() if isinstance(g, torch.Tensor) else g
+
+
+def _group_sum(x: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Differentiable per-group sum of a (B,) tensor."""
+    return torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add(0, gid, x)
+
+
+def _safe_std(var: torch.Tensor) -> torch.Tensor:
+    """sqrt with a finite gradient at 0."""
+    pos = var > 0
+    return torch.where(pos, torch.sqrt(torch.where(pos, var, torch.ones_like(var))), torch.zeros_like(var))
+
+
+def _group_mean_std(
+    x: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, num_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group mean and unbiased std over ``valid`` rows; groups of < 2 valid rows get mean 0, std 1."""
+    xv = torch.where(valid, x, torch.zeros_like(x))
+    w = valid.to(x.dtype)
+    cnt = _group_sum(w, gid, num_groups)
+    mean = _group_sum(xv, gid, num_groups) / cnt.clamp(min=1)
+    centred = torch.where(valid, x - mean[gid], torch.zeros_like(x))
+    var = _group_sum(centred * centred, gid, num_groups) / (cnt - 1).clamp(min=1)
+    std = _safe_std(var)
+    single = cnt < 2
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[gid], std[gid], cnt[gid]
+
+
+# ----------------------------------------------------------------------------------------------------
+# generic masked helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is true.
+
+    Args:
+        values: Float tensor of any shape.
+        mask: Bool or 0/1 tensor of the same shape.
+        dim: Reduce over this dimension only; ``None`` reduces over everything.
+
+    Returns:
+        The masked mean (0 where the mask is empty), in ``values``' dtype.
+
+    Raises:
+        ValueError: if the shapes differ or the mask is not 0/1.
+    """
+    _check_same_shape("values", values, "mask", mask)
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(values)
+    v = torch.where(m, values.to(wd), torch.zeros((), dtype=wd, device=values.device))
+    n = m.to(wd).sum() if dim is None else m.to(wd).sum(dim)
+    s = v.sum() if dim is None else v.sum(dim)
+    return (s / n.clamp(min=1)).to(_out_dtype(values))
+
+
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Whiten ``values`` with the mean and unbiased variance of the masked entries.
+
+    ``(values - mean) * rsqrt(var + eps)`` with ``mean = sum(values*mask)/sum(mask)`` and
+    ``var = sum((values-mean)^2*mask)/(sum(mask)-1)`` (Bessel-corrected). As in the PRIME released code
+    (veRL ``masked_whiten``) the affine map is applied to every entry; entries outside the mask are not
+    zeroed. (The released veRL port adds 1e-8 to the denominator of the mean; the difference is below
+    1e-7 relative and not offered as an option.)
+
+    Args:
+        values: Float tensor of any shape, usually ``(B, T)`` returns.
+        mask: Bool or 0/1 tensor of the same shape; the statistics are taken over it (all rows together).
+        shift_mean: If False, add the mean back (only rescale).
+        eps: Added to the variance inside the square root.
+
+    Returns:
+        Tensor of ``values``' shape and dtype. After whitening, the masked entries have mean 0 and unbiased
+        variance ``var/(var+eps)`` (i.e. 1 up to ``eps``).
+
+    Raises:
+        ValueError: if shapes differ, the mask is not 0/1, or fewer than 2 entries are masked (the unbiased
+            variance is undefined).
+
+    Source: PRIME released code (``core_algos.masked_whiten``), used on the returns of PRIME Eq. 5.
+    """
+    _check_same_shape("values", values, "mask", mask)
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(values)
+    v = values.to(wd)
+    w = m.to(wd)
+    n = w.sum()
+    if float(n) < 2:
+        raise ValueError(
+            f"masked_whiten needs at least 2 masked entries for an unbiased variance, got {int(float(n))}; "
+            f"check `mask` (or skip whitening for this batch)."
+        )
+    mean = (torch.where(m, v, torch.zeros_like(v))).sum() / n
+    centred = torch.where(m, v - mean, torch.zeros_like(v))
+    var = (centred * centred).sum() / (n - 1)
+    out = (v - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out.to(_out_dtype(values))
+
+
+def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Bool ``(B, T)`` tensor that is true only at the last valid position of each row.
+
+    Works for any mask (not only right padding): the last position where ``mask`` is true. Rows with no
+    valid token are all False.
+
+    Raises:
+        ValueError: if ``mask`` is not 2-D or not 0/1.
+    """
+    _check_2d("mask", mask)
+    m = _as_bool_mask("mask", mask)
+    T = m.shape[1]
+    if T == 0:
+        return m.clone()
+    pos = torch.arange(T, device=m.device).expand_as(m)
+    last = torch.where(m, pos, torch.full_like(pos, -1)).max(dim=1, keepdim=True).values
+    return (pos == last) & m
+
+
+def discounted_cumsum(values: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Reverse discounted cumulative sum along the last dim: ``R_t = sum_{s>=t} gamma^(s-t) x_s``.
+
+    Vectorised (no loop over tokens): ``gamma == 1`` uses a flipped cumsum; otherwise a block-triangular
+    matrix product (blocks of 256 tokens, memory O(B*T + 256^2 + (T/256)^2)).
+
+    Args:
+        values: ``(..., T)`` float tensor (zero it outside the mask first).
+        gamma: Discount in ``[0, 1]``.
+
+    Returns:
+        Tensor of the same shape and dtype.
+
+    Raises:
+        ValueError: if ``gamma`` is outside ``[0, 1]``.
+
+    Source: the discounted sum of PRIME Eq. 5 (``sum_{s>=t} gamma^(s-t) ...``).
+    """
+    _check_tensor("values", values)
+    if not (0.0 <= float(gamma) <= 1.0):
+        raise ValueError(f"gamma={gamma!r} must be in [0, 1].")
+    wd = _work_dtype(values)
+    x = values.to(wd)
+    T = x.shape[-1]
+    if T == 0:
+        return values.clone()
+    if gamma == 1.0:
+        out = x.flip(-1).cumsum(-1).flip(-1)
+        return out.to(_out_dtype(values))
+    block = min(T, 256)
+    nb = (T + block - 1) // block
+    pad = nb * block - T
+    xp = F.pad(x, (0, pad))
+    lead = xp.shape[:-1]
+    xb = xp.reshape(*lead, nb, block)
+    idx = torch.arange(block, device=x.device)
+    diff = (idx[:, None] - idx[None, :]).to(wd)  # s - t
+    g = torch.tensor(float(gamma), dtype=wd, device=x.device)
+    W = torch.where(diff >= 0, torch.pow(g, diff.clamp(min=0)), torch.zeros((), dtype=wd, device=x.device))
+    local = xb @ W  # local[..., k, t] = sum_{s>=t in block k} gamma^(s-t) x_s
+    bidx = torch.arange(nb, device=x.device)
+    bdiff = (bidx[:, None] - bidx[None, :]).to(wd)  # j - k
+    Wb = torch.where(bdiff >= 0, torch.pow(g, (bdiff * block).clamp(min=0)), torch.zeros((), dtype=wd, device=x.device))
+    starts = local[..., 0] @ Wb  # R at the first token of each block
+    nxt = torch.cat([starts[..., 1:], torch.zeros_like(starts[..., :1])], dim=-1)  # R at the next block start
+    carry_w = torch.pow(g, (block - idx).to(wd))  # gamma^(block - t)
+    out = local + nxt[..., None] * carry_w
+    out = out.reshape(*lead, nb * block)[..., :T]
+    return out.to(_out_dtype(values))
+
+
+def process_reward_batch_norm(
+    token_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *, eps: float = 1e-6
+) -> torch.Tensor:
+    """PRIME's ``batch_norm`` of process rewards: divide by the batch's max |reverse cumulative sum|.
+
+    ``x / (max_{b,t} |sum_{s>=t} x_{b,s}| + eps)`` with ``x`` zeroed outside ``mask``.
+
+    Args:
+        token_rewards: ``(B, T)`` token process rewards.
+        mask: Optional ``(B, T)`` bool/0-1 mask; entries outside it are set to 0 first.
+        eps: Added to the maximum.
+
+    Returns:
+        ``(B, T)`` in the input dtype (0 outside the mask).
+
+    Source: PRIME released code (``prime_norm == "batch_norm"``, veRL recipe ``prime_dp_rm.py``).
+    """
+    _check_2d("token_rewards", token_rewards)
+    wd = _work_dtype(token_rewards)
+    x = token_rewards.to(wd)
+    if mask is not None:
+        _check_same_shape("token_rewards", token_rewards, "mask", mask)
+        m = _as_bool_mask("mask", mask)
+        x = torch.where(m, x, torch.zeros_like(x))
+    if x.numel() == 0:
+        return x.to(_out_dtype(token_rewards))
+    denom = discounted_cumsum(x, 1.0).abs().max() + eps
+    return (x / denom).to(_out_dtype(token_rewards))
+
+
+def left_fill_by_next_nonzero(x: torch.Tensor) -> torch.Tensor:
+    """Released PRL fill: every position takes the nearest NON-ZERO value at or to its right (0 if none).
+
+    ``y[i, j] = x[i, k]`` with ``k = min{k >= j : x[i, k] != 0}``. Exact zeros are treated as holes, so a
+    legitimate step-end value of exactly 0 is overwritten by the next step's value; the library's default
+    is :func:`fill_from_step_end` with an explicit step-end mask. Kept for ``zero_fill_compat=True``.
+
+    Args:
+        x: ``(N, M)`` tensor.
+
+    Returns:
+        ``(N, M)`` tensor, same dtype.
+
+    Source: PRL released code (``core_algos.left_fill_by_next_nonzero``).
+    """
+    _check_2d("x", x)
+    return fill_from_step_end(x, x != 0)
+
+
+def fill_from_step_end(values: torch.Tensor, step_ends: torch.Tensor) -> torch.Tensor:
+    """Give every position the value at the next step end at or after it (explicit step-end mask).
+
+    ``y[i, j] = values[i, k]`` with ``k = min{k >= j : step_ends[i, k]}``; 0 where no step end follows.
+    Unlike :func:`left_fill_by_next_nonzero`, a step-end value of exactly 0 is kept. Differentiable w.r.t.
+    ``values``.
+
+    Args:
+        values: ``(B, T)`` float tensor.
+        step_ends: ``(B, T)`` bool/0-1 mask of step-end positions.
+
+    Returns:
+        ``(B, T)`` tensor, same dtype as ``values``.
+
+    Source: PRL Algorithm 1 (segment-level weights), with the zero-boundary fix of SPEC section 3.
+    """
+    _check_2d("values", values)
+    _check_same_shape("values", values, "step_ends", step_ends)
+    ends = _as_bool_mask("step_ends", step_ends)
+    B, T = values.shape
+    if T == 0:
+        return values.clone()
+    pos = torch.arange(T, device=values.device).expand(B, T)
+    idx = torch.where(ends, pos, torch.full_like(pos, T))
+    nxt = idx.flip(-1).cummin(dim=-1).values.flip(-1)
+    gathered = values.gather(1, nxt.clamp(max=T - 1))
+    return torch.where(nxt < T, gathered, torch.zeros_like(gathered))
+
+
+# ----------------------------------------------------------------------------------------------------
+# implicit PRM
+# ----------------------------------------------------------------------------------------------------
+
+
+def implicit_token_rewards(
+    prm_logps: torch.Tensor,
+    ref_logps: Optional[torch.Tensor],
+    mask: torch.Tensor,
+    *,
+    beta: float = 0.05,
+    include_last_token: bool = True,
+) -> torch.Tensor:
+    """Implicit process reward of every token: ``r_t = beta * (log pi_phi(y_t) - log pi_ref(y_t)) * mask_t``.
+
+    Args:
+        prm_logps: ``(B, T)`` log-probs (nats) of the sampled tokens under the implicit PRM ``pi_phi``.
+        ref_logps: ``(B, T)`` log-probs under the reference ``pi_ref``; ``None`` gives the "without
+            reference" score ``beta * log pi_phi`` (Implicit PRM best-of-N ablation).
+        mask: ``(B, T)`` bool/0-1 completion mask.
+        beta: Scale of the log-ratio (default 0.05).
+        include_last_token: If False, the last valid token of each row gets reward 0 (released veRL PRIME
+            behaviour; a length-1 completion then gets no process reward).
+
+    Returns:
+        ``(B, T)`` rewards in the dtype of ``prm_logps``; 0 outside ``mask``; keeps the autograd graph.
+        Exactly 0 everywhere when ``prm_logps == ref_logps``.
+
+    Raises:
+        ValueError: on mismatched shapes or a non 0/1 mask.
+
+    Source: PRIME Eq. 3; Implicit PRM §3 (Proposition 3.1: ``q_t = sum_{i<=t} r_i``).
+    """
+    _check_2d("prm_logps", prm_logps)
+    _check_same_shape("prm_logps", prm_logps, "mask", mask)
+    if ref_logps is not None:
+        _check_same_shape("prm_logps", prm_logps, "ref_logps", ref_logps)
+    m = _as_bool_mask("mask", mask)
+    if not include_last_token:
+        m = m & ~last_token_mask(m)
+    diff = prm_logps if ref_logps is None else prm_logps - ref_logps
+    r = beta * diff
+    return torch.where(m, r, torch.zeros_like(r))
+
+
+def token_logps(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    chunk_size: int = 1024,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Per-token log-probabilities ``log softmax(logits)[ids]`` without materialising (B, T, V) log-softmax.
+
+    Rows of the flattened ``(B*T, V)`` logits are processed in chunks of ``chunk_size``: gather the chosen
+    logit and subtract ``logsumexp`` (computed in float32 for half-precision logits), so peak extra memory
+    is ``chunk_size * V`` elements. Differentiable w.r.t. ``logits``. No causal shift is applied.
+
+    Args:
+        logits: ``(..., V)`` float logits.
+        ids: ``(...)`` integer token ids, shape ``logits.shape[:-1]``.
+        chunk_size: Rows per chunk.
+        dtype: Output dtype (default: ``logits.dtype``).
+
+    Returns:
+        ``(...)`` log-probs (nats).
+
+    Raises:
+        ValueError: if ``ids`` does not match ``logits.shape[:-1]`` or ``chunk_size < 1``.
+
+    Source: TRL ``selective_log_softmax`` (memory-saving form).
+    """
+    _check_tensor("logits", logits)
+    _check_tensor("ids", ids)
+    if logits.dim() < 1 or ids.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"`ids` must have shape logits.shape[:-1]={tuple(logits.shape[:-1])}, got {tuple(ids.shape)}."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be >= 1.")
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    flat_ids = ids.reshape(-1).long()
+    wd = _work_dtype(logits)
+    out = []
+    for start in range(0, flat.shape[0], chunk_size):
+        chunk = flat[start : start + chunk_size].to(wd)
+        sel = chunk.gather(-1, flat_ids[start : start + chunk_size, None]).squeeze(-1)
+        out.append(sel - torch.logsumexp(chunk, dim=-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=wd)
+    return res.reshape(ids.shape).to(dtype or logits.dtype)
+
+
+def sequence_logps(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lengths: Union[torch.Tensor, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed and mean log-prob of each completion under a causal LM.
+
+    Causal shift: ``logits[:, t-1]`` scores ``input_ids[:, t]``. Only completion tokens count: positions
+    ``t >= prompt_lengths[b]`` (the index of the first completion token in ``input_ids``, i.e. the padded
+    prompt width for left-padded prompts) with ``attention_mask[b, t] == 1``.
+
+    Args:
+        logits: ``(B, L, V)`` logits of the full sequences.
+        input_ids: ``(B, L)`` token ids.
+        attention_mask: ``(B, L)`` bool/0-1.
+        prompt_lengths: ``(B,)`` ints or one int.
+
+    Returns:
+        ``(logps_sum (B,), logps_mean (B,))`` in the logits' dtype (log-probs and sums are computed in
+        float32 for half-precision logits, then cast back). ``logps_mean`` is 0 for a row with no completion
+        token. ``beta * (sum_prm - sum_ref)`` is the Implicit PRM outcome reward ``r(y)``.
+
+    Raises:
+        ValueError: on mismatched shapes.
+
+    Source: Implicit PRM §3 (``r(y) = beta log pi_phi(y)/pi_ref(y)``).
+    """
+    _check_tensor("logits", logits)
+    if logits.dim() != 3:
+        raise ValueError(f"`logits` must have shape (B, L, V), got {tuple(logits.shape)}.")
+    _check_2d("input_ids", input_ids)
+    if input_ids.shape != logits.shape[:2]:
+        raise ValueError(f"`input_ids` must have shape {tuple(logits.shape[:2])}, got {tuple(input_ids.shape)}.")
+    _check_same_shape("input_ids", input_ids, "attention_mask", attention_mask)
+    am = _as_bool_mask("attention_mask", attention_mask)
+    B, L = input_ids.shape
+    if isinstance(prompt_lengths, int):
+        pl = torch.full((B,), prompt_lengths, dtype=torch.long, device=input_ids.device)
+    else:
+        _check_rows("prompt_lengths", prompt_lengths, B)
+        pl = prompt_lengths.to(input_ids.device).long()
+    wd = _work_dtype(logits)
+    lp = token_logps(logits[:, :-1], input_ids[:, 1:], dtype=wd)  # (B, L-1), position t-1 -> token t
+    t = torch.arange(1, L, device=input_ids.device).expand(B, L - 1)
+    m = am[:, 1:] & (t >= pl[:, None])
+    lp = torch.where(m, lp, torch.zeros_like(lp))
+    s = lp.sum(-1)
+    n = m.sum(-1).to(wd)
+    return s.to(logits.dtype), (s / n.clamp(min=1)).to(logits.dtype)
+
+
+def implicit_prm_loss(
+    prm_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    beta: float = 0.05,
+    loss_type: str = "ce",
+    group_ids: Optional[GroupIds] = None,
+) -> torch.Tensor:
+    """Implicit PRM loss on outcome labels only, with ``r(y) = beta * sum_t (prm - ref)_t * mask_t``.
+
+    * ``"ce"`` (default): ``mean_b BCE(sigmoid(r_b), label_b)``; labels in [0, 1] (fractional allowed), each
+      log term clamped at -100 as ``torch.nn.functional.binary_cross_entropy`` does (computed with
+      ``logsigmoid`` for accuracy).
+    * ``"dpo"``: mean over every pair (a, b) inside a group with ``label_a > label_b`` of
+      ``-logsigmoid(r_a - r_b)``.
+    * ``"nca"``: same pairs, ``-logsigmoid(r_a) - 0.5 logsigmoid(-r_a) - 0.5 logsigmoid(-r_b)``.
+    * ``"kto"``: unpaired. Desirable rows (label > 0.5) use the reference point ``z_- = max(0, mean r over
+      undesirable rows)`` (detached) and the loss ``1 - sigmoid(r - z_-)``; undesirable rows (label < 0.5) use
+      ``z_+ = max(0, mean r over desirable rows)`` and ``1 - sigmoid(z_+ - r)``; mean over all those rows.
+      Rows with label exactly 0.5 are ignored; an empty side gives a reference point of 0.
+
+    Rows with a NaN label have weight 0 everywhere. With no usable row or pair the loss is 0 (still
+    attached to the graph).
+
+    Args:
+        prm_logps: ``(B, T)`` per-token log-probs under the PRM (gradients flow into it).
+        ref_logps: ``(B, T)`` per-token log-probs under the frozen reference.
+        mask: ``(B, T)`` bool/0-1 completion mask. (Summed per-sequence log-probs can be passed as
+            ``(B, 1)`` tensors with a mask of ones.)
+        labels: ``(B,)`` outcome labels in [0, 1] or NaN.
+        beta: Implicit reward scale.
+        loss_type: ``"ce"`` | ``"dpo"`` | ``"kto"`` | ``"nca"``.
+        group_ids: ``(B,)`` prompt ids for the DPO/NCA pairs; ``None`` = all rows form one group.
+
+    Returns:
+        Scalar loss in the dtype of ``prm_logps``.
+
+    Raises:
+        ValueError: on an unknown ``loss_type``, mismatched shapes or labels outside [0, 1].
+
+    Source: PRIME §3.1 / Algorithm 1 line 8 (CE); Implicit PRM §3-4 (CE, DPO, KTO, NCA instantiations).
+    """
+    _check_choice("loss_type", loss_type, _LOSS_TYPES)
+    _check_2d("prm_logps", prm_logps)
+    _check_same_shape("prm_logps", prm_logps, "ref_logps", ref_logps)
+    _check_same_shape("prm_logps", prm_logps, "mask", mask)
+    B = prm_logps.shape[0]
+    _check_rows("labels", labels, B)
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(prm_logps, ref_logps)
+    y = labels.to(device=prm_logps.device, dtype=wd)
+    valid = ~torch.isnan(y)
+    if bool(((y[valid] < 0) | (y[valid] > 1)).any()):
+        raise ValueError("`labels` must lie in [0, 1] (or be NaN for unscorable rows).")
+    diff = prm_logps.to(wd) - ref_logps.to(wd)
+    r = beta * torch.where(m, diff, torch.zeros_like(diff)).sum(-1)  # (B,)
+    zero = r.sum() * 0.0
+
+    if loss_type == "ce":
+        if not bool(valid.any()):
+            return zero.to(prm_logps.dtype)
+        yv = torch.where(valid, y, torch.zeros_like(y))
+        logp = F.logsigmoid(r).clamp(min=-100.0)
+        log1mp = F.logsigmoid(-r).clamp(min=-100.0)
+        per_row = -(yv * logp + (1.0 - yv) * log1mp)
+        loss = per_row[valid].mean()
+        return loss.to(prm_logps.dtype)
+
+    if loss_type == "kto":
+        pos = valid & (y > 0.5)
+        neg = valid & (y < 0.5)
+        rd = r.detach()
+        z_neg = (rd[neg].mean() if bool(neg.any()) else rd.new_zeros(())).clamp(min=0)
+        z_pos = (rd[pos].mean() if bool(pos.any()) else rd.new_zeros(())).clamp(min=0)
+        terms = torch.cat([1.0 - torch.sigmoid(r[pos] - z_neg), 1.0 - torch.sigmoid(z_pos - r[neg])])
+        if terms.numel() == 0:
+            return zero.to(prm_logps.dtype)
+        return terms.mean().to(prm_logps.dtype)
+
+    # dpo / nca: every (better, worse) pair inside a group
+    if group_ids is None:
+        gid = torch.zeros(B, dtype=torch.long, device=r.device)
+    else:
+        gid, _, _ = _group_index(group_ids, None, B, r.device, fn="implicit_prm_loss")
+    same = gid[:, None] == gid[None, :]
+    yv = torch.where(valid, y, torch.zeros_like(y))
+    pairs = same & valid[:, None] & valid[None, :] & (yv[:, None] > yv[None, :])
+    if not bool(pairs.any()):
+        return zero.to(prm_logps.dtype)
+    a_idx, b_idx = pairs.nonzero(as_tuple=True)
+    ra, rb = r[a_idx], r[b_idx]
+    if loss_type == "dpo":
+        per_pair = -F.logsigmoid(ra - rb)
+    else:  # nca
+        per_pair = -F.logsigmoid(ra) - 0.5 * F.logsigmoid(-ra) - 0.5 * F.logsigmoid(-rb)
+    return per_pair.mean().to(prm_logps.dtype)
+
+
+def step_rewards(
+    token_rewards: torch.Tensor, step_ends: torch.Tensor, *, cumulative: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step rewards from token rewards: the sum of the token rewards inside each step.
+
+    With ``q_t = sum_{i<=t} r_i`` (the prefix Q-value) and step ends ``e_1 < e_2 < ...`` of a row,
+    step k's value is ``q_{e_k} - q_{e_{k-1}}`` (``q_{e_0} := 0``). Tokens after a row's last step end are
+    ignored: mark the last valid token as a step end (``step_end_mask`` does).
+
+    Args:
+        token_rewards: ``(B, T)`` token rewards (0 outside the completion, as
+            :func:`implicit_token_rewards` returns).
+        step_ends: ``(B, T)`` bool/0-1 mask of the tokens that end a step.
+        cumulative: If True return the prefix Q-values ``q_{e_k}`` instead of their differences.
+
+    Returns:
+        ``(step_values (B, S), step_mask (B, S) bool)`` with ``S`` the largest number of steps in the batch;
+        padded steps hold 0. Differentiable w.r.t. ``token_rewards``.
+
+    Raises:
+        ValueError: on mismatched shapes or a non 0/1 mask.
+
+    Source: Implicit PRM §3 (Proposition 3.1 and ``r^t = q^t - q^{t-1}``).
+    """
+    _check_2d("token_rewards", token_rewards)
+    _check_same_shape("token_rewards", token_rewards, "step_ends", step_ends)
+    ends = _as_bool_mask("step_ends", step_ends)
+    B, T = token_rewards.shape
+    counts = ends.sum(-1)
+    S = int(counts.max().item()) if B and T else 0
+    q = token_rewards.cumsum(-1) if T else token_rewards
+    rank = ends.long().cumsum(-1) - 1
+    rows = torch.arange(B, device=q.device)[:, None].expand(B, T)
+    flat = (rows * max(S, 1) + rank.clamp(min=0))[ends]
+    Q = q.new_zeros(B * max(S, 1)).index_put((flat,), q[ends]).reshape(B, max(S, 1))[:, :S]
+    step_mask = torch.arange(S, device=q.device)[None, :] < counts[:, None]
+    if cumulative:
+        return Q, step_mask
+    prev = torch.cat([Q.new_zeros(B, 1), Q[:, :-1]], dim=1) if S else Q
+    vals = torch.where(step_mask, Q - prev, torch.zeros_like(Q))
+    return vals, step_mask
+
+
+def aggregate_step_rewards(step_values: torch.Tensor, step_mask: torch.Tensor, *, how: str = "min") -> torch.Tensor:
+    """Score a response from its step rewards (best-of-N).
+
+    Args:
+        step_values: ``(B, S)`` step rewards.
+        step_mask: ``(B, S)`` bool/0-1, true on real steps.
+        how: ``"min"`` (default, Implicit PRM best-of-N), ``"mean"``, ``"sum"`` or ``"last"``.
+
+    Returns:
+        ``(B,)`` scores in the input dtype; 0 for a row without steps.
+
+    Raises:
+        ValueError: on an unknown ``how`` or mismatched shapes.
+
+    Source: Implicit PRM §4 (best-of-N with the minimum step reward).
+    """
+    _check_choice("how", how, _AGGREGATIONS)
+    _check_2d("step_values", step_values)
+    _check_same_shape("step_values", step_values, "step_mask", step_mask)
+    m = _as_bool_mask("step_mask", step_mask)
+    has = m.any(-1)
+    zero = torch.zeros_like(step_values)
+    if how == "sum":
+        return torch.where(m, step_values, zero).sum(-1)
+    if how == "mean":
+        return torch.where(m, step_values, zero).sum(-1) / m.sum(-1).clamp(min=1).to(step_values.dtype)
+    if how == "min":
+        big = torch.full_like(step_values, float("inf"))
+        if step_values.shape[1] == 0:
+            return step_values.new_zeros(m.shape[0])
+        out = torch.where(m, step_values, big).min(-1).values
+        return torch.where(has, out, torch.zeros_like(out))
+    # last
+    last = last_token_mask(m)
+    return torch.where(last, step_values, zero).sum(-1)
+
+
+def split_steps(text: str, *, delimiter: str = "\n\n") -> list[str]:
+    """Split a response into reasoning steps.
+
+    ``[s.strip() for s in text.strip().split(delimiter) if s.strip()]``, or ``[text.strip()]`` if that is
+    empty (exactly what PROF's released step-PRM scoring does before joining steps with ``<extra_0>``).
+
+    Raises:
+        ValueError: if ``delimiter`` is empty.
+
+    Source: PROF released code (``prof_dp_rm.compute_prm_step_rewards``); SPEC section 1 steps.
+    """
+    if not delimiter:
+        raise ValueError("`delimiter` must be a non-empty string.")
+    steps = [s.strip() for s in text.strip().split(delimiter) if s.strip()]
+    return steps or [text.strip()]
+
+
+def join_steps(steps: Sequence[str], *, separator: str = "<extra_0>") -> str:
+    """Join steps for a token-classification step PRM: ``separator.join(steps) + separator``.
+
+    Source: PROF released code / Qwen2.5-Math-PRM usage (a separator after every step).
+    """
+    return separator.join(steps) + separator
+
+
+def step_end_mask(
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    tokenizer: Any = None,
+    *,
+    split: str = "double_newline",
+    step_len: Optional[int] = None,
+    delimiter: Optional[str] = None,
+) -> torch.Tensor:
+    """Which completion tokens end a reasoning step; the last valid token always ends one.
+
+    * ``"double_newline"`` / ``"newline"``: a delimiter (``"\\n\\n"`` / ``"\\n"``, or ``delimiter``) is found
+      in the decoded text; the token holding the delimiter's last character ends the step. Character
+      offsets come from decoding each token id, so this is robust to how the tokenizer merges the
+      delimiter (``".\\n\\n"`` as one token, ``"\\n"`` + ``"\\n"`` as two, byte-fallback ``<0x0A>``) and to a
+      BOS token. Occurrences are non-overlapping, left to right (like ``str.split``).
+    * ``"length"``: every ``step_len`` tokens (positions with ``(t+1) % step_len == 0``).
+    * ``"token"``: every valid token.
+
+    With a text split, a ``step_len`` also ends a step every ``step_len`` tokens (a length cap).
+
+    Args:
+        completion_ids: ``(B, T)`` token ids.
+        mask: ``(B, T)`` bool/0-1 completion mask (tokens outside it are never step ends).
+        tokenizer: A Hugging Face tokenizer (``decode``/``batch_decode``); needed for text splits only.
+        split: ``"double_newline"`` | ``"newline"`` | ``"length"`` | ``"token"``.
+        step_len: Tokens per step for ``"length"`` (required there).
+        delimiter: Custom delimiter string for text splits.
+
+    Returns:
+        ``(B, T)`` bool tensor on ``completion_ids``' device.
+
+    Raises:
+        ValueError: on an unknown ``split``, a missing tokenizer/``step_len``, or mismatched shapes.
+
+    Source: PRL §3 segmentation (length / newline), Implicit PRM / PRIME step delimiters (SPEC section 1).
+    """
+    _check_choice("split", split, _STEP_SPLITS)
+    _check_2d("completion_ids", completion_ids)
+    _check_same_shape("completion_ids", completion_ids, "mask", mask)
+    m = _as_bool_mask("mask", mask)
+    B, T = m.shape
+    if step_len is not None and (isinstance(step_len, bool) or not isinstance(step_len, int) or step_len < 1):
+        raise ValueError(f"step_len={step_len!r} must be a positive int.")
+    ends = last_token_mask(m)
+    pos = torch.arange(T, device=m.device).expand(B, T)
+    if split == "token":
+        return m.clone()
+    if split == "length" or step_len is not None:
+        if step_len is None:
+            raise ValueError('split="length" needs `step_len` (e.g. step_len=256).')
+        ends = ends | (((pos + 1) % step_len == 0) & m)
+    if split == "length":
+        return ends
+    if tokenizer is None:
+        raise ValueError(f'split="{split}" finds delimiters in decoded text and needs a `tokenizer`.')
+    delim = delimiter if delimiter is not None else ("\n\n" if split == "double_newline" else "\n")
+    if not delim:
+        raise ValueError("`delimiter` must be a non-empty string.")
+    ids_cpu = completion_ids.detach().to("cpu").long()
+    m_cpu = m.to("cpu")
+    uniq = torch.unique(ids_cpu[m_cpu]).tolist()
+    if uniq:
+        if hasattr(tokenizer, "batch_decode"):
+            pieces = tokenizer.batch_decode([[i] for i in uniq])
+        else:
+            pieces = [tokenizer.decode([i]) for i in uniq]
+        piece_of = dict(zip(uniq, pieces))
+    else:
+        piece_of = {}
+    extra = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):  # one decode bookkeeping pass per row (tokenizer work, not tensor math)
+        cols = torch.nonzero(m_cpu[b], as_tuple=True)[0].tolist()
+        if not cols:
+            continue
+        texts = [piece_of[i] for i in ids_cpu[b, cols].tolist()]
+        text = "".join(texts)
+        if delim not in text:
+            continue
+        cum = torch.tensor([len(s) for s in texts]).cumsum(0)  # exclusive end offset of each token
+        hits = []
+        start = text.find(delim)
+        while start != -1:
+            hits.append(start + len(delim) - 1)
+            start = text.find(delim, start + len(delim))
+        tok = torch.searchsorted(cum, torch.tensor(hits), right=True).clamp(max=len(cols) - 1)
+        extra[b, torch.tensor(cols)[tok]] = True
+    return ends | (extra.to(m.device) & m)
+
+
+# ----------------------------------------------------------------------------------------------------
+# advantages (PRIME Eq. 5 and Appendix B.3; GRPO)
+# ----------------------------------------------------------------------------------------------------
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: Optional[GroupIds] = None,
+    *,
+    scale_rewards: bool = True,
+    eps: float = 1e-6,
+    num_generations: Optional[int] = None,
+) -> torch.Tensor:
+    """Group-normalised outcome advantage: ``(r_i - mean_g) / (std_g + eps)``.
+
+    ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with a single
+    (scorable) row uses mean 0 and std 1, so it keeps its raw reward (divided by ``1 + eps``).
+    ``scale_rewards=False`` only subtracts the mean. NaN rewards are excluded from the statistics and get
+    advantage 0.
+
+    Args:
+        rewards: ``(B,)`` per-completion rewards.
+        group_ids: ``(B,)`` group ids (any order, any size).
+        scale_rewards: Divide by the group std.
+        eps: Added to the std.
+        num_generations: Contiguous groups of this size instead of ``group_ids``.
+
+    Returns:
+        ``(B,)`` advantages in the dtype of ``rewards``.
+
+    Raises:
+        ValueError: on shape mismatch, both/neither grouping given, or ``num_generations`` not dividing B.
+
+    Source: GRPO (DeepSeekMath, Shao et al. 2024) as in veRL ``compute_grpo_outcome_advantage``; PRL §3.3;
+    PROF computes it on the kept rows.
+    """
+    _check_tensor("rewards", rewards)
+    if rewards.dim() != 1:
+        raise ValueError(f"`rewards` must have shape (B,), got {tuple(rewards.shape)}.")
+    B = rewards.shape[0]
+    gid, G, _ = _group_index(group_ids, num_generations, B, rewards.device, fn="grpo_advantages")
+    wd = _work_dtype(rewards)
+    r = rewards.to(wd)
+    valid = ~torch.isnan(r)
+    mean, std, _ = _group_mean_std(r, valid, gid, G)
+    adv = r - mean
+    if scale_rewards:
+        adv = adv / (std + eps)
+    adv = torch.where(valid, adv, torch.zeros_like(adv))
+    return adv.to(_out_dtype(rewards))
+
+
+def _prime_advantages_impl(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Optional[GroupIds],
+    num_generations: Optional[int],
+    *,
+    estimator: str,
+    process_coef: float = 1.0,
+    outcome_coef: float = 1.0,
+    gamma: float = 1.0,
+    outcome_gamma: float = 1.0,
+    baseline: str = "paper",
+    whiten: bool = False,
+    process_reward_norm: str = "none",
+    include_last_token: bool = True,
+    scale_rewards: bool = True,
+    eps: float = 1e-6,
+    whiten_eps: float = 1e-8,
+    fn: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_choice("estimator", estimator, _PRIME_ESTIMATORS)
+    _check_choice("baseline", baseline, _RLOO_BASELINES)
+    _check_choice("process_reward_norm", process_reward_norm, _PROCESS_REWARD_NORMS)
+    _check_2d("process_rewards", process_rewards)
+    _check_same_shape("process_rewards", process_rewards, "mask", mask)
+    B, T = process_rewards.shape
+    _check_rows("outcome_rewards", outcome_rewards, B)
+    for name, g in (("gamma", gamma), ("outcome_gamma", outcome_gamma)):
+        if not (0.0 <= float(g) <= 1.0):
+            raise ValueError(f"{name}={g!r} must be in [0, 1].")
+    m = _as_bool_mask("mask", mask)
+    dev = process_rewards.device
+    gid, G, counts = _group_index(group_ids, num_generations, B, dev, fn=fn)
+    if estimator == "rloo" and B and int(counts.min().item()) < 2:
+        row = int(torch.nonzero(counts[gid] < 2)[0].item())
+        label = f"group_ids[{row}]={_group_label(group_ids, row)!r}" if group_ids is not None else f"row {row}"
+        raise ValueError(
+            f"{fn}: the RLOO leave-one-out baseline needs at least 2 completions per group, but the group of "
+            f"{label} has {int(counts[gid[row]].item())}; use num_generations >= 2 (or group_ids with groups "
+            f"of >= 2)."
+        )
+    wd = _work_dtype(process_rewards, outcome_rewards)
+    zero = torch.zeros((), dtype=wd, device=dev)
+    o_raw = outcome_rewards.to(device=dev, dtype=wd)
+    valid = ~torch.isnan(o_raw)
+    o = torch.where(valid, o_raw, zero)
+    last = last_token_mask(m)
+    P = torch.where(m, process_rewards.to(wd), zero)
+    if not include_last_token:
+        P = torch.where(last, zero, P)
+    row_m = m & valid[:, None]
+    if process_reward_norm == "batch_norm":
+        P = process_reward_batch_norm(P, row_m)
+    P = torch.where(row_m, P, zero)
+    L = m.sum(-1).to(wd)
+    rbar = P.sum(-1) / L.clamp(min=1)  # mean token process reward of each completion
+    usable = valid
+
+    if estimator == "rloo":
+        K = _group_sum(valid.to(wd), gid, G)[gid]
+        usable = valid & (K >= 2)
+        Km1 = (K - 1).clamp(min=1)
+        S_r = _group_sum(torch.where(valid, rbar, zero), gid, G)[gid]
+        S_o = _group_sum(o, gid, G)[gid]
+        if baseline == "paper":  # PRIME Eq. 5: r_s - mean_{j != i} rbar_j ; r_o - mean_{j != i} r_o^j
+            proc_tok = P - ((S_r - rbar) / Km1)[:, None]
+            out_adv = o - (S_o - o) / Km1
+        else:  # released masked_rloo: x*K/(K-1) - sum_j mean_j/(K-1), per token and per source
+            proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
+            out_adv = o * K / Km1 - S_o / Km1
+    elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
+        mean_r, std_r, _ = _group_mean_std(rbar, valid, gid, G)
+        if scale_rewards:
+            proc_tok = (P - mean_r[:, None]) / (std_r[:, None] + eps)
+        else:
+            proc_tok = P - mean_r[:, None]
+        mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
+        out_adv = (o - mean_o) / (std_o + eps) if scale_rewards else o - mean_o
+    else:  # reinforce: no baseline
+        proc_tok = P
+        out_adv = o
+
+    proc_tok = torch.where(row_m & usable[:, None], proc_tok, zero)
+    out_tok = torch.where(last & usable[:, None], out_adv[:, None].expand(B, T), zero)
+    returns = torch.zeros(B, T, dtype=wd, device=dev)
+    if process_coef != 0:
+        returns = returns + process_coef * discounted_cumsum(proc_tok, gamma)
+    if outcome_coef != 0:
+        returns = returns + outcome_coef * discounted_cumsum(out_tok, outcome_gamma)
+    keep = m & usable[:, None]
+    returns = torch.where(keep, returns, zero)
+    if whiten:
+        if int(keep.sum().item()) >= 2:
+            adv = masked_whiten(returns, keep, eps=whiten_eps)
+        else:
+            adv = returns
+        adv = torch.where(keep, adv, zero)
+    else:
+        adv = returns
+    od = _out_dtype(process_rewards)
+    return adv.to(od), returns.to(od)
+
+
+def rloo_advantages(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    num_generations: Optional[int] = None,
+    *,
+    process_coef: float = 1.0,
+    outcome_coef: float = 1.0,
+    gamma: float = 1.0,
+    outcome_gamma: float = 1.0,
+    baseline: str = "paper",
+    whiten: bool = False,
+    process_reward_norm: str = "none",
+    include_last_token: bool = True,
+    group_ids: Optional[GroupIds] = None,
+    whiten_eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PRIME advantages with leave-one-out baselines (PRIME Eq. 5).
+
+    ``baseline="paper"`` (default), for completion i of a group of K and token t::
+
+        returns_t = process_coef * sum_{s>=t} gamma^(s-t) (r_s^i - mean_{j!=i} rbar^j)
+                  + outcome_coef * outcome_gamma^(L_i-1-t) (r_o^i - mean_{j!=i} r_o^j)
+
+    with ``rbar^j`` the mean token reward of completion j (over its mask) and the outcome placed at the last
+    valid token. At ``t=0`` with ``gamma=1`` the process part is ``sum_t r_t^i - L_i mean_{j!=i} rbar^j``.
+
+    ``baseline="reference"`` is the released code's ``masked_rloo``: each source is transformed per token to
+    ``x * K/(K-1) - sum_j mean(x_j)/(K-1)`` (process source over the completion mask; outcome source over a
+    one-token mask at the last valid token, i.e. the true leave-one-out), then multiplied by its coefficient
+    and discounted (``gamma`` for process, ``outcome_gamma`` for outcome). Per-completion sums equal the
+    paper's, per-token values do not.
+
+    ``whiten=True`` (released code) replaces the advantages by :func:`masked_whiten` of the returns over all
+    valid tokens of the batch (unbiased variance, eps ``whiten_eps``). ``process_reward_norm="batch_norm"``
+    first divides the process rewards by the batch's max |reverse cumulative sum| + 1e-6.
+    ``include_last_token=False`` zeroes the process reward of each completion's last token (released veRL;
+    the mask used for ``rbar`` is unchanged).
+
+    Unscorable rows (NaN outcome) are excluded from every baseline and from the whitening statistics and get
+    advantage and return 0; so do rows of a group with fewer than 2 scorable rows.
+
+    Args:
+        process_rewards: ``(B, T)`` token process rewards (e.g. :func:`implicit_token_rewards`).
+        outcome_rewards: ``(B,)`` verifier scores in [0, 1] or NaN.
+        mask: ``(B, T)`` bool/0-1 completion mask.
+        num_generations: K, for contiguous groups (or pass ``group_ids``).
+        process_coef, outcome_coef: Weights of the two sources.
+        gamma: Discount of the process return; ``outcome_gamma``: discount of the outcome return.
+        baseline: ``"paper"`` | ``"reference"``.
+        whiten: Whiten the returns over the batch's valid tokens.
+        process_reward_norm: ``"none"`` | ``"batch_norm"``.
+        include_last_token: Keep the process reward of the last valid token.
+        group_ids: ``(B,)`` group ids (any order, any size >= 2) instead of ``num_generations``.
+        whiten_eps: Variance epsilon of the whitening.
+
+    Returns:
+        ``(advantages (B, T), returns (B, T))`` in the dtype of ``process_rewards``; 0 outside the mask.
+
+    Raises:
+        ValueError: for a group with fewer than 2 completions, ``num_generations`` not dividing B, unknown
+            option values, or mismatched shapes.
+
+    Source: PRIME Eq. 5 (§3.2); released PRIME / veRL ``compute_rloo_advantage_return``.
+    """
+    return _prime_advantages_impl(
+        process_rewards,
+        outcome_rewards,
+        mask,
+        group_ids,
+        num_generations,
+        estimator="rloo",
+        process_coef=process_coef,
+        outcome_coef=outcome_coef,
+        gamma=gamma,
+        outcome_gamma=outcome_gamma,
+        baseline=baseline,
+        whiten=whiten,
+        process_reward_norm=process_reward_norm,
+        include_last_token=include_last_token,
+        whiten_eps=whiten_eps,
+        fn="rloo_advantages",
+    )
+
+
+_PRIME_OPTIONS = {
+    "rloo": {
+        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "baseline", "whiten",
+        "process_reward_norm", "include_last_token", "whiten_eps", "num_generations",
+    },
+    "grpo": {
+        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
+        "include_last_token", "whiten_eps", "scale_rewards", "eps", "num_generations",
+    },
+    "reinforce": {
+        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
+        "include_last_token", "whiten_eps", "num_generations",
+    },
+}
+
+
+def prime_advantages(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Optional[GroupIds],
+    *,
+    estimator: str = "rloo",
+    **options: Any,
+) -> torch.Tensor:
+    """PRIME advantages with a choice of estimator (PRIME Eq. 5 and Appendix B.3).
+
+    * ``"rloo"`` (default): :func:`rloo_advantages` (PRIME Eq. 5); options ``process_coef``,
+      ``outcome_coef``, ``gamma``, ``outcome_gamma``, ``baseline``, ``whiten``, ``process_reward_norm``,
+      ``include_last_token``, ``whiten_eps``.
+    * ``"grpo"``: process term ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / (std_g rbar + eps)`` (group
+      mean/unbiased std of the response-mean process rewards), outcome term ``(r_o^i - mean_g r_o) /
+      (std_g r_o + eps)`` at the last token; extra options ``scale_rewards`` (False: mean only) and ``eps``.
+    * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
+
+    All estimators share the coefficients, discounts, whitening, process-reward normalisation and the NaN
+    rule (unscorable rows: excluded, advantage 0). ``group_ids`` may be ``None`` when ``num_generations``
+    is passed as an option.
+
+    Args:
+        process_rewards: ``(B, T)`` token process rewards.
+        outcome_rewards: ``(B,)`` outcome rewards (NaN = unscorable).
+        mask: ``(B, T)`` completion mask.
+        group_ids: ``(B,)`` prompt ids.
+        estimator: ``"rloo"`` | ``"grpo"`` | ``"reinforce"``.
+        **options: Forwarded estimator options (listed above).
+
+    Returns:
+        ``(B, T)`` advantages, 0 outside the mask.
+
+    Raises:
+        ValueError: on an unknown estimator or an option the estimator does not take, plus the errors of
+            :func:`rloo_advantages`.
+
+    Source: PRIME Eq. 5; PRIME Appendix B.3 (Eqs. 7-8: REINFORCE and GRPO with implicit process rewards).
+    """
+    _check_choice("estimator", estimator, _PRIME_ESTIMATORS)
+    unknown = set(options) - _PRIME_OPTIONS[estimator]
+    if unknown:
+        raise ValueError(
+            f"prime_advantages(estimator={estimator!r}) got unknown option(s) {sorted(unknown)}; "
+            f"valid options: {sorted(_PRIME_OPTIONS[estimator])}."
+        )
+    num_generations = options.pop("num_generations", None)
+    adv, _ = _prime_advantages_impl(
+        process_rewards,
+        outcome_rewards,
+        mask,
+        group_ids,
+        num_generations,
+        estimator=estimator,
+        fn="prime_advantages",
+        **options,
+    )
+    return adv
+
+
+# ----------------------------------------------------------------------------------------------------
+# PRIME online filter and PRM metrics
+# ----------------------------------------------------------------------------------------------------
+
+
+def prompt_accuracy_mask(
+    outcome_rewards: torch.Tensor,
+    num_generations: Optional[int] = None,
+    *,
+    lower: float = 0.2,
+    upper: float = 0.8,
+    completion_lengths: Optional[torch.Tensor] = None,
+    max_completion_length: Optional[int] = None,
+    group_ids: Optional[GroupIds] = None,
+) -> torch.Tensor:
+    """PRIME online prompt filter: keep a group iff ``lower <= mean(r_o) <= upper`` (inclusive).
+
+    The group mean is over its scorable (non-NaN) rows; a group with none is dropped. If
+    ``completion_lengths`` and ``max_completion_length`` are given, a group is also dropped when any of its
+    completions has length ``>= max_completion_length`` (truncated). (The veRL port's ``< max - 1`` test is
+    ``max_completion_length=max_response_length - 1``.)
+
+    Args:
+        outcome_rewards: ``(B,)`` verifier scores.
+        num_generations: Contiguous group size (or pass ``group_ids``).
+        lower, upper: Inclusive accuracy bounds (default 0.2 / 0.8).
+        completion_lengths: ``(B,)`` completion lengths in tokens.
+        max_completion_length: Generation limit in tokens.
+        group_ids: ``(B,)`` group ids instead of ``num_generations``.
+
+    Returns:
+        ``(B,)`` bool, the group's decision repeated on each of its rows.
+
+    Raises:
+        ValueError: on ``lower > upper``, only one of the two length arguments, or grouping errors.
+
+    Source: PRIME §3.3 (online prompt filter); released ``RayPRIMETrainer.filter``.
+    """
+    _check_tensor("outcome_rewards", outcome_rewards)
+    if outcome_rewards.dim() != 1:
+        raise ValueError(f"`outcome_rewards` must have shape (B,), got {tuple(outcome_rewards.shape)}.")
+    if lower > upper:
+        raise ValueError(f"lower={lower} must be <= upper={upper}.")
+    if (completion_lengths is None) != (max_completion_length is None):
+        raise ValueError(
+            "pass both `completion_lengths` and `max_completion_length` to filter truncated groups, or neither."
+        )
+    B = outcome_rewards.shape[0]
+    dev = outcome_rewards.device
+    gid, G, _ = _group_index(group_ids, num_generations, B, dev, fn="prompt_accuracy_mask")
+    r = outcome_rewards.to(torch.float64)
+    valid = ~torch.isnan(r)
+    cnt = _group_sum(valid.to(r.dtype), gid, G)
+    mean = _group_sum(torch.where(valid, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1)
+    keep = (cnt > 0) & (mean >= lower) & (mean <= upper)
+    if completion_lengths is not None:
+        _check_rows("completion_lengths", completion_lengths, B)
+        trunc = (completion_lengths.to(dev) >= max_completion_length).to(r.dtype)
+        keep = keep & (_group_sum(trunc, gid, G) == 0)
+    return keep[gid]
+
+
+def prm_pair_accuracy(
+    sequence_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    num_generations: Optional[int] = None,
+    *,
+    group_ids: Optional[GroupIds] = None,
+) -> float:
+    """Weighted pairwise ranking accuracy of the PRM inside each group (``prm/pair_accuracy``).
+
+    For every pair ``a < b`` (row order) in a group: correct iff ``(r_a > r_b) == (o_a > o_b)``, weighted by
+    ``|o_a - o_b|`` (ties in ``r`` count as "not greater"). Group accuracy = weighted mean; a group whose
+    outcomes are all equal (total weight 0) scores 0.5. Returns the mean over groups. Pairs with a NaN
+    outcome are ignored.
+
+    Args:
+        sequence_rewards: ``(B,)`` implicit rewards ``r(y)`` (e.g. summed token rewards).
+        outcome_rewards: ``(B,)`` outcomes.
+        num_generations: Contiguous group size (or ``group_ids``).
+
+    Returns:
+        Python float in [0, 1] (``nan`` for an empty batch).
+
+    Raises:
+        ValueError: on shape mismatch or grouping errors.
+
+    Source: released PRIME ``compute_dpo_accuracy``; PRIME §5.1 / Figure 5 (PRM accuracy).
+    """
+    _check_tensor("sequence_rewards", sequence_rewards)
+    if sequence_rewards.dim() != 1:
+        raise ValueError(f"`sequence_rewards` must have shape (B,), got {tuple(sequence_rewards.shape)}.")
+    B = sequence_rewards.shape[0]
+    _check_rows("outcome_rewards", outcome_rewards, B)
+    dev = sequence_rewards.device
+    gid, G, _ = _group_index(group_ids, num_generations, B, dev, fn="prm_pair_accuracy")
+    if G == 0:
+        return float("nan")
+    r = sequence_rewards.detach().to(torch.float64)
+    o = outcome_rewards.detach().to(device=dev, dtype=torch.float64)
+    valid = ~torch.isnan(o)
+    idx = torch.arange(B, device=dev)
+    pair = (gid[:, None] == gid[None, :]) & (idx[:, None] < idx[None, :]) & valid[:, None] & valid[None, :]
+    ds = r[:, None] - r[None, :]
+    da = torch.where(pair, o[:, None] - o[None, :], torch.zeros((), dtype=o.dtype, device=dev))
+    w = da.abs()
+    correct = ((ds > 0) == (da > 0)).to(o.dtype) * w
+    row_g = gid[:, None].expand(B, B)[pair]
+    num = torch.zeros(G, dtype=o.dtype, device=dev).index_add(0, row_g, correct[pair])
+    den = torch.zeros(G, dtype=o.dtype, device=dev).index_add(0, row_g, w[pair])
+    acc = torch.where(den > 0, num / den.clamp(min=1e-300), torch.full_like(den, 0.5))
+    return float(acc.mean().item())
+
+
+def prm_abs_accuracy(sequence_rewards: torch.Tensor, outcome_rewards: torch.Tensor) -> float:
+    """Absolute PRM accuracy (``prm/abs_accuracy``): ``mean[sign(r) == sign(2*o - 1)]``, with ``sign(0) = 0``.
+
+    So an outcome of exactly 0.5 only matches a reward of exactly 0. Rows with a NaN outcome are excluded.
+
+    Returns:
+        Python float (``nan`` if no row is scorable).
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Source: released PRIME ``compute_dpo_abs_accuracy``.
+    """
+    _check_tensor("sequence_rewards", sequence_rewards)
+    if sequence_rewards.dim() != 1:
+        raise ValueError(f"`sequence_rewards` must have shape (B,), got {tuple(sequence_rewards.shape)}.")
+    _check_rows("outcome_rewards", outcome_rewards, sequence_rewards.shape[0])
+    r = sequence_rewards.detach().to(torch.float64)
+    o = outcome_rewards.detach().to(device=r.device, dtype=torch.float64)
+    valid = ~torch.isnan(o)
+    if not bool(valid.any()):
+        return float("nan")
+    hit = torch.sign(r) == torch.sign(2 * o - 1)
+    return float(hit[valid].to(torch.float64).mean().item())
+
+
+# ----------------------------------------------------------------------------------------------------
+# PRL
+# ----------------------------------------------------------------------------------------------------
+
+
+def prl_advantages(
+    outcome_rewards: torch.Tensor,
+    old_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Optional[GroupIds],
+    *,
+    eta: float = 200.0,
+    step_ends: Optional[torch.Tensor] = None,
+    order: str = "advantage_first",
+    scale_rewards: bool = True,
+    eps: float = 1e-6,
+    zero_fill_compat: bool = False,
+    num_generations: Optional[int] = None,
+    return_step_end_values: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """PRL per-token weights ``rho_t = A - S_t / eta`` (KL-regularised reward-to-go).
+
+    ``k_t = log pi_old(y_t) - log pi_ref(y_t)`` (detached, 0 outside the mask), ``S_t = sum_{s>=t} k_s``
+    (suffix sum including t). ``order="advantage_first"`` (default): ``A`` is the GRPO outcome advantage
+    (:func:`grpo_advantages`: group mean, unbiased std, ``eps``; ``scale_rewards=False`` subtracts the mean
+    only); ``"process_first"``: ``A`` is the raw outcome, no normalisation.
+
+    Segmentation: with ``step_ends`` every token takes the value of the step end at or after it; the last
+    valid token always ends a step. The fill uses the explicit step-end mask, so a step-end value of exactly
+    0 is kept; ``zero_fill_compat=True`` reproduces the released code's ``left_fill_by_next_nonzero`` (an
+    exact 0 is overwritten by the next step's value). ``step_ends=None``: every token is its own step. (The
+    released code skips segmentation when ``prm_adv="prm"``; pass ``step_ends=None`` to match.)
+
+    Unscorable rows (NaN outcome) get 0.
+
+    Args:
+        outcome_rewards: ``(B,)`` outcome rewards (NaN = unscorable).
+        old_logps: ``(B, T)`` log-probs of the sampled tokens under the rollout policy.
+        ref_logps: ``(B, T)`` log-probs under the frozen reference.
+        mask: ``(B, T)`` completion mask.
+        group_ids: ``(B,)`` prompt ids (may be None with ``num_generations``, or for ``"process_first"``).
+        eta: Inverse KL coefficient (> 0; default 200, paper range 100-300).
+        step_ends: Optional ``(B, T)`` bool step-end mask (see :func:`step_end_mask`).
+        order: ``"advantage_first"`` | ``"process_first"``.
+        scale_rewards, eps: GRPO normalisation options.
+        zero_fill_compat: Use the released non-zero fill.
+        num_generations: Contiguous groups instead of ``group_ids``.
+        return_step_end_values: Also return the values at the step ends (0 elsewhere), i.e. the tensor the
+            released code fills.
+
+    Returns:
+        ``(B, T)`` detached weights in the dtype of ``old_logps`` (0 outside the mask); with
+        ``return_step_end_values`` a tuple ``(advantages, step_end_values)``.
+
+    Raises:
+        ValueError: on ``eta <= 0``, unknown ``order``, shape mismatches or grouping errors.
+
+    Source: PRL Eq. 3.1 (``rho_t = stopgrad(R - (1/eta) sum_{j>=t} k_j)``), §3.3 (GRPO normalisation) and
+    Algorithm 1 (segment-level weights); released ``ray_trainer.py`` PRL block.
+    """
+    _check_choice("order", order, _PRL_ORDERS)
+    if not (eta > 0):
+        raise ValueError(
+            f"eta={eta!r} must be > 0 (it is the inverse KL coefficient; use a large eta for a weak KL term)."
+        )
+    _check_2d("old_logps", old_logps)
+    _check_same_shape("old_logps", old_logps, "ref_logps", ref_logps)
+    _check_same_shape("old_logps", old_logps, "mask", mask)
+    B, T = old_logps.shape
+    _check_rows("outcome_rewards", outcome_rewards, B)
+    m = _as_bool_mask("mask", mask)
+    dev = old_logps.device
+    wd = _work_dtype(old_logps, ref_logps, outcome_rewards)
+    zero = torch.zeros((), dtype=wd, device=dev)
+    o_raw = outcome_rewards.detach().to(device=dev, dtype=wd)
+    valid = ~torch.isnan(o_raw)
+    if order == "advantage_first":
+        if group_ids is None and num_generations is None:
+            raise ValueError('prl_advantages(order="advantage_first") needs `group_ids` (or `num_generations`).')
+        A = grpo_advantages(o_raw, group_ids, scale_rewards=scale_rewards, eps=eps, num_generations=num_generations)
+    else:
+        if group_ids is not None or num_generations is not None:
+            _group_index(group_ids, num_generations, B, dev, fn="prl_advantages")  # validate only
+        A = torch.where(valid, o_raw, zero)
+    k = torch.where(m, (old_logps.detach().to(wd) - ref_logps.detach().to(wd)), zero)
+    S = discounted_cumsum(k, 1.0)
+    rho = torch.where(m, A[:, None] - S / eta, zero)
+    if step_ends is None:
+        ends = m
+    else:
+        _check_same_shape("old_logps", old_logps, "step_ends", step_ends)
+        ends = (_as_bool_mask("step_ends", step_ends) & m) | last_token_mask(m)
+    at_ends = torch.where(ends, rho, zero)
+    if zero_fill_compat:
+        adv = left_fill_by_next_nonzero(at_ends)
+    else:
+        adv = fill_from_step_end(rho, ends)
+    keep = m & valid[:, None]
+    adv = torch.where(keep, adv, zero).to(_out_dtype(old_logps))
+    if return_step_end_values:
+        return adv, torch.where(keep, at_ends, zero).to(_out_dtype(old_logps))
+    return adv
+
+
+# ----------------------------------------------------------------------------------------------------
+# PROF
+# ----------------------------------------------------------------------------------------------------
+
+
+def prof_step_scores_from_logits(
+    logits: torch.Tensor,
+    separator_mask: torch.Tensor,
+    max_steps: Optional[int] = None,
+    *,
+    positive_label: int = 1,
+    padding_value: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step scores of a token-classification step PRM (Qwen2.5-Math-PRM style).
+
+    ``p = softmax(logits, -1)[..., positive_label]`` at every separator token (e.g. ``<extra_0>``); the k-th
+    separator of a row (left to right) gives step k. Steps beyond ``max_steps`` are dropped.
+
+    Args:
+        logits: ``(B, T, C)`` token-classification logits.
+        separator_mask: ``(B, T)`` bool/0-1, true at the step-separator tokens (from the input ids).
+        max_steps: Width of the output; ``None`` = the largest number of separators in the batch.
+        positive_label: Class index of "step is correct".
+        padding_value: Value of padded steps (the released code uses -99).
+
+    Returns:
+        ``(step_scores (B, S), step_mask (B, S) bool)`` in the logits' dtype (probabilities in [0, 1]).
+
+    Raises:
+        ValueError: on shape mismatches or a bad ``positive_label``/``max_steps``.
+
+    Source: PROF released code (``prof_dp_rm.make_step_rewards``); PROF §3 (PRM step scores).
+    """
+    _check_tensor("logits", logits)
+    if logits.dim() != 3:
+        raise ValueError(f"`logits` must have shape (B, T, C), got {tuple(logits.shape)}.")
+    _check_2d("separator_mask", separator_mask)
+    if separator_mask.shape != logits.shape[:2]:
+        raise ValueError(
+            f"`separator_mask` must have shape {tuple(logits.shape[:2])}, got {tuple(separator_mask.shape)}."
+        )
+    if not (0 <= positive_label < logits.shape[-1]):
+        raise ValueError(f"positive_label={positive_label} is out of range for {logits.shape[-1]} classes.")
+    sep = _as_bool_mask("separator_mask", separator_mask)
+    B, T = sep.shape
+    counts = sep.sum(-1)
+    if max_steps is None:
+        S = int(counts.max().item()) if B and T else 0
+    else:
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
+            raise ValueError(f"max_steps={max_steps!r} must be a non-negative int or None.")
+        S = max_steps
+    p = torch.softmax(logits.to(_work_dtype(logits)), dim=-1)[..., positive_label]
+    rank = sep.long().cumsum(-1) - 1
+    sel = sep & (rank < S)
+    rows = torch.arange(B, device=p.device)[:, None].expand(B, T)
+    flat = (rows * max(S, 1) + rank.clamp(min=0))[sel]
+    out = torch.full((B * max(S, 1),), float(padding_value), dtype=p.dtype, device=p.device)
+    out = out.index_put((flat,), p[sel]).reshape(B, max(S, 1))[:, :S]
+    step_mask = torch.arange(S, device=p.device)[None, :] < counts.clamp(max=S)[:, None]
+    return out.to(logits.dtype), step_mask
+
+
+def prof_step_scores_from_implicit(
+    step_values: torch.Tensor, step_mask: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """Map implicit-PRM step rewards to [0, 1] step scores for PROF: ``sigmoid(step_value / temperature)``.
+
+    A step reward of 0 (PRM equal to reference) maps to 0.5; the map is monotone, so rankings are kept.
+    Padded steps are 0.
+
+    Args:
+        step_values: ``(B, S)`` step rewards from :func:`step_rewards`.
+        step_mask: ``(B, S)`` step mask.
+        temperature: > 0; smaller spreads the (typically small, beta-scaled) rewards over [0, 1].
+
+    Returns:
+        ``(B, S)`` scores in the input dtype.
+
+    Raises:
+        ValueError: on ``temperature <= 0`` or mismatched shapes.
+
+    Source: SPEC section 4 (implicit PRM as PROF's step PRM); Implicit PRM §3 (step rewards).
+    """
+    if not (temperature > 0):
+        raise ValueError(f"temperature={temperature!r} must be > 0.")
+    _check_same_shape("step_values", step_values, "step_mask", step_mask)
+    m = _as_bool_mask("step_mask", step_mask)
+    s = torch.sigmoid(step_values / temperature)
+    return torch.where(m, s, torch.zeros_like(s))
+
+
+def prof_consistency_scores(
+    step_scores: torch.Tensor, step_mask: torch.Tensor, *, center: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PROF process consistency: the mean step score of each completion (unsigned).
+
+    ``center="none"`` (paper): ``c = mean_h p_h``. ``center="batch"`` (released code):
+    ``c = 2 * (mean_h p_h - mu)`` with ``mu`` the mean of all valid step scores of the batch. A row without
+    steps gets 0. The sign by correctness and the step-count penalty are applied in :func:`prof_select`.
+
+    Args:
+        step_scores: ``(B, S)`` PRM step probabilities in [0, 1].
+        step_mask: ``(B, S)`` bool/0-1 valid-step mask.
+        center: ``"none"`` | ``"batch"``.
+
+    Returns:
+        ``(consistency (B,) in the scores' dtype, num_steps (B,) long)``.
+
+    Raises:
+        ValueError: on an unknown ``center`` or mismatched shapes.
+
+    Source: PROF Eq. (1) (``r_pro = (1/H) sum_h r_h``); released ``compute_verify_step_level_score``.
+    """
+    _check_choice("center", center, _PROF_CENTERS)
+    _check_2d("step_scores", step_scores)
+    _check_same_shape("step_scores", step_scores, "step_mask", step_mask)
+    m = _as_bool_mask("step_mask", step_mask)
+    wd = _work_dtype(step_scores)
+    s = torch.where(m, step_scores.to(wd), torch.zeros((), dtype=wd, device=step_scores.device))
+    n = m.sum(-1)
+    mean = s.sum(-1) / n.clamp(min=1).to(wd)
+    if center == "batch":
+        mu = s.sum() / m.sum().clamp(min=1).to(wd)
+        mean = 2.0 * (mean - mu)
+    c = torch.where(n > 0, mean, torch.zeros_like(mean))
+    return c.to(_out_dtype(step_scores)), n.long()
+
+
+def _round_half(x: torch.Tensor, rounding: str) -> torch.Tensor:
+    if rounding == "half_even":
+        return torch.round(x)  # round half to even, as Python's round()
+    if rounding == "half_up":
+        return torch.floor(x + 0.5)
+    return torch.ceil(x - 0.5)  # half_down
+
+
+def prof_select(
+    group_ids: GroupIds,
+    consistency: torch.Tensor,
+    num_steps: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    *,
+    num_remove: Optional[int] = None,
+    penalty: float = 10.0,
+    min_steps: int = 2,
+    max_steps: int = 30,
+    penalty_position: str = "reference",
+    mode: str = "both",
+    rounding: str = "half_even",
+    generator: Optional[torch.Generator] = None,
+    num_keep: Optional[int] = None,
+    correct_threshold: float = 1.0,
+) -> torch.Tensor:
+    """PROF selection: keep ``m = n - num_remove`` completions per prompt, balanced between correct and incorrect.
+
+    Per group of ``n`` scorable rows (``n+`` correct: outcome >= ``correct_threshold``; ``n-`` incorrect;
+    NaN outcomes are never kept), choose ``k+ + k- = m`` with ``k+ <= n+``, ``k- <= n-`` maximising
+    ``k+ * k-``. As in the released code the number of correct rows removed is
+    ``clip(round((n+ - n- + r)/2), 0, min(r, n+))`` with ``r = min(num_remove, n)``, and the remaining
+    ``r -`` that many incorrect rows are removed (at most ``n-``); for odd ``m`` the tie between the two
+    balanced splits is broken by ``rounding``: ``"half_even"`` (default, Python's banker's rounding as
+    released), ``"half_up"`` (keeps one fewer correct row) or ``"half_down"`` (one more correct row).
+
+    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``.
+    ``penalty_position="reference"`` (released): ``critic = s*c - penalty*pen``; ``"paper"``:
+    ``critic = s*(c - penalty*pen)`` (penalty before the sign). Within each class the lowest-critic rows are
+    removed (stable: among ties the earlier row goes first), i.e. the most consistent correct and the least
+    consistent incorrect rows are kept. ``mode="correct"`` removes incorrect rows uniformly at random (drawn
+    with ``generator``) instead.
+
+    Args:
+        group_ids: ``(B,)`` prompt ids (tensor or sequence; any order).
+        consistency: ``(B,)`` UNSIGNED consistency from :func:`prof_consistency_scores`.
+        num_steps: ``(B,)`` number of PRM steps ``H``.
+        outcome_rewards: ``(B,)`` outcomes (NaN = unscorable).
+        num_remove: Rows to remove per group (``n - m``); or pass ``num_keep`` (= m) instead.
+        penalty: ``lambda`` (default 10).
+        min_steps, max_steps: Allowed step-count range (default 2..30).
+        penalty_position: ``"reference"`` | ``"paper"``.
+        mode: ``"both"`` | ``"correct"``.
+        rounding: ``"half_even"`` | ``"half_up"`` | ``"half_down"``.
+        generator: ``torch.Generator`` for ``mode="correct"``.
+        num_keep: Rows to keep per group (alternative to ``num_remove``).
+        correct_threshold: Outcome at or above which a row counts as correct.
+
+    Returns:
+        LongTensor of the kept row indices, ascending.
+
+    Raises:
+        ValueError: on unknown options, both/neither of ``num_remove``/``num_keep``, negative counts or shape
+            mismatches.
+
+    Source: PROF Algorithm 1 (step 4: ``k+ + k- = m``, max ``k+ k-``), Eq. (1) penalty; released
+    ``filter_trajectories`` (PROF-Both / PROF-Correct).
+    """
+    _check_choice("penalty_position", penalty_position, _PROF_PENALTY_POSITIONS)
+    _check_choice("mode", mode, _PROF_MODES)
+    _check_choice("rounding", rounding, _PROF_ROUNDINGS)
+    if (num_remove is None) == (num_keep is None):
+        raise ValueError("prof_select: pass exactly one of `num_remove` (rows dropped per group) or `num_keep`.")
+    for name, v in (("num_remove", num_remove), ("num_keep", num_keep)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"{name}={v!r} must be a non-negative int.")
+    _check_tensor("consistency", consistency)
+    if consistency.dim() != 1:
+        raise ValueError(f"`consistency` must have shape (B,), got {tuple(consistency.shape)}.")
+    B = consistency.shape[0]
+    _check_rows("num_steps", num_steps, B)
+    _check_rows("outcome_rewards", outcome_rewards, B)
+    dev = consistency.device
+    gid, G, _ = _group_index(group_ids, None, B, dev, fn="prof_select")
+    o = outcome_rewards.detach().to(device=dev, dtype=torch.float64)
+    valid = ~torch.isnan(o)
+    pos = valid & (o >= correct_threshold)
+    neg = valid & ~pos
+    c = consistency.detach().to(torch.float64)
+    sign = torch.where(pos, 1.0, -1.0).to(torch.float64)
+    H = num_steps.to(dev)
+    pen = ((H < min_steps) | (H > max_steps)).to(torch.float64)
+    if penalty_position == "reference":
+        critic = sign * c - penalty * pen
+    else:
+        critic = sign * (c - penalty * pen)
+
+    n_pos = _group_sum(pos.to(torch.float64), gid, G)
+    n_neg = _group_sum(neg.to(torch.float64), gid, G)
+    n_val = n_pos + n_neg
+    if num_remove is not None:
+        r = torch.minimum(torch.full_like(n_val, float(num_remove)), n_val)
+    else:
+        r = (n_val - float(num_keep)).clamp(min=0)
+    pos_rm = _round_half((n_pos - n_neg + r) / 2.0, rounding)
+    pos_rm = torch.minimum(pos_rm.clamp(min=0), torch.minimum(r, n_pos))
+    neg_rm = torch.minimum(r - pos_rm, n_neg)
+
+    key = critic.clone()
+    if mode == "correct":
+        if generator is not None:
+            rnd = torch.rand(B, generator=generator, device=generator.device, dtype=torch.float64).to(dev)
+        else:
+            rnd = torch.rand(B, device=dev, dtype=torch.float64)
+        key = torch.where(neg, rnd, key)
+    # class: (group, correct/incorrect); invalid rows get their own class at the end
+    cls = torch.where(valid, gid * 2 + neg.long(), torch.full_like(gid, 2 * G))
+    order = torch.sort(key, stable=True).indices
+    order = order[torch.sort(cls[order], stable=True).indices]
+    sorted_cls = cls[order]
+    first = torch.searchsorted(sorted_cls, sorted_cls, right=False)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(B, device=dev) - first
+    rank = rank.to(torch.float64)
+    removed = (pos & (rank < pos_rm[gid])) | (neg & (rank < neg_rm[gid]))
+    kept = valid & ~removed
+    return torch.nonzero(kept, as_tuple=True)[0]

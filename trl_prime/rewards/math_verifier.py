@@ -1,0 +1,1085 @@
+"""Math outcome verifier: final answers checked with ``math-verify`` under hard timeouts (SPEC section 5).
+
+What counts as the final answer
+-------------------------------
+* The content of the **last top-level** ``\\boxed{...}`` (or ``\\fbox{...}``) of the completion, nested braces
+  and escaped braces (``\\{ \\}``) handled. Only complete boxes count: when the last box opened is never closed
+  (a truncated completion), the completion has no final answer - an earlier, complete box is an
+  intermediate result and is not credited.
+* Nothing else by default: a completion without a box scores 0 with reason ``no_answer`` even when the
+  right number appears somewhere in its text. ``extraction="boxed_or_answer_phrase"`` additionally accepts,
+  when there is no box, the rest of the line after the last "final answer is / the answer is / answer:"
+  phrase (opt-in: it can credit prose such as "the answer is not 3").
+
+Gold answers may be plain (``"42"``, ``"\\frac{1}{2}"``, ``"$x^2$"``, ``"[0, 1)"``), a full solution whose last
+``\\boxed{}`` holds the answer (MATH), or a GSM8K solution ending in ``#### 72``. Both sides are parsed the
+same way (as the content of a box) with ``math-verify``; ``math_verify.verify(gold, answer)`` is the judge.
+
+Where the work happens
+----------------------
+Parsing and verification run in a persistent pool of worker *processes* (plain ``python`` subprocesses that
+import only this file and ``math-verify``; nothing of the calling process is re-imported, so scripts without an
+``if __name__ == "__main__"`` guard are safe). Each step - parsing a gold answer, or parsing and verifying one
+answer - has its own wall-clock deadline (``timeout`` seconds); a worker that misses it is killed with SIGKILL
+and replaced, so the deadline holds from any thread or event loop (math-verify's own ``signal.alarm`` timeouts
+are disabled in the workers). Workers run with ``RLIMIT_AS`` (``memory_limit_mb``) and a per-step
+``RLIMIT_CPU`` backstop, so a completion that makes the parser hang or eat memory costs the calling process
+nothing. The pool is created lazily, sized to the machine, reused across calls, recreated after ``fork`` and
+killed at interpreter exit. Identical ``(gold, answer)`` pairs are verified once per batch, and deterministic
+outcomes (``correct``/``wrong``/``no_answer``/``gold_unparseable``) are memoised across calls; this is the only
+fast path (exact memoisation of math-verify's own verdict, never a different judge).
+
+Reasons (every result has exactly one; ``reward`` in brackets)
+-------------------------------------------------------------
+* ``correct`` (1.0): math-verify says the final answer equals the gold answer.
+* ``wrong`` (0.0): a final answer was found and it is not equal to the gold answer.
+* ``no_answer`` (0.0): no final answer could be extracted (no complete box, empty box).
+* ``gold_unparseable`` (None): math-verify finds no mathematical expression in the gold answer (or it is
+  empty, or parsing it timed out). Every completion of that gold gets None (NaN in TRL: skipped) and is counted,
+  whatever the completion holds.
+* ``timeout`` (0.0): parsing/verifying the answer exceeded ``timeout`` seconds (the worker was killed and
+  replaced) or raised ``MemoryError`` under the worker's memory cap. (A ``MemoryError`` that math-verify itself
+  swallows while parsing makes the answer unparseable, i.e. ``wrong``.)
+* ``error`` (None): infrastructure failure - workers cannot start, or a worker died twice on the same item.
+  Never a silent 0.
+
+Not supported: ``\\boxed 5`` without braces (counts as no answer), several boxes meant as one answer (only the
+last counts; put a tuple or set in one box).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "MathResult",
+    "REASONS",
+    "extract_answer",
+    "make_math_reward",
+    "math_reward",
+    "shutdown_math_workers",
+    "start_math_workers",
+    "verify_math",
+]
+
+REASONS: tuple[str, ...] = ("correct", "wrong", "no_answer", "gold_unparseable", "timeout", "error")
+_REWARD_OF = {"correct": 1.0, "wrong": 0.0, "no_answer": 0.0, "timeout": 0.0, "gold_unparseable": None, "error": None}
+_EXTRACTIONS = ("boxed", "boxed_or_answer_phrase")
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_MEMORY_LIMIT_MB = 1024
+_STARTUP_TIMEOUT = 60.0  # a worker must import math-verify within this many seconds
+_MAX_STARTUP_FAILURES = 3  # per call; then the remaining items get reason "error"
+_MAX_CHUNK = 16  # answers sent to a worker at once (same gold)
+_CACHE_SIZE = 65536
+_CACHE_MAX_CHARS = 2000  # only memoise pairs shorter than this
+_PARSED_MAX_CHARS = 200
+
+
+@dataclass(frozen=True)
+class MathResult:
+    """Verdict for one completion.
+
+    Attributes:
+        reward: 1.0 (``correct``), 0.0 (``wrong``, ``no_answer``, ``timeout``) or None (``gold_unparseable``,
+            ``error``: unscorable; TRL turns None into NaN, excluded from means and baselines).
+        reason: one of :data:`REASONS`.
+        extracted: the final-answer text taken from the completion (content of the last box), None if none.
+        gold: the gold answer text that was parsed (after unwrapping ``$``, boxes, ``####``), None if empty.
+        parsed: math-verify's parse of the answer (``str`` of the SymPy object, truncated), when available.
+        detail: a human-readable explanation for non-trivial outcomes (timeouts, errors, bad golds).
+    """
+
+    reward: float | None
+    reason: str
+    extracted: str | None = None
+    gold: str | None = None
+    parsed: str | None = None
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Answer extraction (pure string work in the calling process; linear time, cannot hang)
+# --------------------------------------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_PHRASE_RE = re.compile(r"(?i)\b(?:final\s+answer|answer)\s*(?:is\b\s*:?|:)\s*")
+_DELIMS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+
+
+def _last_box(text: str) -> tuple[str | None, bool]:
+    """(content of the last complete top-level box, whether any box opener was seen)."""
+    last = None
+    pos = 0
+    seen = False
+    n = len(text)
+    while True:
+        m = _BOX_RE.search(text, pos)
+        if m is None:
+            return last, seen
+        seen = True
+        depth, i = 1, m.end()
+        while i < n:
+            c = text[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        if depth:  # never closed: the last box is incomplete, so there is no final answer
+            return None, True
+        last = text[m.end() : i]
+        pos = i + 1
+
+
+def _strip_math(s: str) -> str:
+    s = s.strip()
+    changed = True
+    while changed and s:
+        changed = False
+        for left, right in _DELIMS:
+            if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+                s = s[len(left) : len(s) - len(right)].strip()
+                changed = True
+                break
+    return s
+
+
+def _answer_phrase(text: str) -> str | None:
+    for m in reversed(list(_PHRASE_RE.finditer(text))):
+        eol = text.find("\n", m.end())
+        rest = text[m.end() : eol if eol >= 0 else len(text)].strip().strip("*").strip()
+        for left, right in _DELIMS:  # a math span right after the phrase is the answer
+            if rest.startswith(left):
+                end = rest.find(right, len(left))
+                if end > 0:
+                    rest = rest[: end + len(right)]
+                break
+        else:
+            rest = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0]
+        rest = _strip_math(rest.rstrip(". ").strip())
+        if rest:
+            return rest
+    return None
+
+
+def extract_answer(text: str, extraction: str = "boxed") -> str | None:
+    """Final-answer text of a completion, or None when it has none.
+
+    Args:
+        text: the completion text.
+        extraction: ``"boxed"`` (default): the content of the last complete top-level ``\\boxed{}``/``\\fbox{}``;
+            ``"boxed_or_answer_phrase"``: the same, else the rest of the line after the last
+            "final answer is" / "the answer is" / "answer:" phrase.
+
+    Returns:
+        The stripped answer text (math delimiters ``$..$``, ``\\(..\\)``, ``\\[..\\]`` removed), or None when
+        there is no box (or the last box is not closed, or is empty).
+
+    Raises:
+        ValueError: unknown ``extraction``.
+    """
+    if extraction not in _EXTRACTIONS:
+        raise ValueError(f"extraction must be one of {_EXTRACTIONS}, got {extraction!r}")
+    content, seen_box = _last_box(text)
+    if content is not None:
+        content = _strip_math(content)
+        return content or None
+    if extraction == "boxed_or_answer_phrase" and not seen_box:
+        return _answer_phrase(text)
+    return None
+
+
+def _normalize_gold(gold: Any) -> str | None:
+    if gold is None:
+        return None
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        if hasattr(gold, "item") and not isinstance(gold, bool):  # numpy / torch scalars
+            gold = gold.item()
+        else:
+            raise ValueError(
+                f"gold answers must be strings or numbers, got {type(gold).__name__}: {gold!r}; "
+                "convert the answer column to strings"
+            )
+    s = str(gold).strip()
+    if "####" in s:  # GSM8K solutions: the answer follows the last '####'
+        s = s.rsplit("####", 1)[1].strip()
+    if _BOX_RE.search(s):
+        content, _ = _last_box(s)
+        if content is not None:
+            s = content
+    s = _strip_math(s)
+    return s or None
+
+
+def _completion_text(completion: Any, index: int) -> str:
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)):
+        for message in reversed(completion):
+            if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
+                content = message.get("content")
+                if content is None:
+                    return ""
+                if isinstance(content, str):
+                    return content
+                if isinstance(content, (list, tuple)):  # content parts: [{"type": "text", "text": ...}]
+                    return "".join(
+                        p.get("text", "") if isinstance(p, dict) else str(p) for p in content if p is not None
+                    )
+                return str(content)
+        return ""
+    raise ValueError(
+        f"completion {index} has type {type(completion).__name__}; expected a string (standard format) or a "
+        "list of {'role', 'content'} messages (conversational format)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Worker process (runs `python -c _BOOT <this file>`; imports nothing of the calling program)
+# --------------------------------------------------------------------------------------------------------------
+
+_BOOT = (
+    "import sys, importlib.util\n"
+    "if sys.path and sys.path[0] == '': sys.path.pop(0)\n"
+    "spec = importlib.util.spec_from_file_location('_trl_prime_math_worker', sys.argv[1])\n"
+    "mod = importlib.util.module_from_spec(spec)\n"
+    "sys.modules[spec.name] = mod\n"
+    "spec.loader.exec_module(mod)\n"
+    "mod._worker_main()\n"
+)
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the worker process
+    """Worker loop: one JSON request per line on stdin, one JSON line per finished step on a private fd."""
+    import logging
+    import resource
+    import signal
+    from itertools import product
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
+    stdin = sys.stdin.buffer
+
+    def send(obj) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(out_fd, data) :]
+        except OSError:  # the parent is gone (or closed our pipe): nothing left to do
+            os._exit(0)
+
+    from math_verify import LatexExtractionConfig, parse, verify
+    from sympy import Basic, MatrixBase
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
+    config = [LatexExtractionConfig(boxed_match_priority=0)]
+
+    def parse_box(text: str) -> list:
+        try:
+            return parse(
+                "\\boxed{" + text + "}",
+                extraction_config=config,
+                fallback_mode="first_match",
+                parsing_timeout=None,  # no signal.alarm: the parent kills us on deadline
+                raise_on_error=True,
+            )
+        except MemoryError:
+            raise
+        except Exception:  # what math-verify does with raise_on_error=False
+            return []
+
+    def same(gold: list, answer: list) -> bool:
+        # == math_verify.verify(gold, answer) (any over the product), but lets MemoryError through
+        for g, a in product(gold, answer):
+            try:
+                if verify(g, a, timeout_seconds=None, raise_on_error=True):
+                    return True
+            except MemoryError:
+                raise
+            except Exception:
+                continue
+        return False
+
+    def show(parsed: list) -> str | None:
+        for x in parsed:
+            if isinstance(x, (Basic, MatrixBase)):
+                try:
+                    return str(x)[:_PARSED_MAX_CHARS]
+                except Exception:
+                    return None
+        return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
+
+    hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
+
+    def cpu_budget(seconds: float) -> None:  # backstop should the parent die while we spin
+        try:
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
+            if hard_cpu != resource.RLIM_INFINITY:
+                soft = min(soft, hard_cpu)
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, hard_cpu))
+        except (ValueError, OSError):
+            pass
+
+    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
+    memory = [None]
+
+    def memory_cap(mb: int) -> None:  # soft limit only, so a later request may raise it again
+        if mb == memory[0]:
+            return
+        soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
+        if hard_as != resource.RLIM_INFINITY:
+            soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
+            memory[0] = mb
+        except (ValueError, OSError):
+            pass
+
+    for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
+        same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
+    golds: OrderedDict[str, tuple[str, list]] = OrderedDict()
+    send(["ready", os.getpid()])
+
+    while True:
+        line = stdin.readline()
+        if not line:
+            return  # parent gone
+        request = json.loads(line)
+        gold_text, answers, seconds = request["g"], request["a"], float(request["t"])
+        try:
+            memory_cap(request["m"])
+            cpu_budget(seconds)
+            if gold_text in golds:
+                status, gold = golds[gold_text]
+                golds.move_to_end(gold_text)
+            else:
+                gold = parse_box(gold_text)
+                status = "ok" if any(isinstance(x, (Basic, MatrixBase)) for x in gold) else "unparseable"
+                golds[gold_text] = (status, gold)
+                if len(golds) > 1024:
+                    golds.popitem(last=False)
+            send(["g", status, show(gold)])
+        except MemoryError:
+            send(["g", "memory", None])
+            continue
+        if status != "ok":
+            continue
+        for answer in answers:
+            try:
+                cpu_budget(seconds)
+                parsed = parse_box(answer)
+                if not parsed:
+                    send(["a", "no_answer", None])
+                else:
+                    send(["a", "correct" if same(gold, parsed) else "wrong", show(parsed)])
+            except MemoryError:
+                send(["a", "memory", None])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Pool (calling process)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _default_num_workers() -> int:
+    env = os.environ.get("TRL_PRIME_MATH_WORKERS")
+    if env:
+        return max(1, int(env))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
+class _Chunk:
+    __slots__ = ("gold", "answers", "pos")
+
+    def __init__(self, gold: str, answers: list[str]):
+        self.gold = gold
+        self.answers = answers
+        self.pos = -1  # -1: the gold step is running; i >= 0: answer i is running
+
+
+class _Worker:
+    __slots__ = ("proc", "rfd", "wfd", "inbuf", "outbuf", "ready", "since", "chunk")
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.rfd = proc.stdout.fileno()
+        self.wfd = proc.stdin.fileno()
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self.wfd, False)
+        self.inbuf = b""
+        self.outbuf = b""
+        self.ready = False
+        self.since = time.monotonic()  # start of startup, or of the running step
+        self.chunk: _Chunk | None = None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the inherited pipe ends (the process is the parent's, not ours to kill)."""
+        self.proc.returncode = -1  # keeps Popen from ever waiting for a process that is not our child
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+class _Pool:
+    """Persistent worker processes; used under the module lock by one call at a time."""
+
+    def __init__(self, size: int):
+        self.pid = os.getpid()
+        self.size = size
+        self.workers: list[_Worker] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def _spawn(self) -> _Worker:
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            start_new_session=True,  # no terminal SIGINT; the parent alone decides when a worker dies
+        )
+        return _Worker(proc)
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            w.kill()
+        self.workers = []
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers]
+
+    # -- one batch ---------------------------------------------------------------------------------------------
+    def run(
+        self, chunks: deque[_Chunk], timeout: float, memory_limit_mb: int, out: "_Outcomes", ready_by: float = 0.0
+    ) -> None:
+        """Process ``chunks``; with ``ready_by`` (a monotonic time) also wait until every worker is ready."""
+        try:
+            self._run(chunks, timeout, memory_limit_mb, out, ready_by)
+        except BaseException:  # e.g. KeyboardInterrupt: workers still holding this call's items are useless
+            for w in [w for w in self.workers if w.chunk is not None or w.outbuf]:
+                w.kill()
+                self.workers.remove(w)
+            raise
+
+    def _run(
+        self, chunks: deque[_Chunk], timeout: float, memory_limit_mb: int, out: "_Outcomes", ready_by: float
+    ) -> None:
+        failures = 0
+        last_failure = ""
+        attempts: dict[tuple[str, str | None], int] = {}
+
+        def retire(w: _Worker) -> None:
+            w.kill()
+            self.workers.remove(w)
+
+        def crashed(w: _Worker) -> None:
+            """The worker died (EOF) with a chunk in flight: retry the running step once elsewhere."""
+            c = w.chunk
+            key = (c.gold, None if c.pos < 0 else c.answers[c.pos])
+            attempts[key] = attempts.get(key, 0) + 1
+            detail = f"math worker {w.proc.pid} died (exit code {w.proc.returncode}) while "
+            rest = c.answers if c.pos < 0 else c.answers[c.pos :]
+            if attempts[key] >= 2:
+                if c.pos < 0:
+                    out.gold_failed(c.gold, "error", detail + "parsing the gold answer, twice")
+                    return
+                out.answer(c.gold, rest[0], "error", None, detail + "verifying this answer, twice")
+                rest = rest[1:]
+            if rest:
+                chunks.appendleft(_Chunk(c.gold, rest))
+
+        def expired(w: _Worker) -> None:
+            c = w.chunk
+            if c.pos < 0:
+                out.gold_failed(c.gold, "gold_unparseable", f"parsing the gold answer took longer than {timeout:g}s")
+            else:
+                out.answer(c.gold, c.answers[c.pos], "timeout", None, f"parse/verify exceeded {timeout:g}s")
+                if c.pos + 1 < len(c.answers):
+                    chunks.appendleft(_Chunk(c.gold, c.answers[c.pos + 1 :]))
+
+        def handle(w: _Worker, msg: list) -> None:
+            nonlocal failures
+            kind = msg[0]
+            now = time.monotonic()
+            if kind == "ready":
+                w.ready = True
+                w.since = now
+                return
+            c = w.chunk
+            if c is None:
+                return
+            failures = 0
+            w.since = now
+            if kind == "g":
+                status, parsed = msg[1], msg[2]
+                if status == "ok":
+                    out.gold_ok(c.gold, parsed)
+                    c.pos = 0
+                else:
+                    why = (
+                        "math-verify could not parse the gold answer"
+                        if status == "unparseable"
+                        else "parsing the gold answer exceeded the worker memory limit"
+                    )
+                    out.gold_failed(c.gold, "gold_unparseable", why, cacheable=status == "unparseable")
+                    w.chunk = None
+                    return
+            else:
+                reason, parsed = msg[1], msg[2]
+                detail = ""
+                if reason == "memory":
+                    reason, detail = "timeout", f"exceeded the worker memory limit ({memory_limit_mb} MiB)"
+                out.answer(c.gold, c.answers[c.pos], reason, parsed, detail)
+                c.pos += 1
+            if c.pos >= len(c.answers):
+                w.chunk = None
+
+        with selectors.DefaultSelector() as sel:
+            while True:
+                if _CLOSING:
+                    failures, last_failure = _MAX_STARTUP_FAILURES, "the interpreter is exiting"
+                    for w in self.workers:
+                        w.kill()
+                        if w.chunk is not None:
+                            chunks.appendleft(_Chunk(w.chunk.gold, w.chunk.answers[max(w.chunk.pos, 0) :]))
+                    self.workers = []
+                # keep the pool at its size (also after the last item, so the next call finds it warm)
+                while len(self.workers) < self.size and failures < _MAX_STARTUP_FAILURES:
+                    try:
+                        self.workers.append(self._spawn())
+                    except OSError as e:
+                        failures += 1
+                        last_failure = f"cannot start a math worker ({sys.executable}): {e}"
+                # drop chunks whose gold already failed in this call
+                while chunks and out.gold_is_failed(chunks[0].gold):
+                    chunks.popleft()
+                if not chunks and all(w.chunk is None for w in self.workers):
+                    if time.monotonic() >= ready_by or all(w.ready for w in self.workers):
+                        return
+                if not self.workers:
+                    why = f"math worker pool unavailable: {last_failure or 'no worker could start'}"
+                    for c in chunks:
+                        if c.pos < 0 and not out.gold_known(c.gold):
+                            out.gold_failed(c.gold, "error", why)
+                        for a in c.answers if c.pos < 0 else c.answers[c.pos :]:
+                            out.answer(c.gold, a, "error", None, why)
+                    chunks.clear()
+                    return
+                # dispatch
+                for w in self.workers:
+                    if w.ready and w.chunk is None and chunks:
+                        c = chunks.popleft()
+                        while c is not None and out.gold_is_failed(c.gold):
+                            c = chunks.popleft() if chunks else None
+                        if c is None:
+                            break
+                        w.chunk = c
+                        w.since = time.monotonic()
+                        request = {"g": c.gold, "a": c.answers, "t": timeout, "m": memory_limit_mb}
+                        w.outbuf = (json.dumps(request) + "\n").encode()
+                # wait for output, EOF or a deadline
+                now = time.monotonic()
+                deadline = now + 1.0
+                if ready_by > now:
+                    deadline = min(deadline, ready_by)
+                for w in self.workers:
+                    if not w.ready:
+                        deadline = min(deadline, w.since + _STARTUP_TIMEOUT)
+                    elif w.chunk is not None:
+                        deadline = min(deadline, w.since + timeout)
+                for w in self.workers:
+                    sel.register(w.rfd, selectors.EVENT_READ, (w, "r"))
+                    if w.outbuf:
+                        sel.register(w.wfd, selectors.EVENT_WRITE, (w, "w"))
+                try:
+                    ready = sel.select(max(0.0, deadline - now))
+                finally:
+                    for w in self.workers:
+                        sel.unregister(w.rfd)
+                        if w.outbuf:
+                            sel.unregister(w.wfd)
+                dead: list[_Worker] = []
+                for key, _ in ready:
+                    w, what = key.data
+                    if w in dead:
+                        continue
+                    if what == "w":
+                        try:
+                            n = os.write(w.wfd, w.outbuf)
+                            w.outbuf = w.outbuf[n:]
+                        except BlockingIOError:
+                            pass
+                        except OSError:  # broken pipe: the read side will see EOF
+                            w.outbuf = b""
+                        continue
+                    try:
+                        data = os.read(w.rfd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        dead.append(w)
+                        continue
+                    w.inbuf += data
+                    while b"\n" in w.inbuf:
+                        line, w.inbuf = w.inbuf.split(b"\n", 1)
+                        try:
+                            msg = json.loads(line)
+                        except ValueError:
+                            continue
+                        handle(w, msg)
+                for w in dead:
+                    w.kill()
+                    self.workers.remove(w)
+                    if w.chunk is not None:
+                        crashed(w)
+                    else:
+                        failures += 1
+                        last_failure = f"math worker {w.proc.pid} exited (code {w.proc.returncode}) while idle/starting"
+                # deadlines
+                now = time.monotonic()
+                for w in list(self.workers):
+                    if not w.ready and now >= w.since + _STARTUP_TIMEOUT:
+                        failures += 1
+                        last_failure = f"math worker did not start within {_STARTUP_TIMEOUT:g}s"
+                        retire(w)
+                    elif w.ready and w.chunk is not None and now >= w.since + timeout:
+                        retire(w)
+                        expired(w)
+
+
+class _Outcomes:
+    """Results of one call, keyed by gold and (gold, answer)."""
+
+    def __init__(self):
+        self.golds: dict[str, tuple[str, str]] = {}  # gold -> (reason, detail) when the gold failed
+        self.ok: set[str] = set()
+        self.answers: dict[tuple[str, str], tuple[str, str | None, str]] = {}
+        self.cacheable_golds: set[str] = set()
+
+    def gold_ok(self, gold: str, parsed: str | None) -> None:
+        self.ok.add(gold)
+
+    def gold_failed(self, gold: str, reason: str, detail: str, cacheable: bool = False) -> None:
+        self.golds.setdefault(gold, (reason, detail))
+        if cacheable:
+            self.cacheable_golds.add(gold)
+
+    def gold_is_failed(self, gold: str) -> bool:
+        return gold in self.golds
+
+    def gold_known(self, gold: str) -> bool:
+        return gold in self.golds or gold in self.ok
+
+    def answer(self, gold: str, answer: str, reason: str, parsed: str | None, detail: str) -> None:
+        self.answers.setdefault((gold, answer), (reason, parsed, detail))
+
+
+_LOCK = threading.Lock()
+_POOL: _Pool | None = None
+_CLOSING = False  # set at interpreter exit
+_ANSWER_CACHE: OrderedDict[tuple[str, str], tuple[str, str | None]] = OrderedDict()
+_GOLD_CACHE: OrderedDict[str, bool] = OrderedDict()  # gold -> parseable (deterministic outcomes only)
+
+
+def _get_pool(num_workers: int) -> _Pool:
+    global _POOL
+    pool = _POOL
+    if pool is not None and pool.pid != os.getpid():  # inherited through fork: not ours to use or kill
+        pool = _POOL = None
+    if pool is None:
+        pool = _POOL = _Pool(num_workers)
+    if pool.size != num_workers:
+        pool.size = num_workers
+        while len(pool.workers) > num_workers:
+            pool.workers.pop().kill()
+    return pool
+
+
+def shutdown_math_workers() -> None:
+    """Kill the worker processes (waiting for a call in progress); the next call starts new ones.
+
+    Workers are also killed automatically at interpreter exit.
+    """
+    global _POOL
+    with _LOCK:
+        if _POOL is not None and _POOL.pid == os.getpid():
+            _POOL.shutdown()
+        _POOL = None
+
+
+def start_math_workers(num_workers: int | None = None, *, wait: float = 60.0) -> int:
+    """Start the worker pool now (workers otherwise start on the first call, which then waits for them).
+
+    Args:
+        num_workers: pool size, as in :func:`verify_math` (default: CPUs available, at most 8).
+        wait: seconds to wait for every worker to be ready (importing math-verify takes about a second per
+            worker on an idle core); 0 returns at once.
+
+    Returns:
+        The number of workers ready to take work.
+
+    Raises:
+        ValueError: ``num_workers`` is not a positive integer.
+    """
+    if num_workers is None:
+        num_workers = _default_num_workers()
+    if not (isinstance(num_workers, int) and num_workers >= 1):
+        raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+    with _LOCK:
+        pool = _get_pool(num_workers)
+        pool.run(deque(), DEFAULT_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, _Outcomes(), ready_by=time.monotonic() + wait)
+        return sum(w.ready for w in pool.workers)
+
+
+def _worker_pids() -> list[int]:
+    """PIDs of the live worker processes (for tests and diagnostics)."""
+    with _LOCK:
+        return _POOL.pids() if _POOL is not None and _POOL.pid == os.getpid() else []
+
+
+def _after_fork_in_child() -> None:
+    global _POOL, _LOCK, _CLOSING
+    _LOCK = threading.Lock()
+    _CLOSING = False
+    if _POOL is not None:
+        for w in _POOL.workers:
+            w.forget_after_fork()
+    _POOL = None
+
+
+def _at_exit() -> None:
+    """Kill the workers at interpreter exit, without waiting for a call still running in a daemon thread."""
+    global _CLOSING, _POOL
+    _CLOSING = True  # a call still running returns at once (its remaining items: "error") and spawns nothing
+    locked = _LOCK.acquire(timeout=2.0)
+    try:
+        pool = _POOL
+        if pool is not None and pool.pid == os.getpid():
+            for w in list(pool.workers):
+                try:
+                    w.proc.kill()
+                except OSError:
+                    pass
+            if locked:
+                pool.shutdown()
+        _POOL = None
+    finally:
+        if locked:
+            _LOCK.release()
+
+
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _cache_put(cache: OrderedDict, key, value) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    if len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------------------
+
+
+def verify_math(
+    completions: Sequence[Any],
+    golds: Sequence[Any],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    num_workers: int | None = None,
+    extraction: str = "boxed",
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+) -> list[MathResult]:
+    """Check the final answer of each completion against its gold answer with ``math-verify``.
+
+    Args:
+        completions: one per row: a string (standard format), or a list of ``{"role", "content"}`` messages
+            (conversational format: the last assistant message is used; ``content`` may be a string or a list
+            of ``{"type": "text", "text": ...}`` parts). None counts as an empty completion.
+        golds: one gold answer per completion: a string (``"42"``, ``"\\frac{1}{2}"``, ``"$x^2$"``, a solution
+            with a ``\\boxed{}`` or ending in ``#### 42``) or a number. None or empty -> ``gold_unparseable``.
+        timeout: wall-clock seconds allowed for each step in a worker: parsing one gold answer, or parsing and
+            verifying one answer. A step past it is killed: the answer scores 0 (``timeout``); a gold past it
+            makes its rows ``gold_unparseable``. The call itself takes about (distinct answers x their cost) /
+            ``num_workers``; the first call also waits for the workers to start (about a second).
+        num_workers: worker processes (default: the CPUs this process may use, at most 8; environment
+            variable ``TRL_PRIME_MATH_WORKERS`` overrides). The pool persists across calls.
+        extraction: ``"boxed"`` (default; only the last ``\\boxed{}``/``\\fbox{}`` is a final answer) or
+            ``"boxed_or_answer_phrase"`` (see :func:`extract_answer`).
+        memory_limit_mb: address-space cap (``RLIMIT_AS``) of each worker, in MiB; 0 disables it.
+
+    Returns:
+        One :class:`MathResult` per completion, in order. ``reason`` is one of :data:`REASONS`: ``correct``
+        (reward 1.0), ``wrong``/``no_answer``/``timeout`` (0.0), ``gold_unparseable``/``error`` (None). A gold
+        answer that cannot be parsed makes every row with that gold ``gold_unparseable`` (None), whatever the
+        completion holds. Infrastructure failures (workers cannot start, a worker crashes twice on the same
+        item) give ``error`` (None), never 0.
+
+    Raises:
+        ValueError: ``completions`` and ``golds`` differ in length or are not sequences, a completion or gold has
+            an unsupported type, or ``timeout``/``num_workers``/``extraction`` is invalid.
+
+    Thread-safe: calls from several threads (or from inside a running event loop, which it blocks) are served
+    one at a time; the deadlines hold in all cases because they are enforced by killing worker processes.
+    """
+    if isinstance(completions, (str, bytes)) or not hasattr(completions, "__len__"):
+        raise ValueError("completions must be a list (one completion per row), got " + type(completions).__name__)
+    if isinstance(golds, (str, bytes)) or not hasattr(golds, "__len__"):
+        raise ValueError("golds must be a list with one gold answer per completion, got " + type(golds).__name__)
+    if len(completions) != len(golds):
+        raise ValueError(
+            f"got {len(completions)} completions but {len(golds)} gold answers; pass exactly one gold answer per "
+            "completion (in TRL, the dataset's answer column is repeated for each of the num_generations samples)"
+        )
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if extraction not in _EXTRACTIONS:
+        raise ValueError(f"extraction must be one of {_EXTRACTIONS}, got {extraction!r}")
+    if num_workers is None:
+        num_workers = _default_num_workers()
+    if not (isinstance(num_workers, int) and num_workers >= 1):
+        raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+    if not (isinstance(memory_limit_mb, int) and memory_limit_mb >= 0):
+        raise ValueError(f"memory_limit_mb must be an integer >= 0 (0: no cap), got {memory_limit_mb!r}")
+
+    answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
+    gold_texts = [_normalize_gold(g) for g in golds]
+
+    with _LOCK:
+        # what must go to the workers: each gold whose parseability is unknown, and each new (gold, answer) pair
+        todo: dict[str, dict[str, None]] = {}  # gold -> distinct answers (an ordered set)
+        for gold, answer in zip(gold_texts, answers):
+            if gold is None:
+                continue
+            parseable = _GOLD_CACHE.get(gold)
+            if parseable is False:
+                continue
+            if answer is None or (gold, answer) in _ANSWER_CACHE:
+                if parseable is None:
+                    todo.setdefault(gold, {})
+                continue
+            todo.setdefault(gold, {})[answer] = None
+        out = _Outcomes()
+        if todo:
+            chunks: deque[_Chunk] = deque()
+            n_items = sum(max(1, len(v)) for v in todo.values())
+            size = max(1, min(_MAX_CHUNK, -(-n_items // (4 * num_workers))))
+            for gold, distinct in todo.items():
+                pending = list(distinct)
+                if not pending:
+                    chunks.append(_Chunk(gold, []))
+                for start in range(0, len(pending), size):
+                    chunks.append(_Chunk(gold, pending[start : start + size]))
+            _get_pool(num_workers).run(chunks, float(timeout), int(memory_limit_mb), out)
+        # memoise deterministic outcomes
+        for gold in out.ok:
+            _cache_put(_GOLD_CACHE, gold, True)
+        for gold in out.cacheable_golds:
+            _cache_put(_GOLD_CACHE, gold, False)
+        for (gold, answer), (reason, parsed, _) in out.answers.items():
+            if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
+                _cache_put(_ANSWER_CACHE, (gold, answer), (reason, parsed))
+
+        results: list[MathResult] = []
+        for gold, answer in zip(gold_texts, answers):
+            if gold is None:
+                results.append(MathResult(None, "gold_unparseable", answer, None, None, "the gold answer is empty"))
+                continue
+            if _GOLD_CACHE.get(gold) is False and gold not in out.golds:
+                out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
+            if gold in out.golds:
+                reason, detail = out.golds[gold]
+                results.append(MathResult(None, reason, answer, gold, None, detail))
+                continue
+            if answer is None:
+                results.append(MathResult(0.0, "no_answer", None, gold, None, "no complete \\boxed{} answer"))
+                continue
+            got = out.answers.get((gold, answer))
+            if got is None:
+                cached = _ANSWER_CACHE.get((gold, answer))
+                if cached is not None:
+                    _ANSWER_CACHE.move_to_end((gold, answer))
+                    got = (cached[0], cached[1], "")
+                else:  # cannot happen unless the pool lost the item; never a silent 0
+                    got = ("error", None, "no verdict was produced for this answer")
+            reason, parsed, detail = got
+            if reason == "no_answer" and not detail:
+                detail = "math-verify found no expression in the final answer"
+            results.append(MathResult(_REWARD_OF[reason], reason, answer, gold, parsed, detail))
+    return results
+
+
+_TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+
+
+def _score(
+    fn: Callable,
+    column: str,
+    completions: Sequence[Any],
+    golds: Sequence[Any] | None,
+    kwargs: dict,
+    options: dict,
+) -> list[float | None]:
+    if golds is None:
+        columns = sorted(k for k in kwargs if k not in _TRL_KWARGS)
+        raise ValueError(
+            f"{fn.__name__} needs the gold answers in the dataset column {column!r}, which was not passed "
+            f"(columns received: {columns}). Add a {column!r} column to the dataset, or build the reward with "
+            f"make_math_reward(answer_column='<your column>')."
+        )
+    if isinstance(golds, (str, bytes)) or not hasattr(golds, "__len__"):
+        raise ValueError(
+            f"{fn.__name__}: column {column!r} must be a list with one gold answer per completion, got "
+            f"{type(golds).__name__}"
+        )
+    if len(golds) != len(completions):
+        raise ValueError(
+            f"{fn.__name__}: column {column!r} has {len(golds)} values for {len(completions)} completions; it "
+            "must hold exactly one gold answer per completion"
+        )
+    results = verify_math(completions, golds, **options)
+    counts = {reason: 0 for reason in REASONS}
+    for r in results:
+        counts[r.reason] += 1
+    fn.last_counts = counts
+    fn.last_results = results
+    log_metric = kwargs.get("log_metric")
+    if callable(log_metric):
+        for reason, count in counts.items():
+            log_metric(f"math/{reason}", float(count))
+    return [r.reward for r in results]
+
+
+def make_math_reward(
+    answer_column: str = "solution",
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    num_workers: int | None = None,
+    extraction: str = "boxed",
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+    name: str | None = None,
+) -> Callable[..., list[float | None]]:
+    """Build a TRL reward function that scores math completions against the dataset column ``answer_column``.
+
+    Args:
+        answer_column: the dataset column holding the gold answers (TRL passes every dataset column to reward
+            functions as a keyword argument).
+        timeout, num_workers, extraction, memory_limit_mb: as in :func:`verify_math`.
+        name: the function's ``__name__`` (TRL logs rewards under it); default ``"math_reward"`` for the
+            ``solution`` column, else ``"math_reward_<column>"``.
+
+    Returns:
+        ``reward(completions, **kwargs) -> list[float | None]``: 1.0 correct, 0.0 wrong / no answer / timeout,
+        None when unscorable (``gold_unparseable``, ``error``; TRL turns None into NaN). After each call
+        ``reward.last_counts`` maps every reason of :data:`REASONS` to its count in the batch and
+        ``reward.last_results`` holds the :class:`MathResult` list; when TRL passes ``log_metric``, each count is
+        logged as ``math/<reason>``.
+
+    Raises:
+        ValueError: (when called) the answer column is missing or its length differs from ``completions``; see
+        :func:`verify_math` for the rest. Invalid options raise here, at construction.
+    """
+    if not isinstance(answer_column, str) or not answer_column:
+        raise ValueError(f"answer_column must be a non-empty string, got {answer_column!r}")
+    if extraction not in _EXTRACTIONS:
+        raise ValueError(f"extraction must be one of {_EXTRACTIONS}, got {extraction!r}")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    options = dict(timeout=timeout, num_workers=num_workers, extraction=extraction, memory_limit_mb=memory_limit_mb)
+
+    def reward(completions, **kwargs):
+        return _score(reward, answer_column, completions, kwargs.get(answer_column), kwargs, options)
+
+    reward.__name__ = reward.__qualname__ = name or (
+        "math_reward" if answer_column == "solution" else f"math_reward_{answer_column}"
+    )
+    reward.__doc__ = (
+        f"TRL reward: math-verify check of the last \\boxed{{}} against column {answer_column!r} "
+        "(see trl_prime.rewards.math_verifier.make_math_reward)."
+    )
+    reward.last_counts = {reason: 0 for reason in REASONS}
+    reward.last_results = []
+    return reward
+
+
+def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs) -> list[float | None]:
+    """TRL reward function: 1.0 if the last ``\\boxed{}`` of a completion equals the ``solution`` column.
+
+    Args:
+        completions: standard (strings) or conversational (lists of messages) completions, as TRL passes them.
+        solution: the gold answer of each completion (the dataset column ``solution``). For another column
+            use ``make_math_reward(answer_column="answer")``.
+        **kwargs: the other dataset columns and TRL's extras; ``log_metric`` (if given) receives
+            ``math/<reason>`` counts for every reason in :data:`REASONS`.
+
+    Returns:
+        One reward per completion: 1.0 ``correct``; 0.0 ``wrong``, ``no_answer`` (no complete box: a number in
+        the prose never counts), ``timeout``; None ``gold_unparseable`` or ``error`` (NaN in TRL). The counts of
+        the last batch are in ``math_reward.last_counts``, the full :class:`MathResult` list in
+        ``math_reward.last_results``. Defaults: ``timeout=5`` s per step, workers = CPUs (at most 8), 1 GiB per
+        worker.
+
+    Raises:
+        ValueError: the ``solution`` column is missing or has a different length than ``completions``.
+    """
+    return _score(math_reward, "solution", completions, solution, kwargs, _DEFAULT_OPTIONS)
+
+
+_DEFAULT_OPTIONS = dict(
+    timeout=DEFAULT_TIMEOUT, num_workers=None, extraction="boxed", memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB
+)
+math_reward.last_counts = {reason: 0 for reason in REASONS}
+math_reward.last_results = []
