@@ -1,0 +1,556 @@
+"""Code outcome verifier: run a completion's program against test cases in a sandbox (SPEC section 5).
+
+Public API
+----------
+- :func:`code_reward` -- a TRL reward function (``reward_funcs=[code_reward]``), one float per completion
+  (``None`` when the completion cannot be scored; TRL turns it into NaN and excludes it).
+- :func:`make_code_reward` -- the same with non-default limits / worker count / tests column.
+- :func:`verify_code` -- per-completion :class:`CodeResult` (reward, reason, passed/total, layers, ...).
+- :func:`extract_code` -- the program of a completion.
+- :data:`REASONS` -- every reason with its meaning and reward.
+
+Program: the last fenced code block of the completion whose language tag is empty or Python
+(```` ```python ```` / ```` ```py ```` / ```` ``` ````); if there is none, the last fenced block of any
+language; an unterminated final fence counts (truncated generations); with no fence at all, the whole
+text. Conversational completions (a list of ``{"role", "content"}`` messages) use the last message.
+
+Tests (one entry per completion, a dict or its JSON string):
+
+- ``{"stdin_stdout": [{"input": str, "output": str}, ...]}``: the program reads stdin and prints.
+- ``{"fn_name": str, "inputs": [[args...], ...], "outputs": [value, ...]}``: ``fn_name`` (a top-level
+  function, or a method of a ``Solution`` class, LeetCode style) is called with each argument list.
+- ``{"check": str, "entry_point": str}`` (HumanEval; ``"test"`` is accepted for ``"check"``, and an
+  optional ``"prompt"`` is prepended when the program does not define ``entry_point`` itself): the
+  program runs, then the check source, then ``check(<entry_point>)``; one test case.
+- APPS / TACO / Eurus-2-RL-Data style ``{"inputs": [...], "outputs": [...]}`` with an optional
+  ``fn_name``: without ``fn_name`` the inputs are stdin strings (a list of lines is joined with
+  newlines), with it they are argument lists.
+
+Keys whose value is ``None`` count as absent (``datasets`` fills missing struct fields with None).
+A malformed entry does not stop training: that completion gets ``None`` with reason ``bad_tests`` and a
+``RuntimeWarning`` naming the entry, the field and the fix (``verify_code(..., strict=True)`` raises the
+``ValueError`` instead).
+
+Comparison (in the trusted parent, never in the sandbox): stdout matches when equal after stripping
+trailing whitespace of each line and surrounding blank lines, or when the whitespace-separated tokens
+agree, numeric tokens with a decimal point/exponent within 1e-6 (relative or absolute); integers and
+words compare exactly. Return values are compared structurally after a JSON round trip (tuples are
+lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS, an expected value ``[x]`` also
+accepts ``x``.
+
+Reward = passed / total test cases. See :data:`REASONS` for the reason of each result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import textwrap
+import time
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from trl_prime.rewards.sandbox import SandboxConfig, SandboxRun, run_program
+
+__all__ = ["CodeResult", "REASONS", "code_reward", "make_code_reward", "verify_code", "extract_code"]
+
+#: reason -> (meaning, reward). Every :class:`CodeResult` has exactly one of these reasons.
+REASONS: dict[str, tuple[str, str]] = {
+    "passed": ("every test case passed", "1.0"),
+    "partial": ("some but not all test cases passed", "passed/total"),
+    "failed": ("no case passed: wrong output / return value, check() failed, or the program exited "
+               "before check() completed", "0.0"),
+    "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
+    "memory": ("no case passed; the first failing case ran out of memory (RLIMIT_AS)", "0.0"),
+    "output_limit": ("no case passed; the first failing case wrote more than the output cap", "0.0"),
+    "process_limit": ("no case passed and the program hit the process-count limit (fork bomb)", "0.0"),
+    "runtime_error": ("no case passed; the first failing case raised, exited non-zero or was killed "
+                      "(incl. blocked network / file / signal operations)", "0.0"),
+    "syntax_error": ("the program does not compile", "0.0"),
+    "no_code": ("the completion holds no program", "0.0"),
+    "bad_tests": ("the tests entry is malformed (a warning names the field); not scored", "None"),
+    "sandbox_error": ("infrastructure failure: the sandbox could not run (interpreter missing, set-up "
+                      "failed, a required isolation layer missing); not scored", "None"),
+}
+
+_PER_CASE_FAILURES = ("failed", "timeout", "memory", "output_limit", "runtime_error")
+
+
+@dataclass(frozen=True)
+class CodeResult:
+    """Verdict for one completion.
+
+    Attributes:
+        reward: ``passed / total`` in [0, 1], or ``None`` (reasons ``bad_tests`` / ``sandbox_error``).
+        reason: one of :data:`REASONS`.
+        passed: test cases passed.
+        total: test cases (0 when no case could run: ``no_code``, ``syntax_error``, ``bad_tests``, or a
+            ``sandbox_error`` before the tests were known).
+        layers: isolation layers that were active (see :data:`trl_prime.rewards.sandbox.LAYERS`).
+        case_reasons: per test case: ``passed`` or a failure reason (``failed``, ``timeout``, ...).
+        detail: short human-readable explanation of the first failure (or of the error).
+        elapsed: wall seconds spent on this completion (sandbox start to teardown).
+        stdout: per test case, the first 1000 characters the program printed.
+    """
+
+    reward: float | None
+    reason: str
+    passed: int = 0
+    total: int = 0
+    layers: tuple[str, ...] = ()
+    case_reasons: tuple[str, ...] = ()
+    detail: str = ""
+    elapsed: float = 0.0
+    stdout: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Spec:
+    mode: str  # stdin | fn | check
+    inputs: tuple = ()
+    outputs: tuple = ()
+    fn_name: str | None = None
+    check: str | None = None
+    entry_point: str | None = None
+    prompt: str | None = None
+
+
+# ------------------------------------------------------------------ completions and programs
+
+_FENCE_RE = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*?)```", re.DOTALL)
+_OPEN_FENCE_RE = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*)\Z", re.DOTALL)
+_PY_TAGS = {"", "python", "py", "python3", "py3", "python2", "pycon", "ipython"}
+
+
+def _completion_text(completion: Any) -> str:
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        return _completion_text(completion.get("content"))
+    if isinstance(completion, Sequence) and completion:
+        last = completion[-1]
+        if isinstance(last, Mapping):
+            content = last.get("content")
+            if isinstance(content, list):  # multimodal content parts
+                return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            return "" if content is None else str(content)
+        if isinstance(last, str):
+            return last
+    if isinstance(completion, Sequence):
+        return ""
+    return str(completion)
+
+
+def extract_code(completion: Any, *, dedent: bool = True) -> str:
+    """Return the program of a completion (standard text or conversational messages).
+
+    The last fenced block tagged Python (or untagged); else the last fenced block of any language; else
+    the body of an unterminated final fence; else the whole text. The result is dedented unless
+    ``dedent=False`` (a HumanEval body-only completion keeps its indentation); it may be empty
+    (reason ``no_code``).
+    """
+    text = _completion_text(completion)
+    blocks = _FENCE_RE.findall(text)
+    if blocks:
+        python = [body for tag, body in blocks if tag.lower() in _PY_TAGS]
+        code = python[-1] if python else blocks[-1][1]
+    else:
+        m = _OPEN_FENCE_RE.search(text)
+        code = m.group(2) if m else text
+    return (textwrap.dedent(code) if dedent else code).strip("\n")
+
+
+# ------------------------------------------------------------------ tests parsing
+
+
+def _as_text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    raise ValueError(f"{where} must be a string (or a list of lines), got {type(value).__name__}; "
+                     f"store stdin/stdout test data as text")
+
+
+def _parse_tests(entry: Any, idx: int) -> _Spec:
+    """Validate one ``tests`` entry. Raises ValueError naming the field and the fix."""
+    where = f"tests[{idx}]"
+    if isinstance(entry, (bytes, bytearray)):
+        entry = entry.decode("utf-8", "replace")
+    if isinstance(entry, str):
+        try:
+            entry = json.loads(entry)
+        except ValueError as e:
+            raise ValueError(f"{where} is a string but not valid JSON ({e}); pass a dict or json.dumps(dict)") from None
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be a dict (or its JSON string), got {type(entry).__name__}; use "
+                         "{'stdin_stdout': [...]}, {'fn_name', 'inputs', 'outputs'} or {'check', 'entry_point'}")
+    # `datasets` stores a dict column as a struct with the union of all keys: absent keys arrive as None
+    entry = {k: v for k, v in entry.items() if v is not None}
+    if "stdin_stdout" in entry:
+        cases = entry["stdin_stdout"]
+        if not isinstance(cases, (list, tuple)) or not cases:
+            raise ValueError(f"{where}['stdin_stdout'] must be a non-empty list of {{'input': str, 'output': str}}")
+        ins, outs = [], []
+        for j, c in enumerate(cases):
+            if not isinstance(c, Mapping) or "input" not in c or "output" not in c:
+                raise ValueError(f"{where}['stdin_stdout'][{j}] must be a dict with keys 'input' and 'output'")
+            ins.append(_as_text(c["input"], f"{where}['stdin_stdout'][{j}]['input']"))
+            outs.append(_as_text(c["output"], f"{where}['stdin_stdout'][{j}]['output']"))
+        return _Spec("stdin", tuple(ins), tuple(outs))
+    if "check" in entry or ("test" in entry and "entry_point" in entry):
+        check = entry.get("check", entry.get("test"))
+        ep = entry.get("entry_point")
+        if not isinstance(check, str) or "def check" not in check:
+            raise ValueError(f"{where}['check'] must be Python source defining check(candidate)")
+        if not isinstance(ep, str) or not ep.isidentifier():
+            raise ValueError(f"{where}['entry_point'] must be the name of the function under test (an identifier), "
+                             f"got {ep!r}")
+        prompt = entry.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"{where}['prompt'] must be a string (the HumanEval prompt) or absent")
+        return _Spec("check", check=check, entry_point=ep, prompt=prompt)
+    if "inputs" in entry and "outputs" in entry:
+        ins, outs = entry["inputs"], entry["outputs"]
+        if not isinstance(ins, (list, tuple)) or not isinstance(outs, (list, tuple)):
+            raise ValueError(f"{where}['inputs'] and ['outputs'] must be lists (one entry per test case)")
+        if len(ins) != len(outs):
+            raise ValueError(f"{where}: 'inputs' has {len(ins)} entries but 'outputs' has {len(outs)}; give one "
+                             "expected output per input")
+        if not ins:
+            raise ValueError(f"{where}['inputs'] is empty; give at least one test case")
+        fn = entry.get("fn_name")
+        if fn not in (None, ""):
+            if not isinstance(fn, str) or not fn.isidentifier():
+                raise ValueError(f"{where}['fn_name'] must be a function name (an identifier), got {fn!r}")
+            args = tuple(list(a) if isinstance(a, (list, tuple)) else [a] for a in ins)
+            try:
+                json.dumps(args)
+                json.dumps(list(outs))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}: 'inputs'/'outputs' must be JSON values ({e})") from None
+            return _Spec("fn", args, tuple(outs), fn_name=fn)
+        return _Spec("stdin", tuple(_as_text(x, f"{where}['inputs'][{j}]") for j, x in enumerate(ins)),
+                     tuple(_as_text(x, f"{where}['outputs'][{j}]") for j, x in enumerate(outs)))
+    raise ValueError(f"{where} has keys {sorted(map(str, entry))}; expected one of "
+                     "{'stdin_stdout': [{'input', 'output'}, ...]}, {'fn_name', 'inputs', 'outputs'}, "
+                     "{'inputs', 'outputs'} (stdin) or {'check', 'entry_point'} (HumanEval)")
+
+
+# ------------------------------------------------------------------ comparison (parent side)
+
+_INT_RE = re.compile(r"[+-]?\d+\Z")
+_TOL = 1e-6
+
+
+def _float_token(t: str) -> float | None:
+    if _INT_RE.match(t):
+        return None
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _stdout_matches(got: str, expected: str) -> bool:
+    if got == expected:
+        return True
+    g = [line.rstrip() for line in got.strip().splitlines()]
+    e = [line.rstrip() for line in expected.strip().splitlines()]
+    if g == e:
+        return True
+    gt, et = got.split(), expected.split()
+    if gt == et:
+        return True
+    if len(gt) != len(et):
+        return False
+    for a, b in zip(gt, et):
+        if a == b:
+            continue
+        fa, fb = _float_token(a), _float_token(b)
+        if fa is None or fb is None:
+            # one integer, one float (e.g. "2" vs "2.0") still compares numerically
+            try:
+                fa, fb = float(a), float(b)
+            except ValueError:
+                return False
+            if _INT_RE.match(a) and _INT_RE.match(b):
+                return False
+        if not math.isclose(fa, fb, rel_tol=_TOL, abs_tol=_TOL):
+            return False
+    return True
+
+
+def _values_equal(got: Any, exp: Any, depth: int = 0) -> bool:
+    if depth > 200:
+        return got == exp
+    if isinstance(got, bool) or isinstance(exp, bool):
+        return type(got) is type(exp) and got == exp
+    if isinstance(got, (int, float)) and isinstance(exp, (int, float)):
+        if isinstance(got, int) and isinstance(exp, int):
+            return got == exp
+        if math.isnan(got) or math.isnan(exp):
+            return math.isnan(got) and math.isnan(exp)
+        return math.isclose(got, exp, rel_tol=_TOL, abs_tol=_TOL)
+    if isinstance(exp, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(got) == len(exp) and all(_values_equal(a, b, depth + 1) for a, b in zip(got, exp))
+    if isinstance(exp, Mapping) and isinstance(got, Mapping):
+        return set(got) == set(exp) and all(_values_equal(got[k], exp[k], depth + 1) for k in exp)
+    if type(got) is not type(exp):
+        return False
+    return got == exp
+
+
+def _return_matches(got: Any, exp: Any) -> bool:
+    exp = json.loads(json.dumps(exp))  # same normalisation as the sandbox's value (tuples -> lists)
+    if _values_equal(got, exp):
+        return True
+    return isinstance(exp, list) and len(exp) == 1 and _values_equal(got, exp[0])
+
+
+# ------------------------------------------------------------------ verification
+
+_ENTRY_DEF = "^[ \t]*(?:async[ \t]+)?def[ \t]+{}[ \t]*\\("
+
+
+def _default_workers() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(2, n + 1)
+
+
+def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
+    program = extract_code(completion)
+    if not program.strip():
+        return CodeResult(0.0, "no_code", total=0, detail="no program found in the completion")
+    if spec.mode == "check" and spec.prompt and not re.search(
+        _ENTRY_DEF.format(re.escape(spec.entry_point)), program, re.MULTILINE
+    ):
+        program = spec.prompt + extract_code(completion, dedent=False)  # a body-only HumanEval completion
+    if spec.mode == "stdin":
+        caps = [max(cfg.output_limit, 2 * len(o.encode("utf-8", "replace")) + 1024) for o in spec.outputs]
+        run = run_program(program, mode="stdin", inputs=list(spec.inputs), output_caps=caps, config=cfg)
+    elif spec.mode == "fn":
+        caps = [max(cfg.output_limit, 2 * len(json.dumps(o)) + 1024) for o in spec.outputs]
+        run = run_program(program, mode="fn", inputs=[list(a) for a in spec.inputs], fn_name=spec.fn_name,
+                          output_caps=caps, config=cfg)
+    else:
+        run = run_program(program, mode="check", check=spec.check, entry_point=spec.entry_point, config=cfg)
+    return _judge(run, spec)
+
+
+def _judge(run: SandboxRun, spec: _Spec) -> CodeResult:
+    if not run.ok:
+        return CodeResult(None, "sandbox_error", layers=run.layers, detail=run.error[:2000], elapsed=run.elapsed)
+    if run.compile_error is not None:
+        return CodeResult(0.0, "syntax_error", layers=run.layers, detail=run.compile_error, elapsed=run.elapsed)
+    if run.check_error is not None:
+        return CodeResult(None, "bad_tests", layers=run.layers, detail=f"check source does not compile: "
+                          f"{run.check_error}", elapsed=run.elapsed)
+    reasons, details = [], []
+    for i, case in enumerate(run.cases):
+        if case.status == "ok":
+            if spec.mode == "stdin":
+                ok = _stdout_matches(case.stdout, spec.outputs[i])
+                why = "" if ok else "wrong output"
+            elif spec.mode == "fn":
+                try:
+                    ok = case.has_value and _return_matches(case.value, spec.outputs[i])
+                except (RecursionError, ValueError, TypeError):
+                    ok = False
+                why = "" if ok else "wrong return value"
+            else:
+                ok = case.verified
+                why = "" if ok else "completion record did not carry the nonce"
+            reasons.append("passed" if ok else "failed")
+            details.append(why)
+        elif case.status in ("assertion", "no_record"):
+            reasons.append("failed")
+            details.append(case.detail or case.status)
+        elif case.status in _PER_CASE_FAILURES:
+            reasons.append(case.status)
+            details.append(case.detail)
+        else:
+            reasons.append("runtime_error")
+            details.append(case.detail or case.status)
+    total = len(reasons)
+    passed = sum(r == "passed" for r in reasons)
+    first_fail = next((i for i, r in enumerate(reasons) if r != "passed"), None)
+    if passed == total:
+        reason = "passed"
+    elif passed:
+        reason = "partial"
+    else:
+        reason = reasons[first_fail]
+        if run.process_limit_hit and reason in ("runtime_error", "timeout", "memory"):
+            reason = "process_limit"
+    detail = "" if first_fail is None else f"case {first_fail}: {details[first_fail]}"
+    if first_fail is not None and run.cases[first_fail].stderr and reasons[first_fail] == "runtime_error":
+        detail += " | stderr: " + run.cases[first_fail].stderr.strip()[-300:]
+    return CodeResult(
+        reward=passed / total if total else 0.0,
+        reason=reason,
+        passed=passed,
+        total=total,
+        layers=run.layers,
+        case_reasons=tuple(reasons),
+        detail=detail[:2000],
+        elapsed=run.elapsed,
+        stdout=tuple(c.stdout[:1000] for c in run.cases),
+    )
+
+
+def verify_code(
+    completions: Sequence[Any],
+    tests: Sequence[Any],
+    *,
+    config: SandboxConfig | None = None,
+    max_workers: int | None = None,
+    strict: bool = False,
+    **overrides: Any,
+) -> list[CodeResult]:
+    """Run every completion's program against its tests in the sandbox.
+
+    Args:
+        completions: standard strings or conversational message lists (last message's content).
+        tests: one entry per completion (dict or JSON string; shapes in the module docstring).
+        config: :class:`~trl_prime.rewards.sandbox.SandboxConfig` (limits, required layers, ...).
+        max_workers: concurrent sandboxes (default: CPUs + 1; each is supervised by one thread).
+        strict: raise on a malformed ``tests`` entry instead of scoring it ``None`` (``bad_tests``).
+        **overrides: fields of ``SandboxConfig`` to replace (e.g. ``timeout=1.0``).
+
+    Returns:
+        One :class:`CodeResult` per completion, in order.
+
+    Raises:
+        ValueError: ``len(completions) != len(tests)``; a malformed ``tests`` entry when ``strict``
+            (the message names the entry, the field and the fix); bad ``SandboxConfig`` values.
+        TypeError: an unknown keyword in ``overrides``.
+    """
+    if len(completions) != len(tests):
+        raise ValueError(f"got {len(completions)} completions but {len(tests)} tests entries; pass one tests "
+                         "entry per completion (TRL repeats dataset columns per generation)")
+    cfg = config or SandboxConfig()
+    if overrides:
+        cfg = replace(cfg, **overrides)
+    results: list[CodeResult | None] = [None] * len(completions)
+    jobs = []
+    for i, (c, t) in enumerate(zip(completions, tests)):
+        try:
+            spec = _parse_tests(t, i)
+        except ValueError as e:
+            if strict:
+                raise
+            warnings.warn(f"code_reward: {e}; this completion is not scored (reward None, reason bad_tests)",
+                          RuntimeWarning, stacklevel=2)
+            results[i] = CodeResult(None, "bad_tests", detail=str(e))
+            continue
+        jobs.append((i, c, spec))
+    if jobs:
+        workers = max(1, min(max_workers or _default_workers(), len(jobs)))
+
+        def work(job):
+            i, c, spec = job
+            try:
+                return i, _verify_one(c, spec, cfg)
+            except Exception as e:  # noqa: BLE001 - an infrastructure bug must not look like a 0
+                return i, CodeResult(None, "sandbox_error", detail=f"{type(e).__name__}: {e}")
+
+        if workers == 1:
+            done = map(work, jobs)
+            for i, r in done:
+                results[i] = r
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code_reward") as pool:
+                for i, r in pool.map(work, jobs):
+                    results[i] = r
+    return results  # type: ignore[return-value]
+
+
+def _report(fn, results: list[CodeResult], log_metric: Callable[[str, float], Any] | None) -> None:
+    counts = Counter(r.reason for r in results)
+    fn.last_counts = {k: counts.get(k, 0) for k in REASONS}
+    fn.last_results = results
+    if log_metric is not None:
+        for k in REASONS:
+            log_metric(f"code/{k}", float(counts.get(k, 0)))
+
+
+def make_code_reward(
+    config: SandboxConfig | None = None,
+    *,
+    max_workers: int | None = None,
+    tests_column: str = "tests",
+    **overrides: Any,
+) -> Callable[..., list[float | None]]:
+    """Build a TRL reward function like :func:`code_reward` with other limits or another tests column.
+
+    The returned function is named ``code_reward`` (TRL logs ``rewards/code_reward/...``), reads the
+    dataset column ``tests_column``, and keeps ``last_counts`` / ``last_results`` like :func:`code_reward`.
+    """
+    cfg = config or SandboxConfig()
+    if overrides:
+        cfg = replace(cfg, **overrides)
+
+    def code_reward(completions, **kwargs):  # noqa: D401 - TRL reward function
+        if tests_column not in kwargs:
+            raise ValueError(f"code_reward needs the dataset column {tests_column!r} (one tests entry per row); "
+                             f"got columns {sorted(k for k in kwargs if k not in ('log_metric', 'log_extra'))}")
+        results = verify_code(completions, kwargs[tests_column], config=cfg, max_workers=max_workers)
+        _report(code_reward, results, kwargs.get("log_metric"))
+        return [r.reward for r in results]
+
+    code_reward.last_counts = {}
+    code_reward.last_results = []
+    code_reward.config = cfg
+    code_reward.__doc__ = _CODE_REWARD_DOC
+    return code_reward
+
+
+def code_reward(completions: Sequence[Any], tests: Sequence[Any], **kwargs: Any) -> list[float | None]:
+    """TRL reward function: fraction of test cases each completion's program passes in the sandbox.
+
+    Args:
+        completions: from TRL: strings, or lists of chat messages (the last message's content is used).
+        tests: dataset column, one entry per completion: ``{"stdin_stdout": [{"input", "output"}, ...]}``,
+            ``{"fn_name", "inputs", "outputs"}``, ``{"check", "entry_point"}`` (HumanEval), APPS/Eurus
+            ``{"inputs", "outputs"[, "fn_name"]}``, or the JSON string of any of these.
+        **kwargs: other TRL arguments (``prompts``, ``completion_ids``, ``trainer_state``, other dataset
+            columns) are ignored, except ``log_metric``: when given, ``log_metric(f"code/{reason}", count)``
+            is called for every reason of :data:`REASONS` (zeros included).
+
+    Returns:
+        One reward per completion: ``passed/total`` in [0, 1], or ``None`` for ``bad_tests`` (malformed
+        entry; a RuntimeWarning names the field and the fix) and ``sandbox_error`` (infrastructure
+        failure). Never a silent 0 for something the program did not do.
+
+    Side effects:
+        ``code_reward.last_counts`` -- ``{reason: count}`` of the last call; ``code_reward.last_results``
+        -- its :class:`CodeResult` list.
+
+    Raises:
+        ValueError: ``len(completions) != len(tests)``.
+
+    Default limits: :class:`~trl_prime.rewards.sandbox.SandboxConfig` (4 s per case, 30 s per program,
+    1 GiB address space, 256 KiB output or twice the expected output); use :func:`make_code_reward` to
+    change them.
+    """
+    results = verify_code(completions, tests)
+    _report(code_reward, results, kwargs.get("log_metric"))
+    return [r.reward for r in results]
+
+
+_CODE_REWARD_DOC = code_reward.__doc__
+code_reward.last_counts = {}  # type: ignore[attr-defined]
+code_reward.last_results = []  # type: ignore[attr-defined]
