@@ -1,0 +1,130 @@
+"""Two-process PRIME runs on CPU (DDP over gloo, and DeepSpeed ZeRO-3), launched with `accelerate launch`.
+
+Each launch costs ~15-30 s, so every launch checks as much as it can (see tests/scripts/prime_distributed.py: the
+script itself asserts 2 processes, that PRM and policy trained, that the reference did not, and that PRM and policy
+are identical on both ranks). Here: the per-step metrics, the checkpoint files, and the baselines: the advantages
+each rank fed its loss equal `functional.prime_advantages` computed in this single process on the concatenated
+batch, although the batch splits a group across the two ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trl_prime import functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "prime_distributed.py")
+ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(mode: str, model: str, out: str, timeout: int = 420) -> dict:
+    cmd = [
+        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        SCRIPT, "--mode", mode, "--model", model, "--out", out,
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, f"{mode} launch failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def _pad(t: torch.Tensor, T: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, T - t.size(1)))
+
+
+def _check_baselines_single_process(out: str, num_generations: int = 2) -> None:
+    ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+    options = ranks[0]["options"]
+    assert options == ranks[1]["options"]
+    n_steps = len(ranks[0]["steps"])
+    assert n_steps == len(ranks[1]["steps"]) == 2
+    for step in range(n_steps):
+        parts = [r["steps"][step] for r in ranks]
+        T = max(p["completion_mask"].size(1) for p in parts)
+        cat = lambda k: torch.cat([_pad(p[k], T) if p[k].dim() == 2 else p[k] for p in parts])  # noqa: E731
+        rewards, mask, outcome, kept, adv = map(cat, ("token_rewards", "completion_mask", "outcome_rewards",
+                                                     "kept_mask", "advantages"))
+        B = outcome.numel()
+        assert B == 6 and B % num_generations == 0
+        # group 1 = global rows 2 and 3: one row on each rank, with different outcomes
+        assert outcome[2] != outcome[3]
+        expected = F.prime_advantages(
+            process_rewards=rewards, outcome_rewards=torch.where(kept, outcome, torch.nan), mask=mask,
+            group_ids=torch.arange(B) // num_generations, **options,
+        )
+        torch.testing.assert_close(adv, expected * mask, atol=1e-6, rtol=1e-5)
+        if step == 0:
+            assert torch.equal(rewards, torch.zeros_like(rewards))
+        else:
+            assert rewards.abs().max() > 0
+            # the split group's advantages depend on both ranks' rows only: recomputed from that group alone
+            local_only = F.prime_advantages(
+                process_rewards=rewards[2:4], outcome_rewards=outcome[2:4], mask=mask[2:4],
+                group_ids=torch.zeros(2, dtype=torch.long), **options,
+            )
+            torch.testing.assert_close(adv[2:4], local_only * mask[2:4], atol=1e-6, rtol=1e-5)
+
+
+def _check_logs(summary: dict) -> None:
+    assert summary["num_processes"] == 2
+    logs = summary["logs"]
+    assert len(logs) == 2 and summary["num_updates"] == 2
+    assert logs[0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert logs[0]["prm/token_reward_std"] == 0.0 and logs[1]["prm/token_reward_std"] > 0
+    for h in logs:
+        for k in ("prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "filter/kept_fraction", "loss"):
+            assert h[k] is not None and math.isfinite(h[k])
+    assert {"implicit_prm_config.json", "prime_state.json"} <= set(summary["prm_checkpoint_files"])
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_prm_in_sync_and_global_baselines(tiny_model_path, tmp_path):
+    out = str(tmp_path / "ddp")
+    summary = _launch("ddp", tiny_model_path, out)
+    _check_logs(summary)
+    assert {"model.safetensors", "reference", "optimizer.pt", "scheduler.pt"} <= set(summary["prm_checkpoint_files"])
+    _check_baselines_single_process(out)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_lora_shared_base(tiny_model_path, tmp_path):
+    """LoRA: PRM = adapter "prm" on the policy's base; its gradients are all-reduced by hand (DDP only knows the
+    policy adapter). The script asserts both adapters trained, identically on both ranks, and the base did not."""
+    out = str(tmp_path / "ddp_lora")
+    summary = _launch("ddp_lora", tiny_model_path, out)
+    _check_logs(summary)
+    assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= set(summary["prm_checkpoint_files"])
+    _check_baselines_single_process(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["zero3", "zero2"])
+def test_deepspeed_two_processes_trains_prm_and_policy(tiny_model_path, tmp_path, mode):
+    """The PRM is its own DeepSpeed engine (ZeRO-3: partitioned, `stage3_param_persistence_threshold: 0`), the PRM
+    reference goes through TRL's `prepare_deepspeed`; the script checks (gathering partitioned weights) that PRM and
+    policy trained, identically on both ranks, and that the reference did not."""
+    pytest.importorskip("deepspeed")
+    out = str(tmp_path / mode)
+    summary = _launch(mode, tiny_model_path, out)
+    _check_logs(summary)
+    assert {"model.safetensors", "reference"} <= set(summary["prm_checkpoint_files"])
+    assert "prm_deepspeed" in summary["checkpoint_files"]
+    _check_baselines_single_process(out)

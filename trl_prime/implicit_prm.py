@@ -1,0 +1,697 @@
+"""The implicit process reward model (Implicit PRM, arXiv 2412.01981; PRIME arXiv 2502.01456 Eq. 3).
+
+An implicit PRM is a causal language model ``pi_phi`` read against a reference ``pi_ref``: the reward of token
+``y_t`` is ``r_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))`` (SPEC section 1). Summed over a
+completion it is the outcome reward ``r(y)`` the model is trained on (cross-entropy on outcome labels); its prefix
+sums are Q-values and its per-step sums are step rewards, usable for best-of-N (min over steps by default).
+
+:class:`ImplicitPRM` wraps ``pi_phi`` and one of three references:
+
+- a separate frozen model (default; both start from the same checkpoint, so every reward starts at exactly 0);
+- the same PEFT base with adapters disabled, when ``pi_phi`` is an adapter (``adapter_name``) on a ``PeftModel``
+  (one base model in memory for policy, PRM and reference);
+- an *external* reference: the caller passes reference log-probs (PRIME's ``prm_reference="policy"``, where the
+  rollout policy's log-probs serve as reference).
+
+All log-probs (PRM and reference) go through :func:`completion_logps`: the same token ids, the same attention mask,
+position ids derived from the attention mask (so a left-padded batch scores like its unpadded rows), models in eval
+mode (no dropout), and no ``(B, T, V)`` log-softmax is ever materialised (TRL's fused LM head when the model carries
+one at temperature 1, else ``selective_log_softmax`` on micro-batches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trl_prime import functional as F
+
+CONFIG_NAME = "implicit_prm_config.json"
+REFERENCE_SUBFOLDER = "reference"
+# Attribute set on a model whose forward carries TRL's fused LM head at temperature 1 (see `add_fused_head`)
+_FUSED_ATTR = "_trl_prime_fused_t1"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Log-probs
+# ----------------------------------------------------------------------------------------------------------------
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids ``(B, L)`` long from a 0/1 attention mask: 0 at the first real token, +1 per real token.
+
+    Left padding gets position 0 (its value is irrelevant: padded keys are masked out). With these ids a left-padded
+    row is scored exactly like the same row without padding.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DDP / DeepSpeed engines (``.module``), else ``model`` itself."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+def _fused_base(model: nn.Module) -> nn.Module:
+    base = unwrap(model)
+    if hasattr(base, "get_base_model"):  # PeftModel: TRL patches the base model
+        base = base.get_base_model()
+    return base
+
+
+def has_fused_head(model: nn.Module) -> bool:
+    """Whether ``model`` (possibly wrapped) carries TRL's fused LM head at temperature 1 (see :func:`add_fused_head`)."""
+    return bool(getattr(_fused_base(model), _FUSED_ATTR, False))
+
+
+def add_fused_head(model: nn.Module, *, mark_only: bool = False) -> nn.Module:
+    """Give a causal LM TRL's fused LM head at temperature 1 and mark it, so :func:`completion_logps` uses it.
+
+    ``model(..., labels=..., fused_lm_head=True)`` then returns per-token log-probs without materialising the
+    ``(B, T, V)`` logits; the ordinary forward (and ``generate``) is unchanged. ``mark_only=True`` only marks a model
+    TRL already patched at temperature 1. Patch a model *before* copying it (a deep copy of a patched model keeps a
+    forward bound to the original).
+    """
+    base = _fused_base(model)
+    if getattr(base, _FUSED_ATTR, False):
+        return model
+    if not mark_only:
+        try:
+            from trl.trainer.utils import add_fused_lm_head
+        except ImportError:  # pragma: no cover - older TRL: fall back to the logits path
+            return model
+        add_fused_lm_head(base, temperature=1.0)
+    setattr(base, _FUSED_ATTR, True)
+    return model
+
+
+def completion_logps(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Per-token log-probs of the last ``logits_to_keep`` tokens of each row under ``model``.
+
+    Args:
+        model: a causal LM (plain, PEFT, DDP-wrapped or a DeepSpeed engine). Called as is: grad mode, train/eval mode
+            and active adapters are the caller's.
+        input_ids: ``(B, L)`` long, prompt (left-padded) followed by the completion (right-padded).
+        attention_mask: ``(B, L)`` 0/1, 0 on padding.
+        logits_to_keep: ``T``, the completion length; the scored tokens are ``input_ids[:, -T:]``.
+        micro_batch_size: rows per forward (``None``: all rows at once).
+
+    Returns:
+        ``(B, T)`` float32 log-probs, natural log. Values at padded completion positions are unspecified.
+
+    The logit at position ``t-1`` scores token ``t`` (causal shift). Position ids come from the attention mask.
+    """
+    if logits_to_keep <= 0:
+        return input_ids.new_zeros((input_ids.size(0), 0), dtype=torch.float32)
+    if logits_to_keep >= input_ids.size(1):
+        raise ValueError(
+            f"logits_to_keep ({logits_to_keep}) must be smaller than the sequence length ({input_ids.size(1)}): "
+            "the first scored token needs at least one token (the prompt) before it."
+        )
+    fused = has_fused_head(model)
+    bs = micro_batch_size or input_ids.size(0)
+    out = []
+    for start in range(0, input_ids.size(0), bs):
+        ids = input_ids[start : start + bs]
+        am = attention_mask[start : start + bs]
+        pos = position_ids_from_mask(am)
+        if fused:
+            labels = ids.masked_fill(am == 0, -100)
+            labels[:, :-logits_to_keep] = -100
+            res = model(input_ids=ids, attention_mask=am, position_ids=pos, labels=labels, fused_lm_head=True)
+            lp = res.log_probs[:, -logits_to_keep:]
+        else:
+            from trl.trainer.utils import selective_log_softmax
+
+            res = model(
+                input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=logits_to_keep + 1, use_cache=False
+            )
+            logits = res.logits[:, -(logits_to_keep + 1) : -1]
+            lp = selective_log_softmax(logits, ids[:, -logits_to_keep:])
+        out.append(lp.float())
+    return torch.cat(out, dim=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Context managers
+# ----------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def eval_mode(*modules: nn.Module | None):
+    """Put modules in eval mode (no dropout) for the block and restore each module's previous mode afterwards."""
+    saved = []
+    for m in modules:
+        if m is None:
+            continue
+        saved.append((m, [(sub, sub.training) for sub in m.modules()]))
+        m.eval()
+    try:
+        yield
+    finally:
+        for _, flags in saved:
+            for sub, flag in flags:
+                sub.training = flag
+
+
+@contextlib.contextmanager
+def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: bool = False):
+    """Run a ``PeftModel`` with one adapter active (``None``: all adapters disabled) and restore everything after.
+
+    PEFT's ``set_adapter`` flips ``requires_grad`` (the active adapter becomes trainable, the others frozen); TRL
+    calls it too. This context records every parameter's ``requires_grad`` and the active adapter before, and puts
+    both back on exit. Inside, only ``adapter_name``'s parameters require grad when ``trainable``, none otherwise.
+    """
+    peft_model = unwrap(peft_model)
+    flags = [(p, p.requires_grad) for p in peft_model.parameters()]
+    if adapter_name is None:
+        with peft_model.disable_adapter():
+            yield
+        return
+    previous = peft_model.active_adapter
+    peft_model.set_adapter(adapter_name)
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_(trainable and f".{adapter_name}." in name)
+    try:
+        yield
+    finally:
+        peft_model.set_adapter(previous)
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def adapter_parameters(peft_model: nn.Module, adapter_name: str) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of one adapter of a ``PeftModel`` (names contain ``.<adapter_name>.``)."""
+    return [(n, p) for n, p in unwrap(peft_model).named_parameters() if f".{adapter_name}." in n]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Steps
+# ----------------------------------------------------------------------------------------------------------------
+def delimiter_step_ends(
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    tokenizer,
+    *,
+    delimiter: str | None = "\n\n",
+    step_len: int | None = None,
+) -> torch.Tensor:
+    """``(B, T)`` bool: True on the last token of each step (SPEC section 1).
+
+    A step ends on the token holding the last character of each occurrence of ``delimiter`` in the decoded text
+    (character offsets of the per-token pieces, so it does not matter whether the tokenizer keeps ``"\\n\\n"`` as one
+    token, splits it, or merges it with the next word), or every ``step_len`` tokens when ``step_len`` is given; the
+    last valid token always ends a step. ``delimiter=None`` and ``step_len=None``: one step per completion.
+    """
+    mask = mask.bool()
+    ends = torch.zeros_like(mask)
+    lengths = mask.sum(-1).tolist()
+    for i, n in enumerate(lengths):
+        n = int(n)
+        if n == 0:
+            continue
+        if step_len is not None:
+            idx = torch.arange(step_len - 1, n, step_len)
+            ends[i, idx] = True
+        elif delimiter:
+            ids = completion_ids[i, :n].tolist()
+            pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+            offsets, pos = [], 0
+            for piece in pieces:
+                pos += len(piece)
+                offsets.append(pos)  # exclusive end offset of each token's text
+            text = "".join(pieces)
+            start = text.find(delimiter)
+            tok = 0
+            while start != -1:
+                last_char = start + len(delimiter) - 1
+                while tok < n and offsets[tok] <= last_char:
+                    tok += 1
+                if tok < n:
+                    ends[i, tok] = True
+                start = text.find(delimiter, start + len(delimiter))
+        ends[i, n - 1] = True
+    return ends & mask
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ImplicitPRM
+# ----------------------------------------------------------------------------------------------------------------
+class ImplicitPRM:
+    """An implicit PRM: a causal LM ``pi_phi`` and its reference ``pi_ref`` (SPEC section 1; PRIME Eq. 3).
+
+    Args:
+        model: ``pi_phi``, a causal LM, or a ``PeftModel`` holding the PRM as adapter ``adapter_name``. May be wrapped
+            (DDP, DeepSpeed engine).
+        ref_model: ``pi_ref``, a frozen causal LM (never updated here). ``None``: with ``adapter_name`` the reference
+            is ``ref_adapter_name`` if given, else the base model with adapters disabled; without an adapter the
+            reference is *external* (pass ``ref_logps`` to the reward methods).
+        beta: the reward scale ``beta`` (> 0), 0.05 in PRIME and the Implicit PRM paper.
+        tokenizer: used by :meth:`score`, :meth:`encode` and delimiter-based steps.
+        adapter_name: name of the PRM adapter on a ``PeftModel`` (e.g. ``"prm"``).
+        ref_adapter_name: a frozen adapter serving as reference (a PRM adapter copied from a trained adapter).
+        micro_batch_size: rows per forward pass (``None``: the whole batch).
+        include_last_token: default of :meth:`token_rewards` (the released PRIME code drops the last token's reward
+            from the process rewards; the sequence reward always includes it).
+        fused_head: give separate (non-PEFT) models TRL's fused LM head at temperature 1 (no ``(B,T,V)`` logits).
+
+    Both models are run in eval mode for scoring (dropout off) and their train/eval flags are restored afterwards, so
+    when ``pi_phi`` and ``pi_ref`` hold the same weights every reward is exactly 0.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ref_model: nn.Module | None = None,
+        *,
+        beta: float = 0.05,
+        tokenizer=None,
+        adapter_name: str | None = None,
+        ref_adapter_name: str | None = None,
+        micro_batch_size: int | None = None,
+        include_last_token: bool = True,
+        fused_head: bool = True,
+    ):
+        if not beta > 0:
+            raise ValueError(f"beta must be > 0 (got {beta}); PRIME and the Implicit PRM paper use 0.05.")
+        if adapter_name is not None and not hasattr(unwrap(model), "peft_config"):
+            raise ValueError(
+                f"adapter_name={adapter_name!r} needs a peft.PeftModel as `model`; got {type(unwrap(model)).__name__}."
+            )
+        if adapter_name is not None and adapter_name not in unwrap(model).peft_config:
+            raise ValueError(
+                f"adapter {adapter_name!r} is not on the PeftModel (adapters: {list(unwrap(model).peft_config)}). "
+                "Add it with `model.add_adapter(name, config)` first."
+            )
+        self.model = model
+        self.ref_model = ref_model
+        self.beta = float(beta)
+        self.tokenizer = tokenizer
+        self.adapter_name = adapter_name
+        self.ref_adapter_name = ref_adapter_name
+        self.micro_batch_size = micro_batch_size
+        self.include_last_token = include_last_token
+        self.name_or_path = getattr(getattr(unwrap(model), "config", None), "_name_or_path", None)
+        self.ref_name_or_path = (
+            getattr(getattr(unwrap(ref_model), "config", None), "_name_or_path", None) if ref_model is not None else None
+        )
+        if fused_head and adapter_name is None:
+            add_fused_head(model)
+            if ref_model is not None:
+                add_fused_head(ref_model)
+
+    # --------------------------------------------------------------------------------------------------------
+    @property
+    def reference(self) -> str:
+        """``"model"`` (separate frozen model), ``"adapter"``, ``"adapters_disabled"`` or ``"external"``."""
+        if self.ref_model is not None:
+            return "model"
+        if self.adapter_name is not None:
+            return "adapter" if self.ref_adapter_name is not None else "adapters_disabled"
+        return "external"
+
+    @property
+    def device(self) -> torch.device:
+        return next(unwrap(self.model).parameters()).device
+
+    def prm_context(self, *, trainable: bool = False):
+        """Context in which calling ``self.model`` runs ``pi_phi`` in eval mode (the PRM adapter active if any)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(eval_mode(self.model))
+        if self.adapter_name is not None:
+            stack.enter_context(peft_adapter(self.model, self.adapter_name, trainable=trainable))
+        return stack
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters of ``pi_phi`` an optimizer should update (the adapter's parameters for a PEFT PRM)."""
+        if self.adapter_name is not None:
+            return [p for _, p in adapter_parameters(self.model, self.adapter_name)]
+        return [p for p in unwrap(self.model).parameters()]
+
+    def prm_logps(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        *,
+        requires_grad: bool = False,
+    ) -> torch.Tensor:
+        """``(B, T)`` log-probs of the completion tokens under ``pi_phi`` (eval mode); see :func:`completion_logps`.
+
+        For a training step on a PEFT PRM, run the forward *and* the backward inside ``prm_context(trainable=True)``
+        (the adapter's ``requires_grad`` flags are restored when the context exits, and autograd skips parameters
+        that no longer require grad); ``requires_grad=True`` here suits a separate (non-PEFT) PRM.
+        """
+        with self.prm_context(trainable=requires_grad), torch.set_grad_enabled(requires_grad):
+            return completion_logps(
+                self.model, input_ids, attention_mask, logits_to_keep, micro_batch_size=self.micro_batch_size
+            )
+
+    @torch.no_grad()
+    def ref_logps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """``(B, T)`` log-probs of the completion tokens under ``pi_ref`` (eval mode, no grad).
+
+        Raises:
+            ValueError: the reference is external (``prm_reference="policy"``): pass ``ref_logps`` instead.
+        """
+        kw = dict(micro_batch_size=self.micro_batch_size)
+        if self.ref_model is not None:
+            with eval_mode(self.ref_model):
+                return completion_logps(self.ref_model, input_ids, attention_mask, logits_to_keep, **kw)
+        if self.adapter_name is not None:
+            with eval_mode(self.model), peft_adapter(self.model, self.ref_adapter_name):
+                return completion_logps(self.model, input_ids, attention_mask, logits_to_keep, **kw)
+        raise ValueError(
+            "This ImplicitPRM has an external reference (no ref_model, no PEFT adapter): pass `ref_logps` (e.g. the "
+            "rollout policy's log-probs), or build it with a reference model, or score with `with_reference=False`."
+        )
+
+    # --------------------------------------------------------------------------------------------------------
+    def token_rewards(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_mask: torch.Tensor,
+        *,
+        ref_logps: torch.Tensor | None = None,
+        prm_logps: torch.Tensor | None = None,
+        with_reference: bool = True,
+        include_last_token: bool | None = None,
+    ) -> torch.Tensor:
+        """Token rewards ``r_t = beta * (log pi_phi - log pi_ref) * mask`` (SPEC 1; PRIME Eq. 3), no grad.
+
+        Args:
+            input_ids: ``(B, L)`` prompt (left-padded) + completion (right-padded) token ids.
+            attention_mask: ``(B, L)`` 0/1.
+            completion_mask: ``(B, T)`` 0/1 on real completion tokens (EOS included); ``T`` = completion length.
+            ref_logps / prm_logps: precomputed ``(B, T)`` log-probs to use instead of a forward pass.
+            with_reference: ``False`` scores ``beta * log pi_phi`` alone ("without reference" best-of-N scoring).
+            include_last_token: zero the reward of each row's last valid token when ``False``.
+
+        Returns:
+            ``(B, T)`` float32 rewards (nats times beta); 0 on padding.
+        """
+        T = completion_mask.size(1)
+        if prm_logps is None:
+            prm_logps = self.prm_logps(input_ids, attention_mask, T)
+        prm_logps = prm_logps.detach()
+        if with_reference:
+            if ref_logps is None:
+                ref_logps = self.ref_logps(input_ids, attention_mask, T)
+        else:
+            ref_logps = torch.zeros_like(prm_logps)
+        ilt = self.include_last_token if include_last_token is None else include_last_token
+        return F.implicit_token_rewards(
+            prm_logps=prm_logps, ref_logps=ref_logps.detach(), mask=completion_mask, beta=self.beta,
+            include_last_token=ilt,
+        )
+
+    def sequence_rewards(self, input_ids, attention_mask, completion_mask, **kwargs) -> torch.Tensor:
+        """``(B,)`` outcome reward ``r(y) = sum_t r_t`` (all tokens, last one included); kwargs as :meth:`token_rewards`."""
+        kwargs["include_last_token"] = True
+        return (self.token_rewards(input_ids, attention_mask, completion_mask, **kwargs) * completion_mask).sum(-1)
+
+    def step_rewards(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_mask: torch.Tensor,
+        *,
+        step_ends: torch.Tensor | None = None,
+        delimiter: str | None = "\n\n",
+        step_len: int | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step rewards (SPEC 1): the sum of each step's token rewards (= Q at its end minus Q at the previous end).
+
+        Steps end at ``step_ends`` (``(B, T)`` bool) if given, else at ``delimiter`` in the decoded completion or
+        every ``step_len`` tokens (:func:`delimiter_step_ends`, needs ``tokenizer``); the last token ends a step.
+
+        Returns:
+            ``(step_values (B, S), step_mask (B, S))`` as :func:`trl_prime.functional.step_rewards`.
+        """
+        kwargs["include_last_token"] = True
+        rewards = self.token_rewards(input_ids, attention_mask, completion_mask, **kwargs)
+        if step_ends is None:
+            if self.tokenizer is None and step_len is None:
+                raise ValueError("step_rewards needs `step_ends`, `step_len`, or a tokenizer to find `delimiter`.")
+            T = completion_mask.size(1)
+            step_ends = delimiter_step_ends(
+                input_ids[:, -T:], completion_mask, self.tokenizer, delimiter=delimiter, step_len=step_len
+            )
+        return F.step_rewards(token_rewards=rewards, step_ends=step_ends.bool())
+
+    # --------------------------------------------------------------------------------------------------------
+    def encode(self, prompts: Sequence[Any], completions: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tokenize prompt/completion pairs like TRL does: prompt left-padded, completion right-padded.
+
+        A prompt is a string or a conversation (list of ``{"role", "content"}`` messages, rendered with the chat
+        template and the generation prompt). Completions are tokenized without special tokens; an EOS token is
+        appended when the tokenizer has one (TRL's completions end with EOS).
+
+        Returns:
+            dict with ``input_ids`` ``(B, P+T)``, ``attention_mask`` ``(B, P+T)``, ``completion_ids`` ``(B, T)`` and
+            ``completion_mask`` ``(B, T)``, on this PRM's device.
+        """
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError("ImplicitPRM.encode/score need a tokenizer: pass `tokenizer=` when building it.")
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; pass one prompt each.")
+        p_ids, c_ids = [], []
+        for prompt, completion in zip(prompts, completions):
+            if isinstance(prompt, str):
+                ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            else:
+                ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                    "input_ids"
+                ]
+            if isinstance(completion, list):  # conversational completion [{"role": "assistant", "content": ...}]
+                completion = completion[-1]["content"]
+            cids = tok(completion, add_special_tokens=False)["input_ids"]
+            if tok.eos_token_id is not None:
+                cids = cids + [tok.eos_token_id]
+            if len(ids) == 0:
+                ids = [tok.eos_token_id if tok.bos_token_id is None else tok.bos_token_id]
+            p_ids.append(list(ids))
+            c_ids.append(cids)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        P, T = max(map(len, p_ids)), max(map(len, c_ids))
+        B = len(p_ids)
+        prompt_ids = torch.full((B, P), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((B, P), dtype=torch.long)
+        completion_ids = torch.full((B, T), pad, dtype=torch.long)
+        completion_mask = torch.zeros((B, T), dtype=torch.long)
+        for i, (p, c) in enumerate(zip(p_ids, c_ids)):
+            prompt_ids[i, P - len(p) :] = torch.tensor(p)
+            prompt_mask[i, P - len(p) :] = 1
+            completion_ids[i, : len(c)] = torch.tensor(c)
+            completion_mask[i, : len(c)] = 1
+        dev = self.device
+        return {
+            "input_ids": torch.cat([prompt_ids, completion_ids], 1).to(dev),
+            "attention_mask": torch.cat([prompt_mask, completion_mask], 1).to(dev),
+            "completion_ids": completion_ids.to(dev),
+            "completion_mask": completion_mask.to(dev),
+        }
+
+    @torch.no_grad()
+    def score(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[str],
+        *,
+        aggregation: str = "min",
+        with_reference: bool = True,
+        delimiter: str | None = "\n\n",
+        step_len: int | None = None,
+        batch_size: int = 8,
+    ) -> list[float]:
+        """Best-of-N response scores: one float per (prompt, completion) pair (Implicit PRM paper, section 4).
+
+        Each completion is split into steps (``delimiter`` or ``step_len``; see :meth:`step_rewards`), each step
+        gets the sum of its token rewards, and the steps are aggregated with ``aggregation`` (``"min"`` default,
+        ``"mean"``, ``"sum"`` or ``"last"``). ``with_reference=False`` uses ``beta * log pi_phi`` alone.
+
+        Returns:
+            list of ``len(completions)`` floats (higher is better).
+        """
+        if aggregation not in ("min", "mean", "sum", "last"):
+            raise ValueError(f"aggregation must be 'min', 'mean', 'sum' or 'last', got {aggregation!r}.")
+        scores: list[float] = []
+        for start in range(0, len(completions), batch_size):
+            enc = self.encode(prompts[start : start + batch_size], completions[start : start + batch_size])
+            values, smask = self.step_rewards(
+                enc["input_ids"], enc["attention_mask"], enc["completion_mask"],
+                delimiter=delimiter, step_len=step_len, with_reference=with_reference,
+            )
+            agg = F.aggregate_step_rewards(step_values=values, step_mask=smask, how=aggregation)
+            scores.extend(float(x) for x in agg.float().cpu())
+        return scores
+
+    # --------------------------------------------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        from trl_prime import __version__
+
+        return {
+            "beta": self.beta,
+            "reference": self.reference,
+            "adapter_name": self.adapter_name,
+            "ref_adapter_name": self.ref_adapter_name,
+            "include_last_token": self.include_last_token,
+            "micro_batch_size": self.micro_batch_size,
+            "name_or_path": self.name_or_path,
+            "ref_name_or_path": self.ref_name_or_path,
+            "trl_prime_version": __version__,
+        }
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        *,
+        save_reference: bool = True,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        ref_state_dict: dict[str, torch.Tensor] | None = None,
+        is_main_process: bool = True,
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save ``pi_phi`` as a ``save_pretrained`` folder, the tokenizer, the reference and ``implicit_prm_config.json``.
+
+        Layout: ``save_directory/`` holds the PRM (loadable by ``AutoModelForCausalLM.from_pretrained`` too; for a
+        PEFT PRM, the adapter as a standard adapter folder, loadable by ``PeftModel.from_pretrained``),
+        ``save_directory/reference/`` the separate reference model (when ``save_reference`` and the reference is a
+        model) or the frozen reference adapter, and the config json (beta, reference
+        kind, the paths the models came from). ``state_dict``/``ref_state_dict``: full state dicts gathered by the
+        caller (DeepSpeed ZeRO-3). Only ``is_main_process`` writes.
+        """
+        if not is_main_process:
+            return
+        os.makedirs(save_directory, exist_ok=True)
+        model = unwrap(self.model)
+        if self.adapter_name is not None:
+            _save_adapter(model, self.adapter_name, save_directory)
+            if self.ref_adapter_name is not None:
+                _save_adapter(model, self.ref_adapter_name, os.path.join(save_directory, REFERENCE_SUBFOLDER))
+        else:
+            model.save_pretrained(save_directory, state_dict=state_dict, safe_serialization=safe_serialization)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(save_directory)
+        cfg = self.config_dict()
+        cfg["reference_subfolder"] = REFERENCE_SUBFOLDER if self.ref_adapter_name is not None else None
+        if save_reference and self.ref_model is not None:
+            unwrap(self.ref_model).save_pretrained(
+                os.path.join(save_directory, REFERENCE_SUBFOLDER), state_dict=ref_state_dict,
+                safe_serialization=safe_serialization,
+            )
+            cfg["reference_subfolder"] = REFERENCE_SUBFOLDER
+        with open(os.path.join(save_directory, CONFIG_NAME), "w") as f:
+            json.dump(cfg, f, indent=2)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        *,
+        ref_model: nn.Module | str | None = None,
+        beta: float | None = None,
+        tokenizer=None,
+        **model_kwargs,
+    ) -> ImplicitPRM:
+        """Load an implicit PRM saved by :meth:`save_pretrained` (or any causal LM folder, with ``ref_model``).
+
+        Args:
+            path: the folder.
+            ref_model: a reference model or path overriding the saved one. Default: ``path/reference`` if saved,
+                else the path recorded in the config (``ref_name_or_path``), else the PEFT base with adapters off.
+            beta: overrides the saved beta (default 0.05 when the folder has no config).
+            tokenizer: overrides the tokenizer saved in ``path``.
+            model_kwargs: passed to ``from_pretrained`` of the models (e.g. ``dtype``, ``device_map``).
+
+        Raises:
+            ValueError: no reference can be found (pass ``ref_model``).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = str(path)
+        cfg_path = os.path.join(path, CONFIG_NAME)
+        cfg = json.load(open(cfg_path)) if os.path.isfile(cfg_path) else {}
+        adapter_name = cfg.get("adapter_name")
+        ref_adapter_name = cfg.get("ref_adapter_name")
+        if tokenizer is None:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError, TypeError):
+                tokenizer = None
+        if adapter_name is not None:
+            from peft import PeftConfig, PeftModel
+
+            peft_cfg = PeftConfig.from_pretrained(path)
+            base = AutoModelForCausalLM.from_pretrained(peft_cfg.base_model_name_or_path, **model_kwargs)
+            model = PeftModel.from_pretrained(base, path, adapter_name=adapter_name, is_trainable=False)
+            if ref_adapter_name:
+                model.load_adapter(os.path.join(path, REFERENCE_SUBFOLDER), adapter_name=ref_adapter_name)
+            model.set_adapter(adapter_name)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        if isinstance(ref_model, (str, os.PathLike)):
+            ref_model = AutoModelForCausalLM.from_pretrained(str(ref_model), **model_kwargs)
+        elif ref_model is None and adapter_name is None:
+            sub = cfg.get("reference_subfolder")
+            if sub and os.path.isdir(os.path.join(path, sub)):
+                ref_model = AutoModelForCausalLM.from_pretrained(os.path.join(path, sub), **model_kwargs)
+            elif cfg.get("ref_name_or_path") and os.path.isdir(cfg["ref_name_or_path"]):
+                ref_model = AutoModelForCausalLM.from_pretrained(cfg["ref_name_or_path"], **model_kwargs)
+            elif cfg.get("reference") == "external":
+                ref_model = None
+            else:
+                raise ValueError(
+                    f"No reference model found for the implicit PRM in {path!r}: it was saved without "
+                    "`reference/` and records no reachable `ref_name_or_path`. Pass `ref_model=` (a model or a path)."
+                )
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        model.eval()
+        return cls(
+            model,
+            ref_model,
+            beta=beta if beta is not None else cfg.get("beta", 0.05),
+            tokenizer=tokenizer,
+            adapter_name=adapter_name,
+            ref_adapter_name=ref_adapter_name,
+            micro_batch_size=cfg.get("micro_batch_size"),
+            include_last_token=cfg.get("include_last_token", True),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ImplicitPRM(model={type(unwrap(self.model)).__name__}, reference={self.reference!r}, beta={self.beta}, "
+            f"adapter_name={self.adapter_name!r})"
+        )
+
+
+def _save_adapter(peft_model: nn.Module, adapter_name: str, folder: str) -> None:
+    """Write one adapter of a ``PeftModel`` as a standard adapter folder (``PeftModel.from_pretrained`` loads it)."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, "adapter_model.safetensors"))
+    cfg = copy.deepcopy(peft_model.peft_config[adapter_name])
+    cfg.inference_mode = True
+    if cfg.base_model_name_or_path is None:
+        cfg.base_model_name_or_path = getattr(peft_model.get_base_model().config, "_name_or_path", None)
+    cfg.save_pretrained(folder)
+

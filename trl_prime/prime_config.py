@@ -1,0 +1,264 @@
+"""Configs of the PRIME trainers (PRIME arXiv 2502.01456, Algorithm 1; SPEC section 2).
+
+:class:`PrimeRLOOConfig` extends TRL's ``RLOOConfig`` and :class:`PrimeGRPOConfig` extends ``GRPOConfig`` with the
+same PRIME options (one shared dataclass, :class:`PrimeOptions`). Every option is a named field with the paper's
+default; invalid values and combinations fail in ``__post_init__`` with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig, RLOOConfig
+
+PRM_LOSSES = ("ce", "dpo", "kto", "nca")
+PRM_UPDATES = ("single", "double")
+PRM_REFERENCES = ("sft", "policy")
+ESTIMATORS = ("rloo", "grpo", "reinforce")
+BASELINES = ("paper", "reference")
+PROCESS_REWARD_NORMS = ("none", "batch_norm")
+PRM_SCHEDULERS = (
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+    "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
+)
+
+
+@dataclass
+class PrimeOptions:
+    """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (SPEC section 2).
+
+    Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
+    on the outcome labels, its own AdamW at lr 1e-6, single forward, a frozen copy of the initial (SFT) policy as
+    reference, Eq. 5 RLOO advantages with process and outcome coefficients 1, gamma 1, the online prompt filter
+    0.2 <= accuracy <= 0.8, and no KL penalty (TRL's ``beta`` = 0). The released code differs (double forward,
+    ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
+    """
+
+    # --- Implicit PRM -------------------------------------------------------------------------------------------
+    prm_beta: float = field(
+        default=0.05,
+        metadata={"help": "Implicit PRM reward scale beta: r_t = beta * (log pi_phi - log pi_ref) (PRIME Eq. 3). > 0."},
+    )
+    prm_learning_rate: float = field(
+        default=1e-6, metadata={"help": "Learning rate of the PRM's own AdamW optimizer (paper: 1e-6)."}
+    )
+    prm_loss: str = field(
+        default="ce",
+        metadata={
+            "help": "PRM loss on the outcome labels: 'ce' (BCE(sigmoid(r(y)), label), the paper's), 'dpo', 'kto' or "
+            "'nca' (SPEC 1). Pairwise losses pair completions of a group held by the same process."
+        },
+    )
+    prm_update: str = field(
+        default="single",
+        metadata={
+            "help": "'single': one PRM forward per step gives both the token rewards (before the PRM step) and the "
+            "loss; 'double': update the PRM first, then a second no-grad forward gives the rewards (released code)."
+        },
+    )
+    prm_reference: str = field(
+        default="sft",
+        metadata={
+            "help": "Reference pi_ref of the implicit PRM: 'sft' = a frozen copy of the initial checkpoint (the PEFT "
+            "base with adapters disabled under LoRA), 'policy' = the rollout policy's log-probs (no extra forward; "
+            "PRIME Appendix B.1)."
+        },
+    )
+    prm_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Path or Hub id of the PRM's initial checkpoint. Default: a copy of the policy's initial "
+            "checkpoint (under PEFT: a second adapter 'prm' on the policy's base)."
+        },
+    )
+    prm_ref_model: str | None = field(
+        default=None,
+        metadata={"help": "Path of the PRM reference's checkpoint (prm_reference='sft'). Default: prm_model's."},
+    )
+    prm_max_grad_norm: float | None = field(
+        default=1.0, metadata={"help": "Gradient clipping (max global L2 norm) of PRM updates; None disables it."}
+    )
+    prm_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the PRM's AdamW."})
+    prm_lr_scheduler: str = field(
+        default="constant",
+        metadata={"help": f"Learning-rate schedule of the PRM optimizer (transformers.get_scheduler name): {PRM_SCHEDULERS}."},
+    )
+    prm_warmup_steps: int = field(default=0, metadata={"help": "Warmup steps (PRM updates) of the PRM scheduler."})
+    prm_micro_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows per PRM / reference forward pass (and per PRM backward with the 'ce' loss). Default: "
+            "per_device_train_batch_size."
+        },
+    )
+    prm_save_reference: bool = field(
+        default=True,
+        metadata={
+            "help": "Write the frozen PRM reference into each checkpoint's prm/reference/ (so the saved PRM reloads "
+            "on its own). False saves disk: the reference is then reloaded from the path it came from."
+        },
+    )
+    # --- Advantages ---------------------------------------------------------------------------------------------
+    process_coef: float = field(default=1.0, metadata={"help": "Weight of the process (implicit PRM) term of Eq. 5."})
+    outcome_coef: float = field(default=1.0, metadata={"help": "Weight of the outcome (verifier) term of Eq. 5."})
+    prime_gamma: float = field(
+        default=1.0, metadata={"help": "Discount of the process return sum_{s>=t} gamma^(s-t) r_s (Eq. 5), in [0, 1]."}
+    )
+    prime_baseline: str = field(
+        default="paper",
+        metadata={
+            "help": "Process-reward baseline: 'paper' (Eq. 5, leave-one-out mean of the other completions' mean token "
+            "reward) or 'reference' (the released code's per-token x*K/(K-1) - sum_j rbar^j/(K-1))."
+        },
+    )
+    whiten_advantages: bool = field(
+        default=False, metadata={"help": "Masked whitening of the advantages over the batch's tokens (released code)."}
+    )
+    process_reward_norm: str = field(
+        default="none",
+        metadata={
+            "help": "Process-reward normalisation: 'none' or 'batch_norm' (divide by the batch's max |reverse "
+            "cumulative sum|, released code)."
+        },
+    )
+    include_last_token: bool = field(
+        default=True,
+        metadata={"help": "Keep the last token's process reward (False = the released code, which drops it)."},
+    )
+    # --- Online prompt filter -----------------------------------------------------------------------------------
+    filter_lower: float = field(
+        default=0.2,
+        metadata={"help": "Keep a group iff filter_lower <= mean outcome reward <= filter_upper (inclusive)."},
+    )
+    filter_upper: float = field(default=0.8, metadata={"help": "Upper bound of the online prompt filter (inclusive)."})
+    filter_truncated: bool = field(
+        default=False,
+        metadata={"help": "Also drop groups holding a truncated completion (length >= max_completion_length)."},
+    )
+
+    def _validate_prime(self) -> None:
+        def one_of(name, allowed):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"`{name}`={value!r} is not supported; choose one of {list(allowed)}.")
+
+        one_of("prm_loss", PRM_LOSSES)
+        one_of("prm_update", PRM_UPDATES)
+        one_of("prm_reference", PRM_REFERENCES)
+        one_of("prime_estimator", ESTIMATORS)
+        one_of("prime_baseline", BASELINES)
+        one_of("process_reward_norm", PROCESS_REWARD_NORMS)
+        one_of("prm_lr_scheduler", PRM_SCHEDULERS)
+        if self.num_generations is None or self.num_generations < 2:
+            raise ValueError(
+                f"`num_generations`={self.num_generations}: PRIME needs at least 2 completions per prompt (the "
+                "leave-one-out baseline and the prompt filter are per group). Set num_generations >= 2 (paper: 4)."
+            )
+        if not self.prm_beta > 0:
+            raise ValueError(f"`prm_beta`={self.prm_beta} must be > 0 (paper: 0.05).")
+        if self.prm_learning_rate < 0:
+            raise ValueError(f"`prm_learning_rate`={self.prm_learning_rate} must be >= 0 (paper: 1e-6).")
+        if not (0.0 <= self.filter_lower <= 1.0 and 0.0 <= self.filter_upper <= 1.0):
+            raise ValueError(
+                f"`filter_lower`={self.filter_lower} and `filter_upper`={self.filter_upper} are accuracies: both must "
+                "lie in [0, 1] (0 and 1 switch the filter off)."
+            )
+        if self.filter_lower > self.filter_upper:
+            raise ValueError(
+                f"`filter_lower`={self.filter_lower} > `filter_upper`={self.filter_upper}: no group could be kept. "
+                "Swap them (paper: 0.2 and 0.8)."
+            )
+        if not 0.0 <= self.prime_gamma <= 1.0:
+            raise ValueError(f"`prime_gamma`={self.prime_gamma} must lie in [0, 1] (paper: 1.0).")
+        if self.prm_micro_batch_size is not None and self.prm_micro_batch_size < 1:
+            raise ValueError(f"`prm_micro_batch_size`={self.prm_micro_batch_size} must be >= 1 (or None).")
+        if self.prm_max_grad_norm is not None and self.prm_max_grad_norm <= 0:
+            raise ValueError(f"`prm_max_grad_norm`={self.prm_max_grad_norm} must be > 0, or None to disable clipping.")
+        if self.prm_warmup_steps < 0:
+            raise ValueError(f"`prm_warmup_steps`={self.prm_warmup_steps} must be >= 0.")
+        if self.prm_ref_model is not None and self.prm_reference == "policy":
+            raise ValueError(
+                "`prm_ref_model` is set but `prm_reference`='policy' uses the rollout policy's log-probs as reference. "
+                "Unset prm_ref_model, or set prm_reference='sft'."
+            )
+        if self.prm_reference == "policy" and getattr(self, "temperature", 1.0) != 1.0:
+            warnings.warn(
+                f"`prm_reference`='policy' uses the rollout log-probs, computed at the sampling `temperature`="
+                f"{self.temperature}, as reference, while the PRM's log-probs are at temperature 1 (as the released "
+                "PRIME code does). Use prm_reference='sft' for a temperature-free reference.",
+                stacklevel=3,
+            )
+        if self.process_coef == 0 and self.outcome_coef == 0:
+            raise ValueError("`process_coef` and `outcome_coef` are both 0: every advantage would be 0. Set one > 0.")
+
+
+@dataclass
+class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
+    """Configuration of :class:`~trl_prime.PrimeRLOOTrainer`: TRL's ``RLOOConfig`` plus the PRIME options.
+
+    PRIME overrides of TRL defaults: ``beta`` (KL coefficient) 0.0 (the paper uses no KL; TRL then loads no reference
+    model, the PRIME trainer owns the implicit PRM's reference), ``num_generations`` 4 (the paper's K) and
+    ``prime_estimator`` ``"rloo"`` (Eq. 5). The policy loss is token-level PPO-clip (``epsilon`` 0.2) on ``(B, T)``
+    advantages. TRL's ``normalize_advantages`` is replaced by ``whiten_advantages``.
+
+    Raises:
+        ValueError: an invalid PRIME option (see the message: it names the field and the fix).
+    """
+
+    beta: float = field(
+        default=0.0,
+        metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
+    )
+    num_generations: int | None = field(
+        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    prime_estimator: str = field(
+        default="rloo",
+        metadata={"help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo' or 'reinforce' (PRIME App. B.3)."},
+    )
+
+    def __post_init__(self):
+        self._validate_prime()  # first, so PRIME's messages win over TRL's
+        super().__post_init__()
+        if self.normalize_advantages:
+            raise ValueError(
+                "`normalize_advantages`=True normalises TRL's outcome-only advantages, which PRIME replaces. Set "
+                "normalize_advantages=False and use `whiten_advantages`=True instead."
+            )
+
+
+@dataclass
+class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
+    """Configuration of :class:`~trl_prime.PrimeGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRIME options.
+
+    PRIME overrides of TRL defaults: ``num_generations`` 4 and ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
+    process term group-normalises the completions' mean process rewards, the outcome term is GRPO's). ``beta`` is
+    TRL's default 0.0. TRL's ``scale_rewards`` ('group' or 'none') chooses whether the GRPO estimator divides by the
+    group std. The policy loss is TRL's GRPO loss on ``(B, T)`` advantages (token-level ratio).
+
+    Raises:
+        ValueError: an invalid PRIME option (see the message: it names the field and the fix).
+    """
+
+    num_generations: int | None = field(
+        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    prime_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
+    )
+
+    def __post_init__(self):
+        self._validate_prime()  # first, so PRIME's messages win over TRL's
+        super().__post_init__()
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(
+                f"`scale_rewards`={self.scale_rewards!r}: the PRIME GRPO estimator normalises within each group; use "
+                "'group' (divide by the group std) or 'none'."
+            )
+        if self.loss_type in ("luspo", "vespo"):
+            raise ValueError(
+                f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "
+                "'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo' or 'sapo'."
+            )

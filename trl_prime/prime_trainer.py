@@ -1,0 +1,864 @@
+"""PRIME trainers: online implicit-PRM process rewards on top of TRL's RLOO and GRPO (PRIME arXiv 2502.01456).
+
+Each step (PRIME Algorithm 1; SPEC section 2):
+
+1. TRL generates ``K`` completions per prompt and scores them with the reward functions (outcome rewards, gathered
+   over processes; ``NaN`` = unscorable).
+2. Online prompt filter (:func:`trl_prime.functional.prompt_accuracy_mask`): groups whose accuracy lies outside
+   ``[filter_lower, filter_upper]`` train neither the PRM nor the policy (loss weight 0).
+3. Implicit PRM: one forward pass gives the per-token log-probs; the cross-entropy loss on the kept rows' outcome
+   labels updates the PRM with its own AdamW and scheduler; with ``prm_update="single"`` the token rewards come
+   from that same forward (before the step), with ``"double"`` from a second no-grad forward after it.
+4. Advantages (:func:`trl_prime.functional.prime_advantages`, Eq. 5 for the RLOO estimator) from the ``(B, T)``
+   token rewards and the outcome rewards, computed over the global batch (padded, gathered, sliced back per
+   process, as TRL does for rewards).
+5. Policy update: token-level PPO-clip on ``(B, T)`` advantages (TRL's GRPO loss; a token-level loss for RLOO).
+
+All of it lives in :class:`PrimeMixin`, shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`; the
+algorithms are the pure functions of :mod:`trl_prime.functional`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate.utils import gather, is_peft_model
+from torch import nn
+from transformers import get_scheduler
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer, RLOOTrainer
+from trl.models import prepare_deepspeed
+from trl.trainer.utils import create_model_from_path, get_config_model_id, nanmax, nanmin
+
+from trl_prime import functional as F
+from trl_prime.implicit_prm import (
+    ImplicitPRM,
+    add_fused_head,
+    completion_logps,
+    position_ids_from_mask,
+    unwrap,
+)
+from trl_prime.prime_config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
+
+PRM_ADAPTER = "prm"
+PRM_REF_ADAPTER = "prm_ref"
+PRM_CHECKPOINT_DIR = "prm"
+PRM_DEEPSPEED_DIR = "prm_deepspeed"
+PRIME_STATE_NAME = "prime_state.json"
+_MM_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+class _PositionIdsFromMask:
+    """Calls a model with ``position_ids`` derived from ``attention_mask`` (see ``position_ids_from_mask``).
+
+    TRL computes log-probs without position ids (``arange``); PRIME compares policy, PRM and reference log-probs on
+    the same token ids, attention masks *and* position ids, so the policy's forward gets them too.
+    """
+
+    def __init__(self, model):
+        self._model = model
+
+    def __call__(self, *args, **kwargs):
+        if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is not None:
+            kwargs["position_ids"] = position_ids_from_mask(kwargs["attention_mask"])
+        return self._model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def _drop_auto(cfg: Any) -> Any:
+    """A DeepSpeed config without the unresolved ``"auto"`` values (DeepSpeed rejects them)."""
+    if isinstance(cfg, dict):
+        return {k: _drop_auto(v) for k, v in cfg.items() if v != "auto"}
+    return cfg
+
+
+def _load_weights(model: nn.Module, folder: str) -> None:
+    """Load a ``save_pretrained`` folder's weights (single file or sharded) into ``model`` in place."""
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        from safetensors.torch import load_file
+
+        state = load_file(single, device=str(next(model.parameters()).device))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = set(getattr(model, "_tied_weights_keys", None) or [])
+        missing = [k for k in missing if k not in tied]
+        if unexpected or missing:
+            raise RuntimeError(f"PRM checkpoint {folder} does not match the PRM: missing {missing}, unexpected {unexpected}")
+    else:
+        from transformers.trainer_utils import load_sharded_checkpoint
+
+        load_sharded_checkpoint(model, folder, strict=False)
+
+
+class PrimeMixin:
+    """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
+
+    It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimizer and scheduler
+    (``self.prm_optimizer``, ``self.prm_lr_scheduler``), the online prompt filter, the advantages and the PRIME
+    metrics, callbacks and checkpoint files. It hooks into TRL through a few methods: ``_calculate_rewards`` and
+    ``_get_per_token_logps_and_entropies`` (to see the outcome rewards and the rollout log-probs TRL computes),
+    ``_generate_and_score_completions`` (to replace TRL's advantages), ``_prepare_for_training`` (PRM optimizer,
+    resume) and ``_save_checkpoint``.
+
+    PRM and reference models:
+
+    - default: the PRM and its frozen reference are copies of the policy's initial checkpoint (or ``prm_model`` /
+      ``prm_ref_model``); with TRL's ``beta > 0`` and ``temperature == 1`` the PRM reference *is* TRL's reference
+      model and its log-probs are shared, not recomputed;
+    - ``prm_reference="policy"``: no reference model, the rollout policy's log-probs serve as reference;
+    - PEFT (``peft_config`` or a ``PeftModel``): the PRM is a second adapter ``"prm"`` on the policy's base model,
+      the reference is the base with adapters disabled (or, for a pre-trained adapter, a frozen copy ``"prm_ref"``).
+
+    Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
+    on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
+    (:func:`~trl_prime.functional.prm_pair_accuracy` / ``prm_abs_accuracy`` of the sequence rewards ``r(y)`` that fed
+    the advantages against the outcome labels, over the kept groups), ``prm/token_reward_{mean,std,min,max}`` (over
+    every completion token of the batch), ``filter/kept_fraction`` (fraction of groups kept), ``prm/grad_norm`` and
+    ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
+    (e.g. ``math/<reason>`` counts of :func:`trl_prime.rewards.math_reward`).
+
+    Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
+    global number of kept rows); under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config
+    without optimizer/scheduler) and the reference goes through TRL's ``prepare_deepspeed``. Every rank runs the same
+    number of PRM forward/backward/step calls.
+    """
+
+    _prime_config_class: type = PrimeRLOOConfig
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: PrimeOptions | None = None,
+        *trainer_args,
+        prm_model: str | nn.Module | None = None,
+        prm_ref_model: str | nn.Module | None = None,
+        **trainer_kwargs,
+    ):
+        cfg_cls = self._prime_config_class
+        if args is None:
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = cfg_cls(f"{name.split('/')[-1]}-PRIME")
+        if not isinstance(args, PrimeOptions):
+            raise TypeError(
+                f"{type(self).__name__} needs `args` to be a {cfg_cls.__name__} (got {type(args).__name__}); build "
+                f"it with {cfg_cls.__name__}(output_dir=..., ...) to get the PRIME options."
+            )
+        # `peft_config` is the 8th argument after `args` in both RLOOTrainer and GRPOTrainer
+        peft_config = trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+        self._prime_spec = self._prime_build_models(model, args, prm_model, prm_ref_model, peft_config)
+        self._prime_capture: dict | None = None
+        super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        self._prime_finish_init()
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Construction
+    # ----------------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _prime_init_kwargs(args) -> dict:
+        kwargs = dict(args.model_init_kwargs or {})
+        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+            kwargs["device_map"] = None
+        kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        return kwargs
+
+    def _prime_build_models(self, model, args, prm_model, prm_ref_model, peft_config) -> dict:
+        """Build the PRM and its reference *before* TRL loads, patches or wraps the policy."""
+        is_peft_policy = isinstance(model, nn.Module) and is_peft_model(model)
+        uses_peft = peft_config is not None or is_peft_policy
+        if prm_model is None:
+            prm_model = args.prm_model
+        if prm_ref_model is None:
+            prm_ref_model = args.prm_ref_model
+        if isinstance(prm_ref_model, nn.Module) and args.prm_reference == "policy":
+            raise ValueError("`prm_ref_model` was given but `prm_reference`='policy' uses the rollout log-probs.")
+
+        def load(src):
+            if isinstance(src, str):
+                return create_model_from_path(src, **self._prime_init_kwargs(args))
+            src = unwrap(src)
+            if is_peft_model(src):
+                raise ValueError(
+                    "A PeftModel cannot be copied into a separate PRM; pass `prm_model` (a path or a causal LM), or "
+                    "let the PRM be the second adapter 'prm' on the policy (the default with PEFT)."
+                )
+            return copy.deepcopy(src)
+
+        if prm_model is None and uses_peft:
+            if prm_ref_model is not None:
+                raise ValueError(
+                    "With PEFT the PRM is an adapter on the policy's base and its reference is that base (adapters "
+                    "disabled): `prm_ref_model` cannot be used. Pass `prm_model` too to train a separate PRM."
+                )
+            return {"kind": "adapter", "pretrained_adapter": is_peft_policy}
+
+        source = prm_model if prm_model is not None else model
+        spec: dict[str, Any] = {"kind": "model", "prm": load(source), "ref": None, "share_trl_ref": False}
+        if args.prm_reference == "sft":
+            ref_source = prm_ref_model if prm_ref_model is not None else source
+            share = (
+                args.beta != 0.0
+                and not uses_peft
+                and ref_source is model
+                and args.temperature == 1.0
+                and not args.sync_ref_model
+            )
+            if share:
+                spec["share_trl_ref"] = True
+            else:
+                spec["ref"] = load(ref_source)
+        for m in (spec["prm"], spec["ref"]):
+            if m is not None:
+                add_fused_head(m)  # before any copy or wrapping (see add_fused_head)
+        return spec
+
+    def _prime_finish_init(self) -> None:
+        args = self.args
+        spec = self._prime_spec
+        self._prime_num_updates = 0
+        self.prm_optimizer = None
+        self.prm_lr_scheduler = None
+        self._prime_engine = None
+        self._prime_shares_trl_ref = False
+        mb = args.prm_micro_batch_size or args.per_device_train_batch_size
+        if self.is_fsdp_enabled:
+            raise NotImplementedError(
+                "PRIME trainers do not support FSDP yet: the implicit PRM needs its own sharded engine. Use DeepSpeed "
+                "ZeRO-2/3 (`--deepspeed` / accelerate's DeepSpeed plugin) or DDP."
+            )
+        if spec["kind"] == "adapter":
+            if self.is_deepspeed_enabled:
+                raise NotImplementedError(
+                    "The shared-base PEFT PRM (adapter 'prm' on the policy) is not supported with DeepSpeed: its "
+                    "adapter would be partitioned inside the policy's engine. Pass `prm_model` (a separate PRM, "
+                    "trained as its own DeepSpeed engine) or train without DeepSpeed."
+                )
+            peft_model = self.model
+            default_cfg = peft_model.peft_config["default"]
+            prm_cfg = copy.deepcopy(default_cfg)
+            prm_cfg.inference_mode = False
+            peft_model.add_adapter(PRM_ADAPTER, prm_cfg)
+            ref_adapter = None
+            if spec["pretrained_adapter"]:
+                # A trained adapter: the PRM starts from it, and a frozen copy is its reference
+                names = [PRM_ADAPTER] + ([PRM_REF_ADAPTER] if args.prm_reference == "sft" else [])
+                if args.prm_reference == "sft":
+                    peft_model.add_adapter(PRM_REF_ADAPTER, copy.deepcopy(prm_cfg))
+                    ref_adapter = PRM_REF_ADAPTER
+                params = dict(peft_model.named_parameters())
+                for n, p in list(params.items()):
+                    if ".default." in n:
+                        for a in names:
+                            params[n.replace(".default.", f".{a}.")].data.copy_(p.data)
+            for name, p in peft_model.named_parameters():
+                if f".{PRM_ADAPTER}." in name or f".{PRM_REF_ADAPTER}." in name:
+                    p.requires_grad_(False)  # the policy's optimizer and DDP must not see them
+            if self.temperature == 1.0:
+                add_fused_head(peft_model, mark_only=True)  # TRL patched the base at temperature 1
+            self.implicit_prm = ImplicitPRM(
+                peft_model,
+                None,
+                beta=args.prm_beta,
+                tokenizer=self._tokenizer,
+                adapter_name=PRM_ADAPTER,
+                ref_adapter_name=ref_adapter if args.prm_reference == "sft" else None,
+                micro_batch_size=mb,
+                fused_head=False,
+            )
+        else:
+            prm, ref = spec["prm"], spec["ref"]
+            prm.requires_grad_(True)
+            if spec["share_trl_ref"] and self.ref_model is not None:
+                add_fused_head(self.ref_model, mark_only=True)  # TRL patched it at temperature 1
+                ref = self.ref_model
+                self._prime_shares_trl_ref = True
+            elif ref is not None:
+                ref.requires_grad_(False)
+                ref.eval()
+                if self.is_deepspeed_enabled:
+                    ref = prepare_deepspeed(ref, self.accelerator)
+                else:
+                    ref = ref.to(self.accelerator.device)
+            if not self.is_deepspeed_enabled:
+                prm = prm.to(self.accelerator.device)
+            prm.eval()
+            self.implicit_prm = ImplicitPRM(
+                prm, ref, beta=args.prm_beta, tokenizer=self._tokenizer, micro_batch_size=mb, fused_head=False
+            )
+        del self._prime_spec
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Optimizer, DeepSpeed engine, checkpoints
+    # ----------------------------------------------------------------------------------------------------------
+    @property
+    def prm_model(self) -> nn.Module:
+        """The PRM module (unwrapped; for a PEFT PRM, the policy's PeftModel holding adapter ``"prm"``)."""
+        return unwrap(self.implicit_prm.model)
+
+    def _prime_local_batch(self) -> int:
+        return self.args.per_device_train_batch_size * self.args.steps_per_generation
+
+    def _prime_num_micro(self) -> int:
+        if self.args.prm_loss != "ce":
+            return 1  # pairwise / KTO losses need every local row in one backward
+        return math.ceil(self._prime_local_batch() / self.implicit_prm.micro_batch_size)
+
+    def _prime_total_updates(self, max_steps: int) -> int:
+        a = self.args
+        return max(1, math.ceil(max_steps * a.gradient_accumulation_steps / (a.steps_per_generation * a.num_iterations)))
+
+    def _prime_ds_config(self) -> dict:
+        base = copy.deepcopy(self.accelerator.state.deepspeed_plugin.deepspeed_config)
+        base.pop("optimizer", None)
+        base.pop("scheduler", None)
+        cfg = _drop_auto(base)
+        n_micro = self._prime_num_micro()
+        mb = self.implicit_prm.micro_batch_size if self.args.prm_loss == "ce" else self._prime_local_batch()
+        cfg["train_micro_batch_size_per_gpu"] = mb
+        cfg["gradient_accumulation_steps"] = n_micro
+        cfg["train_batch_size"] = mb * n_micro * self.accelerator.num_processes
+        cfg["gradient_clipping"] = self.args.prm_max_grad_norm or 0.0
+        cfg.setdefault("steps_per_print", 10**9)
+        return cfg
+
+    def _prime_create_optimizer(self, max_steps: int) -> None:
+        if self.prm_optimizer is not None:
+            return
+        a = self.args
+        params = self.implicit_prm.trainable_parameters()
+        optimizer = torch.optim.AdamW(
+            params, lr=a.prm_learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon,
+            weight_decay=a.prm_weight_decay,
+        )
+        total = self._prime_total_updates(max_steps)
+
+        def make_scheduler(opt):
+            return get_scheduler(a.prm_lr_scheduler, opt, num_warmup_steps=a.prm_warmup_steps, num_training_steps=total)
+
+        if self.is_deepspeed_enabled and self.implicit_prm.adapter_name is None:
+            import deepspeed
+
+            engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+                model=unwrap(self.implicit_prm.model), optimizer=optimizer, lr_scheduler=make_scheduler,
+                config=self._prime_ds_config(),
+            )
+            self._prime_engine = engine
+            self.implicit_prm.model = engine
+            self.prm_optimizer, self.prm_lr_scheduler = ds_optimizer, ds_scheduler
+        else:
+            self.prm_optimizer, self.prm_lr_scheduler = optimizer, make_scheduler(optimizer)
+
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        self._prime_create_optimizer(max_steps)
+        if resume_from_checkpoint is not None:
+            self._prime_load_checkpoint(resume_from_checkpoint)
+        return model, train_dataloader
+
+    def _prime_gathered_state_dict(self, module: nn.Module | None) -> dict | None:
+        """Full state dict of a (possibly ZeRO-3 partitioned) module; every rank must call it."""
+        if module is None:
+            return None
+        inner = unwrap(module)
+        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(inner.parameters()), modifier_rank=None):
+                return {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+        return None
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.save_prm(os.path.join(output_dir, PRM_CHECKPOINT_DIR), _checkpoint=True)
+        if self._prime_engine is not None:
+            self._prime_engine.save_checkpoint(os.path.join(output_dir, PRM_DEEPSPEED_DIR))
+        if self.args.should_save:
+            prm_dir = os.path.join(output_dir, PRM_CHECKPOINT_DIR)
+            if self._prime_engine is None and self.prm_optimizer is not None:
+                torch.save(self.prm_optimizer.state_dict(), os.path.join(prm_dir, "optimizer.pt"))
+                torch.save(self.prm_lr_scheduler.state_dict(), os.path.join(prm_dir, "scheduler.pt"))
+            with open(os.path.join(prm_dir, PRIME_STATE_NAME), "w") as f:
+                json.dump({"num_updates": self._prime_num_updates}, f)
+        self.accelerator.wait_for_everyone()
+
+    def save_prm(self, output_dir: str, _checkpoint: bool = False) -> None:
+        """Save the implicit PRM (``save_pretrained`` folder, reference, config json); call it on every rank."""
+        sd = self._prime_gathered_state_dict(self.implicit_prm.model) if self.implicit_prm.adapter_name is None else None
+        save_ref = self.args.prm_save_reference and self.implicit_prm.ref_model is not None
+        ref_sd = self._prime_gathered_state_dict(self.implicit_prm.ref_model) if save_ref else None
+        self.implicit_prm.save_pretrained(
+            output_dir, save_reference=save_ref, state_dict=sd, ref_state_dict=ref_sd,
+            is_main_process=self.args.should_save,
+        )
+
+    def _prime_load_checkpoint(self, checkpoint: str) -> None:
+        prm_dir = os.path.join(checkpoint, PRM_CHECKPOINT_DIR)
+        if not os.path.isdir(prm_dir):
+            raise FileNotFoundError(
+                f"{checkpoint} has no `{PRM_CHECKPOINT_DIR}/` folder: it was not written by a PRIME trainer, so the "
+                "PRM cannot be restored. Resume from a PRIME checkpoint, or start a new run."
+            )
+        with open(os.path.join(prm_dir, PRIME_STATE_NAME)) as f:
+            self._prime_num_updates = json.load(f)["num_updates"]
+        if self._prime_engine is not None:
+            self._prime_engine.load_checkpoint(
+                os.path.join(checkpoint, PRM_DEEPSPEED_DIR), load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+            return
+        device = self.accelerator.device
+        if self.implicit_prm.adapter_name is not None:
+            from peft import set_peft_model_state_dict
+            from peft.utils import load_peft_weights
+
+            weights = load_peft_weights(prm_dir, device=str(device))
+            set_peft_model_state_dict(self.prm_model, weights, adapter_name=PRM_ADAPTER)
+        else:
+            _load_weights(self.prm_model, prm_dir)
+        self.prm_optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location=device))
+        self.prm_lr_scheduler.load_state_dict(torch.load(os.path.join(prm_dir, "scheduler.pt")))
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Hooks into TRL
+    # ----------------------------------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        text_only = all(kwargs.get(k) is None for k in _MM_KEYS)
+        call_model = _PositionIdsFromMask(model) if text_only else model
+        out = super()._get_per_token_logps_and_entropies(call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        cap = self._prime_capture
+        if cap is not None and not torch.is_grad_enabled():
+            if self._prime_is_trl_ref_call(model):
+                cap["trl_ref_logps"] = out[0]
+            elif model is self.model and "policy_logps" not in cap:
+                cap["policy_logps"] = out[0]
+        return out
+
+    def _prime_is_trl_ref_call(self, model) -> bool:
+        """Whether TRL is computing its (KL) reference log-probs with this call."""
+        if self.ref_model is not None:
+            return model is self.ref_model
+        if self.beta == 0.0 or model is not self.model or not is_peft_model(model):
+            return False
+        peft_model = unwrap(model)  # TRL's PEFT reference: its "ref" adapter, or the base with adapters disabled
+        if "ref" in peft_model.active_adapters:
+            return True
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layer = next((m for m in peft_model.modules() if isinstance(m, BaseTunerLayer)), None)
+        return layer is not None and layer.disable_adapters
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._prime_capture is not None:
+            self._prime_capture.update(
+                rewards_per_func=rewards_per_func,
+                prompts=prompts,
+                completions=completions,
+                completion_lengths=[len(c) for c in completion_ids_list],
+            )
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._prime_capture = {}
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            capture = self._prime_capture
+        finally:
+            self._prime_capture = None
+        return self._prime_step(output, capture)
+
+    def _prime_dispatch(self, event: str, **payload) -> None:
+        """Call ``event(args, state, control, **payload)`` on every callback that defines it."""
+        for cb in self.callback_handler.callbacks:
+            fn = getattr(cb, event, None)
+            if callable(fn):
+                fn(self.args, self.state, self.control, **payload)
+
+    # ----------------------------------------------------------------------------------------------------------
+    # One PRIME step
+    # ----------------------------------------------------------------------------------------------------------
+    def _prime_outcome_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """``(B_global,)`` outcome rewards as TRL combines them: weighted sum, NaN when every function gave None."""
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        clip = getattr(self, "reward_clip_range", None)
+        if clip:
+            rewards = rewards.clamp(min=clip[0], max=clip[1])
+        return rewards
+
+    def _prime_step(self, output: dict, cap: dict) -> dict:
+        a = self.args
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        K = self.num_generations if mode == "train" else self.num_generations_eval
+        prompt_ids, prompt_mask = output["prompt_ids"], output["prompt_mask"]
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        B, T = completion_ids.shape
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        rank = self.accelerator.process_index
+        local = slice(rank * B, (rank + 1) * B)
+
+        # 1. outcome rewards (global) and labels
+        outcome = self._prime_outcome_rewards(cap["rewards_per_func"])  # (B_g,)
+        scorable = ~torch.isnan(outcome)
+        if bool(((outcome[scorable] < 0) | (outcome[scorable] > 1)).any()):
+            lo, hi = outcome[scorable].min().item(), outcome[scorable].max().item()
+            raise ValueError(
+                f"PRIME trains the implicit PRM on outcome labels in [0, 1], but the weighted reward functions "
+                f"{self.reward_func_names} gave values in [{lo:.3g}, {hi:.3g}]. Use a verifier returning 1/0 (or a "
+                "fraction of tests passed), or set `reward_weights` so the sum stays in [0, 1]."
+            )
+        lengths = gather(torch.tensor(cap["completion_lengths"], device=device))
+
+        # 2. online prompt filter
+        if mode == "train":
+            trunc = dict(completion_lengths=lengths, max_completion_length=self.max_completion_length)
+            kept = F.prompt_accuracy_mask(
+                outcome_rewards=outcome, num_generations=K, lower=a.filter_lower, upper=a.filter_upper,
+                **(trunc if a.filter_truncated else {}),
+            )
+        else:
+            kept = torch.ones_like(outcome, dtype=torch.bool)
+        group_kept = kept.view(-1, K)[:, 0]
+        kept_fraction = group_kept.float().mean().item()
+        self._prime_dispatch(
+            "on_prompts_filtered", outcome_rewards=outcome, kept_mask=kept, group_kept=group_kept,
+            kept_fraction=kept_fraction, num_generations=K, mode=mode,
+        )
+        kept_l = kept[local]
+
+        # 3. reference log-probs (local)
+        policy_logps = cap.get("policy_logps")
+        if a.prm_reference == "policy":
+            if policy_logps is None:  # GRPO skips them when generation and optimisation are aligned
+                with torch.no_grad():
+                    policy_logps = self._get_per_token_logps_and_entropies(
+                        self.model, input_ids, attention_mask, T, batch_size=self.implicit_prm.micro_batch_size
+                    )[0]
+            ref_logps = policy_logps
+        elif self._prime_shares_trl_ref and cap.get("trl_ref_logps") is not None:
+            ref_logps = cap["trl_ref_logps"]
+        else:
+            ref_logps = self.implicit_prm.ref_logps(input_ids, attention_mask, T)
+
+        # 4. implicit PRM: forward (+ update in training)
+        labels_l = outcome[local].clone()
+        labels_l[~kept_l | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
+        if mode == "train":
+            prm_logps, prm_stats = self._prime_prm_update(input_ids, attention_mask, completion_mask, labels_l, ref_logps)
+        else:
+            prm_logps = self.implicit_prm.prm_logps(input_ids, attention_mask, T)
+            prm_stats = {"loss": float("nan")}
+        token_rewards = F.implicit_token_rewards(
+            prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=a.prm_beta
+        )  # (B, T), every token (the last one is dropped from the advantages if include_last_token=False)
+        seq_rewards = gather(token_rewards.sum(-1))
+
+        # 5. advantages over the global batch (pad, gather, compute, slice)
+        rewards_g = gather(self.accelerator.pad_across_processes(token_rewards, dim=1, pad_index=0))
+        mask_g = gather(self.accelerator.pad_across_processes(completion_mask, dim=1, pad_index=0))
+        outcome_adv = outcome
+        if a.beta != 0.0 and isinstance(self, RLOOTrainer) and cap.get("trl_ref_logps") is not None:
+            kl = ((cap["policy_logps"] - cap["trl_ref_logps"]) * completion_mask).sum(-1)
+            outcome_adv = outcome - a.beta * gather(kl)  # TRL's RLOO KL-in-reward, kept for beta > 0
+        adv_inputs = dict(
+            process_rewards=rewards_g,
+            outcome_rewards=torch.where(kept, outcome_adv, torch.full_like(outcome_adv, torch.nan)),
+            mask=mask_g,
+            group_ids=torch.arange(outcome.numel(), device=device) // K,
+            **self._prime_advantage_options(),
+        )
+        if K >= 2:
+            advantages_g = F.prime_advantages(**adv_inputs)
+        else:
+            advantages_g = torch.zeros_like(rewards_g)
+        advantages = advantages_g[local, :T]
+        loss_mask = completion_mask * (kept_l & scorable[local]).unsqueeze(1).to(completion_mask.dtype)
+
+        # 6. hand the results to TRL's loss
+        output["advantages"] = advantages
+        output["prime_loss_mask"] = loss_mask
+        output["prime_token_rewards"] = token_rewards
+        if policy_logps is not None:
+            output["old_per_token_logps"] = policy_logps
+        self._prime_adapt_output(output, loss_mask)
+        if len(self._logs["advantages"]) >= outcome.numel():  # TRL logged its outcome-only advantages: replace
+            for _ in range(outcome.numel()):
+                self._logs["advantages"].pop()
+            self._logs["advantages"].extend(advantages_g[:, 0].tolist())
+
+        # 7. metrics and callbacks
+        m = self._metrics[mode]
+        kept_idx = kept.nonzero(as_tuple=True)[0]
+        if kept_idx.numel() > 0:
+            pair_acc = F.prm_pair_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx], num_generations=K)
+            abs_acc = F.prm_abs_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx])
+        else:
+            pair_acc = abs_acc = float("nan")
+        tok = rewards_g[mask_g.bool()]
+        m["prm/loss"].append(prm_stats["loss"])
+        m["prm/pair_accuracy"].append(pair_acc)
+        m["prm/abs_accuracy"].append(abs_acc)
+        m["prm/token_reward_mean"].append(tok.mean().item() if tok.numel() else float("nan"))
+        m["prm/token_reward_std"].append(tok.std().item() if tok.numel() > 1 else float("nan"))
+        m["prm/token_reward_min"].append(tok.min().item() if tok.numel() else float("nan"))
+        m["prm/token_reward_max"].append(tok.max().item() if tok.numel() else float("nan"))
+        m["filter/kept_fraction"].append(kept_fraction)
+        if "grad_norm" in prm_stats:
+            m["prm/grad_norm"].append(prm_stats["grad_norm"])
+            m["prm/learning_rate"].append(prm_stats["learning_rate"])
+        self._prime_dispatch(
+            "on_rollouts_scored",
+            mode=mode,
+            step=self.state.global_step + 1,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            token_rewards=token_rewards,
+            sequence_rewards=seq_rewards[local],
+            outcome_rewards=outcome[local],
+            kept_mask=kept_l,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            prm_logps=prm_logps,
+            ref_logps=ref_logps,
+            advantage_inputs=adv_inputs,
+            global_advantages=advantages_g,
+            process_slice=local,
+            prompts=cap.get("prompts"),
+            completions=cap.get("completions"),
+            tokenizer=self._tokenizer,
+            is_main_process=self.accelerator.is_main_process,
+        )
+        return output
+
+    def _prime_advantage_options(self) -> dict:
+        a = self.args
+        opts = dict(
+            estimator=a.prime_estimator,
+            process_coef=a.process_coef,
+            outcome_coef=a.outcome_coef,
+            gamma=a.prime_gamma,
+            whiten=a.whiten_advantages,
+            process_reward_norm=a.process_reward_norm,
+            include_last_token=a.include_last_token,
+        )
+        if a.prime_estimator == "rloo":
+            opts["baseline"] = a.prime_baseline
+        if a.prime_estimator == "grpo":
+            opts["scale_rewards"] = getattr(a, "scale_rewards", "group") != "none"
+        return opts
+
+    def _prime_adapt_output(self, output: dict, loss_mask: torch.Tensor) -> None:
+        """Trainer-specific: make TRL's loss use ``loss_mask`` (filtered and unscorable rows get weight 0)."""
+        output["num_items_in_batch"] = gather(loss_mask.sum()).sum()
+
+    # ----------------------------------------------------------------------------------------------------------
+    # PRM update
+    # ----------------------------------------------------------------------------------------------------------
+    def _prime_backward(self, loss: torch.Tensor) -> None:
+        if self._prime_engine is not None:
+            # DeepSpeed averages gradients over ranks and divides the loss by its accumulation steps: undo both,
+            # our per-rank losses are already shares of the global mean.
+            scale = self.accelerator.num_processes * self._prime_engine.gradient_accumulation_steps()
+            self._prime_engine.backward(loss * scale)
+            self._prime_engine.step()
+        else:
+            loss.backward()
+
+    def _prime_optimizer_step(self) -> float:
+        """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed)."""
+        if self._prime_engine is not None:
+            norm = self._prime_engine.get_global_grad_norm()
+            return float(norm) if norm is not None else float("nan")
+        params = self.implicit_prm.trainable_parameters()
+        if self.accelerator.num_processes > 1:
+            grads = []
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(synced)
+        if self.args.prm_max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.args.prm_max_grad_norm).item()
+        else:
+            norm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in params if p.grad is not None])
+            ).item()
+        self.prm_optimizer.step()
+        self.prm_lr_scheduler.step()
+        self.prm_optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _prime_prm_update(self, input_ids, attention_mask, completion_mask, labels, ref_logps):
+        """One PRM update on the kept rows (``labels`` NaN elsewhere). Returns ``(prm_logps (B,T), stats)``.
+
+        ``prm_logps`` are detached: from the update's own forward (``single``) or a forward after the step
+        (``double``). Each rank's loss is its share of the global mean (rows scaled by the global row count), so
+        summing gradients over ranks gives the gradient of the global mean loss.
+        """
+        a = self.args
+        B, T = completion_mask.shape
+        prm = self.implicit_prm
+        valid = ~torch.isnan(labels)
+        counts = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum")
+        n_global = counts.item()
+        if n_global == 0:  # every group filtered out: no update anywhere (same decision on every rank)
+            return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
+        mb = prm.micro_batch_size
+        group_ids = torch.arange(B, device=labels.device) // self.num_generations
+        logps, loss_sum = [], torch.zeros((), device=labels.device)
+        with prm.prm_context(trainable=True), torch.enable_grad():
+            if a.prm_loss == "ce":
+                for s in range(0, B, mb):
+                    sl = slice(s, s + mb)
+                    lp = completion_logps(prm.model, input_ids[sl], attention_mask[sl], T)
+                    share = valid[sl].sum().item() / n_global
+                    loss = F.implicit_prm_loss(
+                        prm_logps=lp, ref_logps=ref_logps[sl], mask=completion_mask[sl], labels=labels[sl],
+                        beta=a.prm_beta, loss_type="ce",
+                    ) * share
+                    self._prime_backward(loss)
+                    loss_sum = loss_sum + loss.detach()
+                    logps.append(lp.detach())
+            else:
+                lp = completion_logps(prm.model, input_ids, attention_mask, T, micro_batch_size=mb)
+                share = valid.sum().item() / n_global
+                loss = F.implicit_prm_loss(
+                    prm_logps=lp, ref_logps=ref_logps, mask=completion_mask, labels=labels, beta=a.prm_beta,
+                    loss_type=a.prm_loss, group_ids=group_ids,
+                ) * share
+                self._prime_backward(loss)
+                loss_sum = loss.detach()
+                logps.append(lp.detach())
+        grad_norm = self._prime_optimizer_step()
+        self._prime_num_updates += 1
+        lr = self.prm_lr_scheduler.get_last_lr()[0] if self.prm_lr_scheduler is not None else a.prm_learning_rate
+        prm_logps = torch.cat(logps, dim=0)
+        if a.prm_update == "double":
+            prm_logps = prm.prm_logps(input_ids, attention_mask, T)
+        loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
+        stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr}
+        self._prime_dispatch(
+            "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,
+            num_updates=self._prime_num_updates, labels=labels, row_weights=valid.float() / n_global,
+            prm_model=self.prm_model, prm_update=a.prm_update,
+        )
+        return prm_logps, stats
+
+
+class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
+    """PRIME on TRL's ``RLOOTrainer``: implicit-PRM process rewards, Eq. 5 advantages, token-level PPO-clip loss.
+
+    Args: as ``trl.RLOOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PrimeRLOOConfig`,
+    datasets, ``processing_class``, ``callbacks``, ``peft_config``, ...), plus, by keyword:
+
+    - ``prm_model``: the PRM's initial model (a path or a causal LM instance); overrides ``args.prm_model``.
+    - ``prm_ref_model``: the PRM reference (a path or a causal LM); overrides ``args.prm_ref_model``.
+
+    TRL 1.16's RLOO loss is sequence-level; this trainer replaces it with PRIME's token-level PPO-clip objective
+    (Eq. 6): ``-min(rho_t A_t, clip(rho_t, 1-eps, 1+eps_high) A_t)`` with ``rho_t = pi_theta(y_t)/pi_old(y_t)``
+    (the rollout log-probs are stored per token), averaged over the kept tokens of the global batch (as TRL's
+    ``"dapo"`` aggregation). Filtered and unscorable rows get weight 0.
+
+    Example::
+
+        from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
+        from trl_prime.rewards import math_reward
+
+        trainer = PrimeRLOOTrainer(model="Qwen/Qwen2.5-Math-7B", reward_funcs=math_reward,
+                                   args=PrimeRLOOConfig("out"), train_dataset=dataset)
+        trainer.train()
+    """
+
+    _prime_config_class = PrimeRLOOConfig
+    _tag_names = ["trl", "rloo", "prime", "trl-prime"]
+    _name = "PRIME-RLOO"
+    loss_is_scaled_for_ga = True
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MM_KEYS},
+        )
+        mask = inputs["prime_loss_mask"].to(per_token_logps.dtype)
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old = inputs.get("old_per_token_logps")
+        old = per_token_logps.detach() if old is None else old
+        coef_1 = torch.exp(per_token_logps - old)
+        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        mode = "train" if self.model.training else "eval"
+        if mode == "train":
+            # token mean over the kept tokens of the whole optimisation step, across processes and accumulation
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        else:
+            normalizer = mask.sum().clamp(min=1.0)
+        loss = (per_token_loss * mask).sum() / normalizer
+        if self.aux_loss_enabled:
+            acc = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / acc
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        def global_masked_mean(x, m):
+            totals = self.accelerator.reduce(torch.stack([(x * m).sum(), m.sum().float()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        cmask = completion_mask.to(entropies.dtype)
+        self._metrics[mode]["entropy"].append(global_masked_mean(entropies, cmask))
+        is_low = ((coef_1 < 1 - self.epsilon_low) & (advantages < 0)).float()
+        is_high = ((coef_1 > 1 + self.epsilon_high) & (advantages > 0)).float()
+        self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low, mask))
+        self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high, mask))
+        self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(torch.maximum(is_low, is_high), mask))
+        seq = lambda x: (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # noqa: E731
+        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(seq(is_low))).item())
+        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(seq(is_high))).item())
+        return loss
+
+
+class PrimeGRPOTrainer(PrimeMixin, GRPOTrainer):
+    """PRIME on TRL's ``GRPOTrainer``: the same PRIME machinery (:class:`PrimeMixin`) with the GRPO estimator.
+
+    Args: as ``trl.GRPOTrainer`` (``args`` a :class:`~trl_prime.PrimeGRPOConfig`), plus, by keyword, ``prm_model``
+    and ``prm_ref_model`` as in :class:`PrimeRLOOTrainer`.
+
+    TRL's GRPO loss already takes ``(B, T)`` advantages with a token-level ratio; PRIME's loss mask (filtered and
+    unscorable rows) reaches it as ``tool_mask`` (a loss-only mask, it does not change attention), and
+    ``num_items_in_batch`` counts the kept tokens.
+    """
+
+    _prime_config_class = PrimeGRPOConfig
+    _tag_names = ["trl", "grpo", "prime", "trl-prime"]
+    _name = "PRIME-GRPO"
+
+    def _prime_adapt_output(self, output: dict, loss_mask: torch.Tensor) -> None:
+        tool_mask = output.get("tool_mask")
+        keep = (loss_mask > 0).to(output["completion_mask"].dtype)
+        output["tool_mask"] = keep if tool_mask is None else tool_mask * keep
+        output["num_items_in_batch"] = gather((output["completion_mask"] * output["tool_mask"]).sum()).sum()
