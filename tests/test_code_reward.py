@@ -1,17 +1,21 @@
 """Tests of the code outcome verifier and its sandbox (SPEC section 5, issue 2 section 3).
 
-Every containment case asserts the score and the reason, and checks the host: the file does not exist,
-no connection arrived, the test process and a bystander process are alive, no process survives.
+Every containment case asserts the score and the reason, and checks the host: the file does not exist
+or is unchanged, no connection arrived, the test process and a bystander process are alive, no process
+survives, memory and disk use stayed under the sandbox's limits.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -25,6 +29,7 @@ from trl_prime.rewards.code_verifier import (
     make_code_reward,
     verify_code,
 )
+from trl_prime.rewards import sandbox as sbx
 from trl_prime.rewards.sandbox import LAYERS, SandboxConfig, run_program, sandbox_layers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
@@ -73,6 +78,25 @@ def test_extract_code_last_python_block():
     assert extract_code(None) == ""
 
 
+def test_extract_code_block_choice_and_line_anchored_fences():
+    # a python block wins over a later untagged one (example output) and a later other-language block
+    c1 = "Here:\n```python\nprint(int(input())*2)\n```\nExample output:\n```\n6\n```\n"
+    c3 = "```python\nprint(int(input())*2)\n```\nRun with:\n```bash\npython sol.py < in.txt\n```"
+    assert extract_code(c1) == extract_code(c3) == "print(int(input())*2)"
+    # without a python-tagged block: the last untagged block, not a later block of another language
+    assert extract_code("```\nprint(1)\n```\n```\nprint(2)\n```\n```text\n2\n```") == "print(2)"
+    # ``` inside the code (not at the start of a line) does not end the block
+    c2 = "```python\ns = '```'\nprint(int(input())*2)\n```"
+    assert extract_code(c2) == "s = '```'\nprint(int(input())*2)"
+    c4 = "```py\nx = 1  # ``` in a comment\nprint(x)\n```\ntrailing"
+    assert extract_code(c4) == "x = 1  # ``` in a comment\nprint(x)"
+    assert extract_code("```python\r\nprint(int(input())*2)\r\n```") == "print(int(input())*2)"  # CRLF
+    assert extract_code("```Python\nprint(3)\n```") == "print(3)"  # tags are case-insensitive
+    assert extract_code("````python\nx = '```'\n```\nprint(x)\n````") == "x = '```'\n```\nprint(x)"  # longer fence
+    rs = verify_code([c1, c2, c3], [_stdin(("3\n", "6"))] * 3)
+    assert [(r.reward, r.reason) for r in rs] == [(1.0, "passed")] * 3
+
+
 # ------------------------------------------------------------------ verdicts
 
 
@@ -108,6 +132,16 @@ def test_stdout_comparison_rules():
         ("2", "2.0", True),
         ("1000000", "1000001", False),  # integers compare exactly
         ("YES", "yes", False),
+        ("1_000", "1000", False),  # only plain decimal literals are numbers
+        ("1e3", "1000", False),
+        ("1E3", "1000.0", False),
+        ("1e3", "1e3", True),  # identical text still matches
+        ("0.1000001", "0.1", True),
+        ("nan", "nan", True),
+        ("inf", "1e309", False),
+        ("+5", "5", False),  # integers are exact (as text)
+        ("2.", "2", True),
+        ("-.5", "-0.5", True),
     ]
     echo = "import sys\nsys.stdout.write(sys.stdin.read())"
     rs = verify_code([echo] * len(cases), [_stdin((inp, exp)) for inp, exp, _ in cases])
@@ -182,8 +216,14 @@ def test_memory_hog_is_contained():
     assert [(r.reward, r.reason) for r in rs] == [(0.0, "memory")] * 2, rs
 
 
-@_requires("landlock_fs", "uid_drop")
-def test_write_outside_tmpdir_is_blocked(tmp_path):
+@_requires("landlock_fs", "uid_drop", "fs_readonly")
+@pytest.mark.parametrize("disable", [(), ("hide_paths",), ("hide_paths", "mountns"), ("hide_paths", "landlock")],
+                         ids=["all-layers", "visible-path", "landlock-only", "readonly-only"])
+def test_write_outside_tmpdir_is_blocked(tmp_path, disable):
+    if "mountns" in disable and not {"landlock_fs", "uid_drop"} & set(LAYERS_HERE):
+        pytest.skip("no write layer without the mount namespace")
+    if "landlock" in disable and "fs_readonly" not in LAYERS_HERE:
+        pytest.skip("no read-only file system here")
     target, target2 = tmp_path / "escape.txt", tmp_path / "escape2.txt"
     prog = (
         "import subprocess\n"
@@ -191,9 +231,12 @@ def test_write_outside_tmpdir_is_blocked(tmp_path):
         "open('inside.txt', 'w').write('fine')\n"  # the sandbox's own temp dir is writable
         f"open({str(target)!r}, 'w').write('x')\n"
     )
-    r = verify_code([prog], [NEVER])[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r = verify_code([prog], [NEVER], disable=disable)[0]
     assert (r.reward, r.reason) == (0.0, "runtime_error")
-    assert "PermissionError" in r.detail
+    expected = ("PermissionError", "Read-only file system") if "hide_paths" in disable else ("FileNotFoundError",)
+    assert any(e in r.detail for e in expected), r.detail
     assert not target.exists() and not target2.exists()
 
 
@@ -478,3 +521,500 @@ def test_unprivileged_user_and_uid_drop(tmp_path):
     run = run_program("import os\nprint(os.getuid())", mode="stdin", inputs=[""],
                       config=SandboxConfig(python_executable=SYSTEM_PYTHON))
     assert run.ok and "uid_drop" in run.layers and run.cases[0].stdout == "65534\n"
+
+
+# ------------------------------------------------------------------ review 2 regressions (H1-H4, M1-M4, L3)
+
+
+def _quiet_verify(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return verify_code(*args, **kwargs)
+
+
+def _bpf_run(prog, nr, arch, args=(0, 0, 0, 0, 0, 0)):
+    """A classic-BPF interpreter for the seccomp filter (only the instructions the sandbox emits)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *args)
+    acc, pc = 0, 0
+    for _ in range(10_000):
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:
+            acc, pc = struct.unpack_from("<I", data, k)[0], pc + 1
+        elif code == 0x54:
+            acc, pc = acc & k, pc + 1
+        elif code in (0x15, 0x35, 0x45):
+            hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
+            pc += 1 + (jt if hit else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF instruction {code:#x}")
+    raise AssertionError("filter did not return")
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_seccomp_filter_logic(machine):
+    prog = sbx._seccomp_program(machine)
+    nrs, arch = sbx._SYSCALLS[machine], sbx._SECCOMP_ARCH[machine]
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    run = lambda name, *args: _bpf_run(prog, nrs[name], arch, args + (0,) * (6 - len(args)))  # noqa: E731
+    for name in sbx._SECCOMP_DENY:
+        if name in nrs:
+            assert run(name) == eperm, name
+    assert run("clone3") == 0x00050000 | 38  # ENOSYS: libc falls back to clone
+    assert run("socket", 1, 1) == eperm  # AF_UNIX
+    assert run("socket", 40, 1) == eperm  # AF_VSOCK
+    assert [run("socket", af, 1) for af in (2, 10, 16)] == [allow] * 3
+    assert run("socketpair", 1, 1 | 0x80000) == allow  # connected stream pair (SOCK_CLOEXEC)
+    assert run("socketpair", 1, 2) == eperm  # datagram pairs could sendto() host sockets
+    assert run("prlimit64", 0) == allow and run("prlimit64", 1234) == eperm
+    assert run("setpriority", 0, 0) == allow
+    assert run("setpriority", 1, 0) == eperm and run("setpriority", 0, 7) == eperm  # PRIO_PGRP / other pid
+    assert run("clone", 17) == allow and run("clone", 0x10000000 | 17) == eperm
+    assert run("ioctl", 0, 0x5401) == allow and run("ioctl", 0, 0x5412) == eperm
+    assert _bpf_run(prog, 0, arch) == allow  # read / io_setup
+    assert _bpf_run(prog, 0, 0x40000003) == 0x80000000  # i386 / arm32 ABI: process killed
+    if machine == "x86_64":
+        assert _bpf_run(prog, 0x40000000 | 90, arch) == 0x00050000 | 38  # x32 ABI refused
+
+
+SYSCALL_PROBE = """
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(*a):
+    r = libc.syscall(*[ctypes.c_long(x) for x in a])
+    return 0 if r >= 0 else ctypes.get_errno()
+out = {}
+nr = {'mount': 165, 'umount2': 166, 'unshare': 272, 'setns': 308, 'ptrace': 101, 'process_vm_readv': 310,
+      'keyctl': 250, 'bpf': 321, 'perf_event_open': 298, 'io_uring_setup': 425, 'open_tree': 428,
+      'fsopen': 430, 'userfaultfd': 323, 'pidfd_getfd': 438, 'kcmp': 312, 'fchmodat2': 452}
+for k, n in nr.items():
+    out[k] = sc(n, 0, 0, 0, 0, 0)
+out['clone_newuser'] = sc(56, 0x10000000 | 17, 0, 0, 0, 0)
+out['prlimit_parent'] = sc(302, os.getppid(), 7, 0, 0)
+for fam in ('AF_UNIX', 'AF_PACKET'):
+    try:
+        socket.socket(getattr(socket, fam), socket.SOCK_DGRAM)
+        out[fam] = 0
+    except OSError as e:
+        out[fam] = e.errno
+a, b = socket.socketpair()
+a.sendall(b'x'); out['socketpair_stream'] = 0 if b.recv(1) == b'x' else -1
+print(__import__('json').dumps(out))
+"""
+
+
+@_requires("seccomp")
+def test_seccomp_filter_in_the_sandbox():
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86-64 syscall numbers")
+    r = verify_code([SYSCALL_PROBE], [NEVER])[0]
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    out = json.loads(r.stdout[0])
+    assert out.pop("socketpair_stream") == 0
+    assert out == {k: 1 for k in out}, out  # every one EPERM
+
+
+METADATA_OPS = {
+    "chmod": "os.chmod(V, 0o777)",
+    "fchmod": "os.fchmod(os.open(V, os.O_RDONLY), 0o777)",
+    "utime": "os.utime(V, (0, 0))",
+    "futime": "os.utime(os.open(V, os.O_RDONLY), (0, 0))",
+    "chown": "os.chown(V, 0, 0)",
+    "lchown": "os.lchown(V, 0, 0)",
+    "setxattr": "os.setxattr(V, 'user.pwn', b'1')",
+    "removexattr": "os.removexattr(V, 'user.keep')",
+}
+
+
+@pytest.mark.parametrize("disable,needs", [(("hide_paths",), ("seccomp", "fs_readonly")),
+                                           (("hide_paths", "seccomp"), ("fs_readonly",)),
+                                           (("hide_paths", "mountns"), ("seccomp",))],
+                         ids=["all-layers", "readonly-only", "seccomp-only"])
+def test_host_file_metadata_cannot_change(tmp_path, disable, needs):
+    """H1: a root program without capabilities owns root's files; Landlock does not cover metadata."""
+    if not all(n in LAYERS_HERE for n in needs):
+        pytest.skip(f"needs {needs}")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("data")
+    os.chmod(victim, 0o640)
+    os.utime(victim, (1_577_836_800, 1_577_836_800))
+    try:
+        os.setxattr(victim, "user.keep", b"1")
+        xattrs = True
+    except OSError:
+        xattrs = False
+    before = os.stat(victim)
+    progs = [f"import os\nV = {str(victim)!r}\n{op}\nprint('changed')" for op in METADATA_OPS.values()]
+    rs = _quiet_verify(progs, [NEVER] * len(progs), disable=disable)
+    for name, r in zip(METADATA_OPS, rs):
+        assert (r.reward, r.reason) == (0.0, "runtime_error"), (name, r)
+        assert "changed" not in r.stdout[0]
+        assert "PermissionError" in r.detail or "Read-only file system" in r.detail, (name, r.detail)
+    after = os.stat(victim)
+    assert (after.st_mode, after.st_uid, after.st_gid, after.st_mtime_ns, after.st_ctime_ns) == (
+        before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns, before.st_ctime_ns)
+    if xattrs:
+        assert os.listxattr(victim) == ["user.keep"]
+
+
+@pytest.mark.parametrize("disable,needs", [((), ("seccomp", "hide_paths")), (("hide_paths",), ("seccomp",)),
+                                           (("seccomp",), ("hide_paths",))],
+                         ids=["all-layers", "seccomp-only", "hidden-only"])
+def test_host_unix_sockets_are_unreachable(tmp_path, disable, needs):
+    """H2: pathname unix sockets (docker.sock & co) cannot be connected to or sent to."""
+    if not all(n in LAYERS_HERE for n in needs):
+        pytest.skip(f"needs {needs}")
+    stream_path, dgram_path = str(tmp_path / "s.sock"), str(tmp_path / "d.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(stream_path)
+    srv.listen(4)
+    srv.settimeout(0.3)
+    dsrv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dsrv.bind(dgram_path)
+    dsrv.settimeout(0.3)
+    progs = [
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({stream_path!r})\ns.sendall(b'pwn')",
+        f"import socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.sendto(b'pwn', {dgram_path!r})",
+        f"import socket\na, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.sendto(b'pwn', {dgram_path!r})",
+    ]
+    progs = [p + "\nprint('sent')" for p in progs]
+    try:
+        rs = _quiet_verify(progs, [NEVER] * len(progs), disable=disable)
+        for r in rs:
+            assert (r.reward, r.reason) == (0.0, "runtime_error"), r
+            assert "sent" not in r.stdout[0]
+        with pytest.raises(socket.timeout):
+            srv.accept()
+        with pytest.raises(socket.timeout):
+            dsrv.recv(16)
+    finally:
+        srv.close()
+        dsrv.close()
+
+
+ALWAYS_EQUAL = """
+class E:
+    def __eq__(self, o): return True
+    def __ne__(self, o): return False
+    def __bool__(self): return True
+def has_close_elements(numbers, threshold):
+    return E()
+"""
+EQUAL_STR = """
+class S(str):
+    def __eq__(self, o): return True
+    __hash__ = str.__hash__
+class I(int):
+    def __eq__(self, o): return True
+    __hash__ = int.__hash__
+def has_close_elements(numbers, threshold):
+    return I(0)
+"""
+NONCE_VIA_PROC = """
+import os
+def has_close_elements(numbers, threshold):
+    nonce = res = None
+    for fd in (int(f) for f in os.listdir('/proc/self/fd')):
+        try:
+            link = os.readlink('/proc/self/fd/%d' % fd)
+        except OSError:
+            continue
+        if link.startswith('pipe:'):
+            try:
+                os.set_blocking(fd, False)
+                data = os.read(fd, 4096)
+                if len(data) == 32:
+                    nonce = data
+            except OSError:
+                pass
+        elif 'res' in link or 'memfd' in link:
+            res = fd
+    for pid in os.listdir('/proc'):  # and the judge's / harness's descriptors
+        if pid.isdigit():
+            try:
+                for f in os.listdir('/proc/%s/fd' % pid):
+                    os.open('/proc/%s/fd/%s' % (pid, f), os.O_RDONLY)
+            except OSError:
+                pass
+    os.write(res, nonce or b'0' * 32)
+    os._exit(0)
+"""
+EXEC_PATCH = """
+import builtins
+_real = builtins.exec
+def _fake(code, g=None, *a):
+    if getattr(code, 'co_filename', '') == 'check.py':
+        g['check'] = lambda c: None
+        return
+    return _real(code, g, *a)
+builtins.exec = _fake
+def has_close_elements(numbers, threshold):
+    return None
+"""
+FAKE_FRAMES = """
+import os, json
+def has_close_elements(numbers, threshold):
+    for fd in range(3, 64):  # answer every call at once, then write a fake success everywhere
+        try:
+            os.write(fd, b'passed\\n' + os.urandom(8))
+        except OSError:
+            pass
+    return True
+"""
+
+
+@pytest.fixture(scope="module")
+def he0(humaneval):
+    return humaneval[0]
+
+
+def test_humaneval_verdict_cannot_be_forged(he0):
+    """H3: the check runs in the judge process; the program only ever answers with plain data."""
+    progs = {"always_equal": ALWAYS_EQUAL, "equal_subclasses": EQUAL_STR, "nonce_via_proc": NONCE_VIA_PROC,
+             "exec_patch": EXEC_PATCH, "fake_frames": FAKE_FRAMES}
+    rs = verify_code(list(progs.values()), [_he_tests(he0)] * len(progs))
+    for name, r in zip(progs, rs):
+        assert r.reward == 0.0 and r.reason in ("failed", "runtime_error"), (name, r.reason, r.detail)
+        assert "judge_process" in r.layers
+    good = verify_code([he0["prompt"] + he0["canonical_solution"]], [_he_tests(he0)])[0]
+    assert (good.reward, good.reason) == (1.0, "passed")
+
+
+SCAN_MEMORY = """
+import re
+def leak(arg):
+    found = set()
+    mem = open('/proc/self/mem', 'rb', 0)
+    for line in open('/proc/self/maps'):
+        addr, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in addr.split('-'))
+        if perms[0] != 'r' or hi - lo > (64 << 20):
+            continue
+        try:
+            mem.seek(lo)
+            data = mem.read(hi - lo)
+        except (OSError, ValueError, OverflowError):
+            continue
+        found.update(m.group(1).decode() for m in re.finditer(rb'TOKEN_([0-9a-f]{12})', data))
+    print(sorted(found))
+    others = sorted(found - {arg[6:]})
+    return 'TOKEN_' + others[0] if others else ''
+"""
+
+
+def test_check_source_is_not_in_the_programs_memory():
+    """The expected values live in the check source: it reaches only the judge, never the program."""
+    check = "def check(candidate):\n    assert candidate('TOKEN_c0ffeec0ffee') == 'TOKEN_5ec1e75ec1e7'\n"
+    r = verify_code([SCAN_MEMORY], [{"check": check, "entry_point": "leak"}], timeout=10.0)[0]
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    assert "c0ffeec0ffee" in r.stdout[0]  # the scan works: the argument it was called with is found
+    assert "5ec1e75ec1e7" not in r.stdout[0]
+
+
+PROXY_CHECK = """
+import math
+def check(candidate):
+    r = candidate((1, 2), {3: [4.5, float('inf')]}, flag=None)
+    assert r == ((1, 2), {3: [4.5, float('inf')]}, None) and type(r) is tuple and type(r[0]) is tuple
+    assert math.isnan(candidate(float('nan'))[0])
+    assert candidate({1, 2}) == ({1, 2}, None) and candidate(2 ** 100) == (2 ** 100, None)
+    assert candidate(b'\\x00\\xff', 1j) == (b'\\x00\\xff', 1j, None)
+    assert candidate(True) == (True, None) and type(candidate(True)[0]) is bool
+    try:
+        candidate('raise')
+    except ValueError as e:
+        assert 'bad input' in str(e)
+    else:
+        raise AssertionError('no ValueError')
+    assert helper(3) == 9  # a helper only the program defines (no prompt given): proxied
+"""
+PROXY_PROG = """
+def f(*args, flag=None):
+    if args == ('raise',):
+        raise ValueError('bad input')
+    return (*args, flag)
+def helper(x):
+    return x * x
+"""
+
+
+def test_humaneval_proxy_carries_plain_data_and_exceptions():
+    r = verify_code([PROXY_PROG], [{"check": PROXY_CHECK, "entry_point": "f"}])[0]
+    assert (r.reward, r.reason) == (1.0, "passed"), r.detail
+    bad = ["def f(*a, flag=None):\n    return object()",
+           "def f(*a, flag=None):\n    return lambda: 1",
+           "def f(*a, flag=None):\n    import sys\n    sys.exit(0)",
+           "def f(*a, flag=None):\n    import os\n    os.close(1)\n    os._exit(0)"]
+    rs = verify_code(bad, [{"check": PROXY_CHECK, "entry_point": "f"}] * len(bad))
+    assert [(x.reward, x.reason) for x in rs] == [(0.0, "failed")] * len(bad), [x.detail for x in rs]
+
+
+def test_humaneval_prompt_helpers_come_from_the_prompt(humaneval):
+    """HumanEval/32 checks find_zero with the prompt's poly(): a program's own poly() must not count."""
+    p = next(x for x in humaneval if x["task_id"] == "HumanEval/32")
+    cheat = "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n"
+    tests = {**_he_tests(p), "prompt": p["prompt"]}
+    rs = verify_code([cheat, p["prompt"] + p["canonical_solution"], p["canonical_solution"]], [tests] * 3)
+    assert [(r.reward, r.reason) for r in rs] == [(0.0, "failed"), (1.0, "passed"), (1.0, "passed")], rs
+    bad_arg = {"check": "def check(candidate):\n    assert candidate(lambda: 1) == 1\n", "entry_point": "f"}
+    r = verify_code(["def f(x):\n    return 1"], [bad_arg])[0]
+    assert (r.reward, r.reason) == (None, "sandbox_error")  # the check's argument: not the program's fault
+    assert "not plain data" in r.detail
+
+
+MEMORY_FORKS = """
+import os, time
+kids = []
+for i in range(5):
+    pid = os.fork()
+    if pid == 0:
+        b = bytearray(b'\\x01') * (64 << 20)  # touched: real memory
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+b = bytearray(b'\\x01') * (64 << 20)
+ok = sum(os.waitpid(pid, 0)[1] == 0 for pid in kids)
+print('all', ok, 'children survived')
+"""
+
+
+@_requires("cgroup_memory")
+def test_total_memory_of_a_sandbox_is_capped(tmp_path):
+    """H4: RLIMIT_AS is per process; the memory cgroup caps all processes of the sandbox together."""
+    cfg = SandboxConfig(memory_mb=128, sandbox_memory_mb=192, timeout=8.0, tmp_root=str(tmp_path))
+    run = run_program(MEMORY_FORKS, mode="stdin", inputs=[""], config=cfg)
+    assert run.ok and run.memory_limit_hit and run.cases[0].oom, run
+    assert run.memory_peak is not None and run.memory_peak <= 192 << 20  # 6 x 64 MiB never got allocated
+    r = verify_code([MEMORY_FORKS], [_stdin(("", "all 5 children survived"))], memory_mb=128,
+                    sandbox_memory_mb=192, timeout=8.0, tmp_root=str(tmp_path))[0]
+    assert (r.reward, r.reason) == (0.0, "memory"), r
+    assert _procs_with(str(tmp_path)) == []  # no process of either sandbox survives
+
+
+DISK_FILL = """
+import os, sys
+st = os.statvfs('.')
+print('fs', st.f_blocks * st.f_frsize, flush=True)
+n = 0
+try:
+    for i in range(400):
+        with open('f%d' % i, 'wb') as f:
+            f.write(b'x' * (200 << 10))
+        n += 1
+        if DELAY:
+            __import__('time').sleep(DELAY)
+except OSError as e:
+    print('stopped', n, e.errno)
+"""
+
+
+@_requires("tmpfs_work")
+def test_work_dir_has_a_disk_quota(tmp_path):
+    """M1: the work dir is a size-limited tmpfs: writes stop with ENOSPC; nothing reaches the host disk."""
+    r = verify_code([DISK_FILL.replace("DELAY", "0")], [NEVER], disk_mb=8, tmp_root=str(tmp_path))[0]
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    lines = r.stdout[0].split("\n")
+    assert lines[0] == f"fs {8 << 20}"  # the work dir's own file system: 8 MiB
+    stopped = lines[1].split()
+    assert stopped[0] == "stopped" and stopped[2] == "28" and int(stopped[1]) * (200 << 10) <= 8 << 20
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_guard_fallback_without_mount_namespace(tmp_path):
+    """M1 fallback: RLIMIT_FSIZE per file and the harness's polled size limit of the work dir."""
+    r = _quiet_verify([DISK_FILL.replace("DELAY", "0.01")], [NEVER], disk_mb=2, tmp_root=str(tmp_path),
+                      disable=("mountns",), timeout=10.0)[0]
+    assert "disk_guard" in r.layers and "tmpfs_work" not in r.layers
+    assert (r.reward, r.reason) == (0.0, "output_limit") and "disk quota" in r.detail, r
+    assert list(tmp_path.iterdir()) == []  # removed afterwards
+
+
+PROC_AND_SECRETS = """
+import json, os
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+seen = []
+for p in pids:
+    try:
+        seen.append(open('/proc/%s/cmdline' % p, 'rb').read().decode('utf-8', 'replace'))
+    except OSError:
+        pass
+res = {'pids': len(pids), 'pytest_visible': any('pytest' in c for c in seen), 'secrets': {}, 'home': {}}
+for path in SECRETS:
+    try:
+        res['secrets'][path] = open(path).read()
+    except OSError as e:
+        res['secrets'][path] = type(e).__name__
+for name in os.listdir(HOME):
+    p = os.path.join(HOME, name)
+    try:
+        res['home'][name] = len(os.listdir(p)) if os.path.isdir(p) else os.path.getsize(p)
+    except OSError as e:
+        res['home'][name] = type(e).__name__
+print(json.dumps(res))
+"""
+
+
+@_requires("proc_fresh")
+def test_host_processes_and_secrets_are_hidden(tmp_path, monkeypatch):
+    """M2: a fresh /proc (only the sandbox's processes) and empty mounts over secret-holding paths."""
+    if "hide_paths" not in LAYERS_HERE:
+        pytest.skip("needs hide_paths")
+    in_tmp = tmp_path / "token.txt"
+    in_tmp.write_text("SECRET-1")
+    hf_home = tempfile.mkdtemp(prefix=".hf_home_", dir=os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(hf_home, "token"), "w") as f:
+            f.write("SECRET-2")
+        monkeypatch.setenv("HF_HOME", hf_home)  # the parent's cache directories are hidden too
+        home = os.path.expanduser("~")
+        prog = PROC_AND_SECRETS.replace("SECRETS", repr([str(in_tmp), os.path.join(hf_home, "token")])).replace(
+            "HOME", repr(home))
+        r = verify_code([prog], [NEVER])[0]
+    finally:
+        shutil.rmtree(hf_home)
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    res = json.loads(r.stdout[0])
+    assert res["pids"] <= 6 and not res["pytest_visible"], res  # init, harness, case (+ its children)
+    assert set(res["secrets"].values()) == {"FileNotFoundError"}, res
+    needed = {os.path.realpath(p) for p in (sys.executable, sys.prefix, sys.base_prefix, *sys.path) if p}
+    for name, value in res["home"].items():
+        real = os.path.realpath(os.path.join(home, name))
+        if any(n == real or n.startswith(real + "/") for n in needed):
+            continue  # the interpreter's own branch stays visible
+        assert value == 0, (name, value)  # an empty directory or an empty file
+
+
+def test_undecodable_test_data_is_bad_tests_not_zero():
+    """M4: data the harness cannot feed to stdin is the dataset's fault: None, never 0."""
+    rows = [_stdin(("\ud800", "x")), _stdin(("1", "\udcff")), {"inputs": ["\ud800"], "outputs": ["x"]}]
+    with pytest.warns(RuntimeWarning, match="lone surrogate"):
+        rs = verify_code(["print(input())"] * len(rows), rows)
+    assert [(r.reward, r.reason) for r in rs] == [(None, "bad_tests")] * len(rows)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        run_program("print(1)", mode="stdin", inputs=["ok", "\ud800"])
+    ok = verify_code(["def f(s):\n    return len(s)"], [{"fn_name": "f", "inputs": [["\ud800"]], "outputs": [1]}])[0]
+    assert (ok.reward, ok.reason) == (1.0, "passed")  # JSON carries surrogates fine in call tests
+
+
+def test_program_cannot_lower_the_harness_limits():
+    """L3: prlimit() on another process (the harness) is refused; the harness keeps working."""
+    tests = _stdin(("1", "1"), ("2", "2"), ("3", "3"))
+    attack = "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))\nprint(input())"
+    survive = ("import os, resource\ntry:\n    resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))\n"
+               "    resource.prlimit(os.getppid(), resource.RLIMIT_AS, (1 << 20, 1 << 20))\nexcept OSError:\n"
+               "    pass\nprint(input())")
+    own = "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nprint(input())"  # its own: fine
+    rs = verify_code([attack, survive, own], [tests] * 3)
+    if "seccomp" in rs[0].layers:
+        assert (rs[0].reward, rs[0].reason) == (0.0, "runtime_error") and "PermissionError" in rs[0].detail
+    assert [(r.reward, r.reason) for r in rs[1:]] == [(1.0, "passed")] * 2
+
+
+def test_new_layers_are_reported():
+    layers = sandbox_layers()
+    assert set(layers) <= set(LAYERS)
+    print("active layers:", ", ".join(layers))
+    check = {"check": "def check(c):\n    assert c() == 1", "entry_point": "f"}
+    r = verify_code(["def f():\n    return 1"], [check])[0]
+    assert (r.reward, r.reason) == (1.0, "passed") and "judge_process" in r.layers

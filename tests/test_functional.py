@@ -220,8 +220,10 @@ def test_step_end_mask_text_splits_on_two_tokenizer_styles():
     ids = torch.tensor([[1, 10, 13, 13, 11, 13, 12]])
     mask = torch.ones(1, 7)
     assert F.step_end_mask(ids, mask, llama)[0].tolist() == [False, False, False, True, False, False, True]
+    # "\n" "\n" is a run of two newline delimiters: one step end at the run's last delimiter (split_steps'
+    # steps "First", "Second", "end"; the lone "\n" between them is not a step)
     assert F.step_end_mask(ids, mask, llama, split="newline")[0].tolist() == [
-        False, False, True, True, False, True, True]
+        False, False, False, True, False, True, True]
     # a triple newline holds one delimiter (non-overlapping, like str.split)
     tri = PieceTokenizer({0: "A", 1: "\n\n\n", 2: "B"})
     assert F.step_end_mask(torch.tensor([[0, 1, 2]]), torch.ones(1, 3), tri)[0].tolist() == [False, True, True]
@@ -466,6 +468,17 @@ def test_prm_pair_and_abs_accuracy_hand():
     # pairs: (0,1) tie & o0<o1 -> right (w .7); (0,2) r0<r2 but o0>o2 -> wrong (.1); (1,2) wrong (.8)
     assert F.prm_pair_accuracy(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.2, 0.9, 0.1]), 3) == pytest.approx(
         0.7 / (0.7 + 0.1 + 0.8))
+    # ties="half": the tied pair (0,1) scores half its weight -> (0.35 + 0) / 1.6
+    assert F.prm_pair_accuracy(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.2, 0.9, 0.1]), 3,
+                               ties="half") == pytest.approx(0.35 / 1.6)
+    # a PRM that ties everything reads exactly 0.5 whatever the row order (the default depends on it)
+    zeros = torch.zeros(4)
+    for o in ([1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]):
+        assert F.prm_pair_accuracy(zeros, torch.tensor(o), 4, ties="half") == 0.5
+    assert F.prm_pair_accuracy(zeros, torch.tensor([1.0, 1.0, 0.0, 0.0]), 4) == 0.0
+    assert F.prm_pair_accuracy(zeros, torch.tensor([0.0, 0.0, 1.0, 1.0]), 4) == 1.0
+    with pytest.raises(ValueError, match="ties"):
+        F.prm_pair_accuracy(zeros, zeros, 4, ties="zero")
     s = torch.tensor([0.5, -0.2, 0.0, 0.0, 3.0])
     assert F.prm_abs_accuracy(s, torch.tensor([1.0, 0.0, 0.5, 1.0, float("nan")])) == pytest.approx(0.75)
 
@@ -833,3 +846,157 @@ def test_public_api_matches_spec_signatures():
             assert p in sig_params, (name, p)
     for (name, p), value in defaults.items():
         assert inspect.signature(getattr(F, name)).parameters[p].default == value, (name, p)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# review regressions (one per finding)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_prof_select_nan_consistency_is_removed_first():
+    gid = [0] * 4
+    H = torch.full((4,), 3)
+    o = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    # correct rows: NaN would sort as the largest critic (most consistent, kept); it must go first instead
+    kept = F.prof_select(gid, torch.tensor([float("nan"), 0.2, 0.3, 0.4]), H, o, num_remove=2)
+    assert kept.tolist() == [1, 2]  # correct: 0.2 kept over NaN; incorrect: the least consistent (0.3) kept
+    # incorrect rows: a NaN row is removed before the most consistent incorrect one
+    kept = F.prof_select(gid, torch.tensor([0.2, 0.3, 0.9, float("nan")]), H, o, num_remove=2)
+    assert kept.tolist() == [1, 2]
+    # kept only when its class must keep more rows than it has scored ones
+    kept = F.prof_select(gid, torch.tensor([float("nan"), float("nan"), 0.1, 0.2]), H, o, num_remove=0)
+    assert kept.tolist() == [0, 1, 2, 3]
+
+
+def test_prof_consistency_rejects_step_scores_outside_unit_interval():
+    m = torch.tensor([[1, 1, 0]])
+    for bad in (2.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"`step_scores` must be probabilities in \[0, 1\].*step_scores\[0, 1\]"):
+            F.prof_consistency_scores(torch.tensor([[0.5, bad, 0.0]]), m)
+    # padded (step_mask=0) positions are ignored, whatever they hold (the released code pads with -99)
+    c, n = F.prof_consistency_scores(torch.tensor([[0.0, 1.0, float("nan")], [0.5, -99.0, 9.0]]),
+                                     torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    close(c, [0.5, 0.5])
+    assert n.tolist() == [2, 1]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_process_reward_at_a_valid_token_raises(bad):
+    P = torch.zeros(4, 3)
+    P[1, 2] = bad
+    o = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    with pytest.raises(ValueError, match=r"`process_rewards` must be finite.*process_rewards\[1, 2\]"):
+        F.rloo_advantages(P, o, torch.ones(4, 3), 2)
+    for est in ("grpo", "reinforce"):
+        with pytest.raises(ValueError, match="`process_rewards` must be finite"):
+            F.prime_advantages(P, o, torch.ones(4, 3), [0, 0, 1, 1], estimator=est)
+    # the same value in padding is ignored (values outside the mask are unspecified)
+    mask = torch.ones(4, 3)
+    mask[1, 2] = 0
+    adv, _ = F.rloo_advantages(P, o, mask, 2)
+    assert torch.isfinite(adv).all()
+    # NaN stays allowed (and excluded) in the outcome rewards
+    adv, _ = F.rloo_advantages(torch.zeros(4, 3), torch.tensor([1.0, float("nan"), 1.0, 0.0]), mask, 2)
+    assert torch.isfinite(adv).all() and (adv[:2] == 0).all()
+
+
+def test_grpo_eps_zero_constant_group_gives_zero_not_nan():
+    r = torch.tensor([1.0, 1.0, 0.1, 0.1, 0.1, 1.0, 0.0])
+    adv = F.grpo_advantages(r, [0, 0, 1, 1, 1, 2, 2], eps=0.0)
+    assert torch.isfinite(adv).all()
+    # constant groups (even 0.1 x 3, whose float mean is not exactly 0.1) are exactly 0; others unchanged
+    assert adv[:5].tolist() == [0.0] * 5
+    close(adv[5:], [math.sqrt(0.5), -math.sqrt(0.5)])  # (1 - 0.5) / std, std = sqrt(0.5)
+    assert (F.grpo_advantages(torch.tensor([0.1] * 3), num_generations=3) == 0).all()  # default eps too
+    P = torch.tensor([[1.0, 1.0], [2.0, 0.0]])  # response means equal (1, 1): process std 0
+    adv = F.prime_advantages(P, torch.tensor([1.0, 1.0]), torch.ones(2, 2), [0, 0], estimator="grpo", eps=0.0)
+    assert torch.isfinite(adv).all() and (adv == 0).all()
+    with pytest.raises(ValueError, match="eps=-1"):
+        F.grpo_advantages(r, [0] * 7, eps=-1e-6)
+
+
+def test_num_generations_accepts_any_integral():
+    np = pytest.importorskip("numpy")
+    P = torch.randn(4, 3)
+    o = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    m = torch.ones(4, 3)
+    want, _ = F.rloo_advantages(P, o, m, 2)
+    for k in (np.int64(2), np.int32(2), torch.tensor(2)):
+        close(F.rloo_advantages(P, o, m, k)[0], want)
+        close(F.grpo_advantages(o, num_generations=k), F.grpo_advantages(o, num_generations=2))
+        assert F.prompt_accuracy_mask(o, k).tolist() == [True] * 4
+    for bad in (2.0, True, torch.tensor(2.0), torch.tensor([2]), "2"):
+        with pytest.raises(ValueError, match="`num_generations` must be a positive integer"):
+            F.rloo_advantages(P, o, m, bad)
+
+
+def test_unhashable_group_ids_raise_value_error_naming_them():
+    o = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match=r"`group_ids` entries must be hashable.*group_ids\[0\] is list.*1-D integer"):
+        F.grpo_advantages(o, [[1], [1]])
+    # 0-d tensors in a list are grouped by value, not by object identity
+    ids = list(torch.tensor([5, 5, 7, 7]))
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    close(F.grpo_advantages(r, ids), F.grpo_advantages(r, num_generations=2))
+
+
+def test_sequence_logps_validates_ids_and_accepts_list_prompt_lengths():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 4, 5, generator=g)
+    ids = torch.randint(0, 5, (2, 4), generator=g)
+    am = torch.ones(2, 4)
+    want = F.sequence_logps(logits, ids, am, torch.tensor([1, 2]))
+    for pl in ([1, 2], (1, 2)):
+        got = F.sequence_logps(logits, ids, am, pl)
+        close(got[0], want[0])
+        close(got[1], want[1])
+    bad = ids.clone()
+    bad[1, 3] = 7
+    with pytest.raises(ValueError, match=r"`input_ids` holds token id 7 at input_ids\[1, 3\].*V=5"):
+        F.sequence_logps(logits, bad, am, 1)
+    bad[1, 3] = -1
+    with pytest.raises(ValueError, match="`input_ids` holds token id -1"):
+        F.sequence_logps(logits, bad, am, 1)
+    # out-of-vocabulary ids where nothing is scored (prompt, padding) are never gathered
+    ids2 = ids.clone()
+    ids2[0, 0] = -100  # prompt
+    ids2[1, 3] = 99  # padding
+    am2 = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    s, _ = F.sequence_logps(logits, ids2, am2, 1)
+    close(s, F.sequence_logps(logits, ids, am2, 1)[0])
+    with pytest.raises(ValueError, match="`prompt_lengths` must hold integers"):
+        F.sequence_logps(logits, ids, am, [1.5, 2])
+    with pytest.raises(ValueError, match=r"`prompt_lengths` must have shape \(2,\)"):
+        F.sequence_logps(logits, ids, am, [1, 2, 3])
+
+
+def test_prof_select_without_group_ids_accepts_num_generations():
+    c = torch.tensor([0.1, 0.9, 0.2, 0.8])
+    o = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    H = torch.full((4,), 3)
+    with pytest.raises(ValueError, match="pass `group_ids`.*or `num_generations`"):
+        F.prof_select(None, c, H, o, num_remove=2)
+    assert F.prof_select(None, c, H, o, num_remove=2, num_generations=4).tolist() == (
+        F.prof_select([0] * 4, c, H, o, num_remove=2).tolist())
+
+
+def test_step_end_mask_agrees_with_split_steps_on_delimiter_runs():
+    tok = PieceTokenizer({0: "A", 1: "\n\n", 2: "B", 3: " ", 4: "\n", 5: "C."})
+    cases = [
+        ([0, 1, 1, 2], [False, False, True, True]),  # "A\n\n\n\nB": one end, after the run
+        ([1, 0, 1, 2], [False, False, True, True]),  # leading delimiter ends no (empty) step
+        ([0, 1, 3, 1, 2], [False, False, False, True, True]),  # delimiters separated by whitespace collapse
+        ([0, 1, 2, 1, 3], [False, True, False, False, True]),  # trailing "\n\n " : the last token ends "B"
+        ([0, 1, 1], [False, False, True]),
+        ([1, 1], [False, True]),  # only delimiters: one (empty) step, the last token
+        ([5, 4, 4, 4, 0, 4, 2], [False, False, True, False, False, False, True]),  # "\n\n\n": one delimiter
+    ]
+    for ids, want in cases:
+        ends = F.step_end_mask(torch.tensor([ids]), torch.ones(1, len(ids)), tok)[0]
+        assert ends.tolist() == want, (ids, ends.tolist())
+        text = "".join(tok.pieces[i] for i in ids)
+        if text.strip():  # one step end per split_steps step
+            assert int(ends.sum()) == len(F.split_steps(text)), (text, ends.tolist())
+    # split="newline" on "A\n\n\n\nB" with "\n\n" tokens: the same single boundary
+    ends = F.step_end_mask(torch.tensor([[0, 1, 1, 2]]), torch.ones(1, 4), tok, split="newline")[0]
+    assert ends.tolist() == [False, False, True, True]

@@ -323,3 +323,124 @@ def test_bad_input_raises_clear_errors():
         mv.verify_math(["\\boxed{1}"], ["1"], timeout=0)
     with pytest.raises(ValueError, match="completion 0"):
         mv.verify_math([42], ["42"])
+
+
+# ------------------------------------------------------------------------------------------------ review regressions
+
+
+def test_numeric_golds_are_written_without_exponent():
+    np = pytest.importorskip("numpy")
+    assert mv._normalize_gold(1e-05) == "0.00001"
+    assert mv._normalize_gold(1e16) == "10000000000000000"
+    assert mv._normalize_gold(1e20) == "100000000000000000000"
+    assert mv._normalize_gold(-2.5e-07) == "-0.00000025"
+    assert mv._normalize_gold(12.0) == "12" and mv._normalize_gold(np.int64(7)) == "7"
+    assert mv._normalize_gold(np.float64(1e-5)) == "0.00001"  # a float subclass whose repr is "np.float64(...)"
+    assert mv._normalize_gold(np.float32(0.1)) == "0.1"  # the digits of its own precision
+    cases = [
+        ("\\boxed{0.00001}", 1e-05, 1.0, "correct"),  # was "1e-05": e read as Euler's number -> wrong
+        ("\\boxed{10000000000000000}", 1e16, 1.0, "correct"),
+        ("\\boxed{e+20}", 1e20, 0.0, "wrong"),  # was "1e+20" = 1*e + 20 -> correct
+        ("\\boxed{100000000000000000000}", 1e20, 1.0, "correct"),
+        ("\\boxed{0.00001}", np.float64(1e-5), 1.0, "correct"),
+        ("\\boxed{0.1}", np.float32(0.1), 1.0, "correct"),
+        ("\\boxed{12}", 12.0, 1.0, "correct"),
+    ]
+    results = mv.verify_math([c for c, *_ in cases], [g for _, g, *_ in cases])
+    for (completion, gold, reward, reason), r in zip(cases, results):
+        assert (r.reward, r.reason) == (reward, reason), (completion, gold, r)
+    for r in mv.verify_math(["\\boxed{5}", "\\boxed{nan}", "\\boxed{\\infty}"],
+                            [float("nan"), float("nan"), np.float64("inf")]):
+        _check(r, None, "gold_unparseable")
+        assert "not a finite number" in r.detail
+    (r,) = mv.verify_math(["\\boxed{\\infty}"], ["\\infty"])  # a string gold "\infty" is still an answer
+    _check(r, 1.0, "correct")
+
+
+def test_word_golds_compare_as_text_not_as_letter_products():
+    word_cases = [  # plain word golds: math-verify alone reads them as products of letters (anagrams "equal")
+        ("\\boxed{nabana}", "banana", 0.0, "wrong"),
+        ("\\boxed{banana}", "banana", 1.0, "correct"),
+        ("\\boxed{\\text{Banana}}", "banana", 1.0, "correct"),
+        ("\\boxed{BANANA.}", "banana", 1.0, "correct"),
+        ("\\boxed{sey}", "yes", 0.0, "wrong"),
+        ("\\boxed{\\textbf{Yes}}", "yes", 1.0, "correct"),
+        ("\\boxed{\\text{No solution}}", "no solution", 1.0, "correct"),
+        ("\\boxed{solution no}", "no solution", 0.0, "wrong"),
+        ("\\boxed{\\pi}", "pi", 1.0, "correct"),
+        ("\\boxed{\\text{ }}", "banana", 0.0, "no_answer"),
+    ]
+    math_cases = [  # the other direction: \text golds, letters and real math keep the math-verify judge
+        ("\\boxed{nabana}", "\\text{banana}", 0.0, "wrong"),
+        ("\\boxed{banana}", "\\text{banana}", 1.0, "correct"),
+        ("\\boxed{\\text{(C)}}", "C", 1.0, "correct"),  # multiple choice
+        ("\\boxed{(C)}", "C", 1.0, "correct"),
+        ("\\boxed{B}", "C", 0.0, "wrong"),
+        ("\\boxed{y+x^2}", "x^2+y", 1.0, "correct"),  # symbolic
+        ("\\boxed{x^2+z}", "x^2+y", 0.0, "wrong"),
+        ("\\boxed{y x}", "x y", 1.0, "correct"),  # a product of variables written with a space
+        ("\\boxed{\\infty}", "inf", 1.0, "correct"),  # a word math-verify reads as math
+    ]
+    cases = word_cases + math_cases
+    results = mv.verify_math([c for c, *_ in cases], [g for _, g, *_ in cases])
+    for (completion, gold, reward, reason), r in zip(cases, results):
+        assert (r.reward, r.reason) == (reward, reason), (completion, gold, r)
+    assert results[0].parsed == "nabana" and results[10].parsed == "a*a*a*b*n*n"  # text key vs SymPy parse
+
+
+def test_pathological_gold_is_unparseable_once_and_remembered():
+    assert mv.start_math_workers() >= 1
+    gold = f"9^{{9^{{9^{{9}}}}}} + {_fresh_int()}"  # never seen: no cache answers for it yet
+    completions = ["\\boxed{5}", "\\boxed{7}", TOWER, "no box"]
+    t0 = time.monotonic()
+    results = mv.verify_math(completions, [gold] * 4, timeout=1.0)
+    elapsed = time.monotonic() - t0
+    for r in results:  # was: a 0.0 "timeout" for every completion, each paying the deadline
+        _check(r, None, "gold_unparseable")
+        assert "took longer than 1s" in r.detail
+    assert elapsed < 1.0 + 2.0, elapsed
+    for timeout in (1.0, 0.5):  # remembered: no worker pays the deadline again (a smaller deadline fails too)
+        t0 = time.monotonic()
+        results = mv.verify_math(["\\boxed{8}", "\\boxed{5}"], [gold] * 2, timeout=timeout)
+        assert time.monotonic() - t0 < 0.5
+        for r in results:
+            _check(r, None, "gold_unparseable")
+            assert "remembered" in r.detail
+    assert 0 < len(mv._GOLD_TIMEOUTS) <= mv._GOLD_TIMEOUT_CACHE_SIZE
+    n = _fresh_int()
+    ok, unparseable = mv.verify_math([f"\\boxed{{{n}}}", f"\\boxed{{{n}}}"], [str(n), gold], timeout=1.0)
+    _check(ok, 1.0, "correct")  # other golds of the same batch are unaffected
+    _check(unparseable, None, "gold_unparseable")
+
+
+def test_last_counts_and_results_are_per_thread():
+    mv.math_reward(["\\boxed{4}"], solution=["4"])  # this thread's last call
+    barrier = threading.Barrier(2)
+    seen: dict[str, tuple] = {}
+
+    def job(name, completions, golds):
+        mv.math_reward(completions, solution=golds)
+        barrier.wait(timeout=120)  # both calls are done before either thread reads
+        seen[name] = (dict(mv.math_reward.last_counts), [r.reason for r in mv.math_reward.last_results])
+
+    threads = [
+        threading.Thread(target=job, args=("a", ["\\boxed{1}"], ["1"])),
+        threading.Thread(target=job, args=("b", ["\\boxed{2}", "no box", "\\boxed{2}"], ["3", "3", "???"])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert seen["a"] == ({**dict.fromkeys(mv.REASONS, 0), "correct": 1}, ["correct"])
+    assert seen["b"] == (
+        {**dict.fromkeys(mv.REASONS, 0), "wrong": 1, "no_answer": 1, "gold_unparseable": 1},
+        ["wrong", "no_answer", "gold_unparseable"],
+    )
+    assert [r.reason for r in mv.math_reward.last_results] == ["correct"]  # the main thread's own last call
+    assert mv.math_reward.last_counts["correct"] == 1 and mv.math_reward.last_counts["wrong"] == 0
+    fresh: dict = {}
+    t = threading.Thread(target=lambda: fresh.update(counts=dict(mv.math_reward.last_counts),
+                                                     results=list(mv.math_reward.last_results)))
+    t.start()
+    t.join(30)
+    assert fresh == {"counts": dict.fromkeys(mv.REASONS, 0), "results": []}  # a thread that made no call

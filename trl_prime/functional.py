@@ -25,6 +25,8 @@ and the released behaviour is a named option.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -145,6 +147,29 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
+def _as_int(value: Any) -> Optional[int]:
+    """``value`` as a Python int if it is integral (int, numpy integer, 0-d integer tensor), else None."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    if type(value).__name__ == "bool_":  # numpy.bool_
+        return None
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.is_floating_point() or value.is_complex()):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _hashable_id(g: Any) -> Any:
+    """A group id as a dict key: 0-d tensors by value (not identity); other values as they are."""
+    if isinstance(g, torch.Tensor):
+        if g.dim() != 0:
+            raise TypeError(f"unhashable group id of shape {tuple(g.shape)}")
+        return g.item()
+    return g
+
+
 def _group_index(
     group_ids: Optional[GroupIds],
     num_generations: Optional[int],
@@ -176,11 +201,25 @@ def _group_index(
                     f"{fn}: `group_ids` must have {batch_size} entries (one per completion), got {len(ids)}."
                 )
             first: dict[Any, int] = {}
-            gid = torch.tensor([first.setdefault(g, len(first)) for g in ids], dtype=torch.long, device=device)
+            try:
+                codes = [first.setdefault(_hashable_id(g), len(first)) for g in ids]
+            except TypeError:
+                bad = next(i for i, g in enumerate(ids) if not _is_hashable_id(g))
+                raise ValueError(
+                    f"{fn}: `group_ids` entries must be hashable scalars (ints or strings, one per completion), but "
+                    f"group_ids[{bad}] is {type(ids[bad]).__name__} {ids[bad]!r}; pass a 1-D integer tensor or a flat "
+                    f"list of ints/strings (e.g. the prompt index of each completion)."
+                ) from None
+            gid = torch.tensor(codes, dtype=torch.long, device=device)
         num_groups = int(gid.max().item()) + 1 if batch_size else 0
     else:
-        if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
-            raise ValueError(f"{fn}: `num_generations` must be a positive int, got {num_generations!r}.")
+        k = _as_int(num_generations)
+        if k is None or k < 1:
+            raise ValueError(
+                f"{fn}: `num_generations` must be a positive integer (int, numpy integer or 0-d integer tensor), "
+                f"got {num_generations!r}."
+            )
+        num_generations = k
         if batch_size % num_generations != 0:
             raise ValueError(
                 f"{fn}: num_generations={num_generations} does not divide the batch size B={batch_size}; "
@@ -190,6 +229,14 @@ def _group_index(
         num_groups = batch_size // num_generations
     counts = torch.bincount(gid, minlength=num_groups)
     return gid, num_groups, counts
+
+
+def _is_hashable_id(g: Any) -> bool:
+    try:
+        hash(_hashable_id(g))
+        return True
+    except TypeError:
+        return False
 
 
 def _group_label(group_ids: GroupIds, row: int) -> Any:
@@ -211,18 +258,49 @@ def _safe_std(var: torch.Tensor) -> torch.Tensor:
 def _group_mean_std(
     x: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, num_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row group mean and unbiased std over ``valid`` rows; groups of < 2 valid rows get mean 0, std 1."""
+    """Per-row group mean and unbiased std over ``valid`` rows; groups of < 2 valid rows get mean 0, std 1.
+
+    A group whose valid values are all equal gets exactly that value as its mean and std exactly 0 (no
+    rounding noise such as ``mean(0.1, 0.1, 0.1) != 0.1``), so its centred values are exactly 0.
+    """
     xv = torch.where(valid, x, torch.zeros_like(x))
     w = valid.to(x.dtype)
     cnt = _group_sum(w, gid, num_groups)
     mean = _group_sum(xv, gid, num_groups) / cnt.clamp(min=1)
+    xd = x.detach()
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    gmax = torch.full((num_groups,), -inf, dtype=x.dtype, device=x.device).scatter_reduce(
+        0, gid, torch.where(valid, xd, -inf), reduce="amax", include_self=True
+    )
+    gmin = torch.full((num_groups,), inf, dtype=x.dtype, device=x.device).scatter_reduce(
+        0, gid, torch.where(valid, xd, inf), reduce="amin", include_self=True
+    )
+    constant = (cnt >= 2) & (gmax == gmin)
+    mean = torch.where(constant, mean + (torch.where(constant, gmax, mean.detach()) - mean).detach(), mean)
     centred = torch.where(valid, x - mean[gid], torch.zeros_like(x))
     var = _group_sum(centred * centred, gid, num_groups) / (cnt - 1).clamp(min=1)
     std = _safe_std(var)
+    std = torch.where(constant, torch.zeros_like(std), std)
     single = cnt < 2
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     return mean[gid], std[gid], cnt[gid]
+
+
+def _divide_by_std(num: torch.Tensor, std: torch.Tensor, eps: float) -> torch.Tensor:
+    """``num / (std + eps)``, and 0 where ``std + eps == 0`` (a constant group with ``eps=0``: no signal)."""
+    denom = std + eps
+    ok = denom > 0
+    return torch.where(ok, num / torch.where(ok, denom, torch.ones_like(denom)), torch.zeros_like(num))
+
+
+def _check_eps(eps: Any) -> None:
+    try:
+        value = float(eps)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(eps, bool) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"eps={eps!r} must be a finite number >= 0 (it is added to the group std).")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -557,7 +635,8 @@ def sequence_logps(
         logits: ``(B, L, V)`` logits of the full sequences.
         input_ids: ``(B, L)`` token ids.
         attention_mask: ``(B, L)`` bool/0-1.
-        prompt_lengths: ``(B,)`` ints or one int.
+        prompt_lengths: ``(B,)`` integer tensor, a sequence of ``B`` ints, or one int (numpy / 0-d tensor
+            integers accepted).
 
     Returns:
         ``(logps_sum (B,), logps_mean (B,))`` in the logits' dtype (log-probs and sums are computed in
@@ -565,7 +644,8 @@ def sequence_logps(
         token. ``beta * (sum_prm - sum_ref)`` is the Implicit PRM outcome reward ``r(y)``.
 
     Raises:
-        ValueError: on mismatched shapes.
+        ValueError: on mismatched shapes, negative or non-integer ``prompt_lengths``, or a token id of
+            ``input_ids`` outside ``[0, V)`` at a scored (completion) position.
 
     Source: Implicit PRM §3 (``r(y) = beta log pi_phi(y)/pi_ref(y)``).
     """
@@ -577,16 +657,46 @@ def sequence_logps(
         raise ValueError(f"`input_ids` must have shape {tuple(logits.shape[:2])}, got {tuple(input_ids.shape)}.")
     _check_same_shape("input_ids", input_ids, "attention_mask", attention_mask)
     am = _as_bool_mask("attention_mask", attention_mask)
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"`input_ids` must be an integer tensor of token ids, got dtype {input_ids.dtype}.")
     B, L = input_ids.shape
-    if isinstance(prompt_lengths, int):
-        pl = torch.full((B,), prompt_lengths, dtype=torch.long, device=input_ids.device)
+    V = logits.shape[-1]
+    single = _as_int(prompt_lengths)
+    if single is not None:
+        pl = torch.full((B,), single, dtype=torch.long, device=input_ids.device)
     else:
+        if not isinstance(prompt_lengths, torch.Tensor):
+            if isinstance(prompt_lengths, (str, bytes, dict)) or not hasattr(prompt_lengths, "__iter__"):
+                raise ValueError(
+                    f"`prompt_lengths` must be one int, a sequence of {B} ints or a ({B},) integer tensor, got "
+                    f"{type(prompt_lengths).__name__}."
+                )
+            values = [_as_int(x) for x in prompt_lengths]
+            if any(v is None for v in values):
+                raise ValueError(f"`prompt_lengths` must hold integers, got {list(prompt_lengths)!r}.")
+            prompt_lengths = torch.tensor(values, dtype=torch.long)
         _check_rows("prompt_lengths", prompt_lengths, B)
+        if prompt_lengths.is_floating_point() or prompt_lengths.is_complex() or prompt_lengths.dtype == torch.bool:
+            raise ValueError(f"`prompt_lengths` must be integers, got dtype {prompt_lengths.dtype}.")
         pl = prompt_lengths.to(input_ids.device).long()
+    if B and bool((pl < 0).any()):
+        raise ValueError(f"`prompt_lengths` must be >= 0, got {pl.tolist()}.")
     wd = _work_dtype(logits)
-    lp = token_logps(logits[:, :-1], input_ids[:, 1:], dtype=wd)  # (B, L-1), position t-1 -> token t
     t = torch.arange(1, L, device=input_ids.device).expand(B, L - 1)
     m = am[:, 1:] & (t >= pl[:, None])
+    targets = input_ids[:, 1:]
+    out_of_vocab = m & ((targets < 0) | (targets >= V))
+    if bool(out_of_vocab.any()):
+        row, col = (int(i) for i in torch.nonzero(out_of_vocab)[0].tolist())
+        raise ValueError(
+            f"`input_ids` holds token id {int(targets[row, col])} at input_ids[{row}, {col + 1}] (a scored completion "
+            f"position), outside the vocabulary of the logits (V={V}); the logits and input_ids must come from the "
+            f"same model/tokenizer (check for added tokens without resize_token_embeddings, or pad ids such as -100 "
+            f"left inside attention_mask)."
+        )
+    # ids at unscored positions (prompt, padding) may be anything (e.g. -100): never gathered
+    targets = torch.where(m, targets, torch.zeros_like(targets))
+    lp = token_logps(logits[:, :-1], targets, dtype=wd)  # (B, L-1), position t-1 -> token t
     lp = torch.where(m, lp, torch.zeros_like(lp))
     s = lp.sum(-1)
     n = m.sum(-1).to(wd)
@@ -798,6 +908,32 @@ def join_steps(steps: Sequence[str], *, separator: str = "<extra_0>") -> str:
     return separator.join(steps) + separator
 
 
+def _step_cuts(text: str, delim: str) -> list[int]:
+    """Character offsets (the delimiter's last character) where :func:`split_steps`' steps end.
+
+    Delimiter occurrences are non-overlapping, left to right. An occurrence ends a step only when non-whitespace
+    text precedes it since the previous step end; occurrences separated by whitespace only extend the pending
+    step end to the later one (a run collapses); a pending end followed by whitespace only is dropped (the last
+    token ends that step).
+    """
+    cuts: list[int] = []
+    pending = None  # offset of the last delimiter of the current run
+    seg_start = 0
+    start = text.find(delim)
+    while start != -1:
+        if text[seg_start:start].strip():  # a non-empty step precedes this delimiter
+            if pending is not None:
+                cuts.append(pending)
+            pending = start + len(delim) - 1
+        elif pending is not None:  # only whitespace since the previous delimiter: the run goes on
+            pending = start + len(delim) - 1
+        seg_start = start + len(delim)
+        start = text.find(delim, seg_start)
+    if pending is not None and text[seg_start:].strip():
+        cuts.append(pending)
+    return cuts
+
+
 def step_end_mask(
     completion_ids: torch.Tensor,
     mask: torch.Tensor,
@@ -813,7 +949,11 @@ def step_end_mask(
       in the decoded text; the token holding the delimiter's last character ends the step. Character
       offsets come from decoding each token id, so this is robust to how the tokenizer merges the
       delimiter (``".\\n\\n"`` as one token, ``"\\n"`` + ``"\\n"`` as two, byte-fallback ``<0x0A>``) and to a
-      BOS token. Occurrences are non-overlapping, left to right (like ``str.split``).
+      BOS token. Occurrences are non-overlapping, left to right (like ``str.split``). The steps are those of
+      :func:`split_steps`: a step end is placed only after a step holding non-whitespace text, so a run of
+      delimiters (``"\\n\\n\\n\\n"``, or delimiters separated by whitespace only) collapses into one step end,
+      at the run's last delimiter; delimiters before the first non-whitespace text end no step, and a
+      delimiter followed by whitespace only ends no step of its own (the last valid token ends it).
     * ``"length"``: every ``step_len`` tokens (positions with ``(t+1) % step_len == 0``).
     * ``"token"``: every valid token.
 
@@ -840,8 +980,11 @@ def step_end_mask(
     _check_same_shape("completion_ids", completion_ids, "mask", mask)
     m = _as_bool_mask("mask", mask)
     B, T = m.shape
-    if step_len is not None and (isinstance(step_len, bool) or not isinstance(step_len, int) or step_len < 1):
-        raise ValueError(f"step_len={step_len!r} must be a positive int.")
+    if step_len is not None:
+        k = _as_int(step_len)
+        if k is None or k < 1:
+            raise ValueError(f"step_len={step_len!r} must be a positive int.")
+        step_len = k
     ends = last_token_mask(m)
     pos = torch.arange(T, device=m.device).expand(B, T)
     if split == "token":
@@ -878,11 +1021,9 @@ def step_end_mask(
         if delim not in text:
             continue
         cum = torch.tensor([len(s) for s in texts]).cumsum(0)  # exclusive end offset of each token
-        hits = []
-        start = text.find(delim)
-        while start != -1:
-            hits.append(start + len(delim) - 1)
-            start = text.find(delim, start + len(delim))
+        hits = _step_cuts(text, delim)
+        if not hits:
+            continue
         tok = torch.searchsorted(cum, torch.tensor(hits), right=True).clamp(max=len(cols) - 1)
         extra[b, torch.tensor(cols)[tok]] = True
     return ends | (extra.to(m.device) & m)
@@ -904,7 +1045,8 @@ def grpo_advantages(
     """Group-normalised outcome advantage: ``(r_i - mean_g) / (std_g + eps)``.
 
     ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with a single
-    (scorable) row uses mean 0 and std 1, so it keeps its raw reward (divided by ``1 + eps``).
+    (scorable) row uses mean 0 and std 1, so it keeps its raw reward (divided by ``1 + eps``). A group whose
+    scorable rewards are all equal gets advantage exactly 0 (also with ``eps=0``, where ``0 / 0`` would be NaN).
     ``scale_rewards=False`` only subtracts the mean. NaN rewards are excluded from the statistics and get
     advantage 0.
 
@@ -919,7 +1061,8 @@ def grpo_advantages(
         ``(B,)`` advantages in the dtype of ``rewards``.
 
     Raises:
-        ValueError: on shape mismatch, both/neither grouping given, or ``num_generations`` not dividing B.
+        ValueError: on shape mismatch, both/neither grouping given, ``num_generations`` not dividing B, or a
+            negative/non-finite ``eps``.
 
     Source: GRPO (DeepSeekMath, Shao et al. 2024) as in veRL ``compute_grpo_outcome_advantage``; PRL §3.3;
     PROF computes it on the kept rows.
@@ -927,6 +1070,7 @@ def grpo_advantages(
     _check_tensor("rewards", rewards)
     if rewards.dim() != 1:
         raise ValueError(f"`rewards` must have shape (B,), got {tuple(rewards.shape)}.")
+    _check_eps(eps)
     B = rewards.shape[0]
     gid, G, _ = _group_index(group_ids, num_generations, B, rewards.device, fn="grpo_advantages")
     wd = _work_dtype(rewards)
@@ -935,7 +1079,7 @@ def grpo_advantages(
     mean, std, _ = _group_mean_std(r, valid, gid, G)
     adv = r - mean
     if scale_rewards:
-        adv = adv / (std + eps)
+        adv = _divide_by_std(adv, std, eps)
     adv = torch.where(valid, adv, torch.zeros_like(adv))
     return adv.to(_out_dtype(rewards))
 
@@ -972,6 +1116,16 @@ def _prime_advantages_impl(
         if not (0.0 <= float(g) <= 1.0):
             raise ValueError(f"{name}={g!r} must be in [0, 1].")
     m = _as_bool_mask("mask", mask)
+    _check_eps(eps)
+    bad = m & ~torch.isfinite(process_rewards.detach())
+    if bool(bad.any()):
+        row, col = (int(i) for i in torch.nonzero(bad)[0].tolist())
+        raise ValueError(
+            f"{fn}: `process_rewards` must be finite at every valid (mask=1) position, but "
+            f"process_rewards[{row}, {col}] = {process_rewards[row, col].item()} ({int(bad.sum().item())} non-finite "
+            f"valid position(s)); NaN is only allowed in `outcome_rewards` (unscorable completion). Check the PRM "
+            f"log-probs (e.g. -inf log-probs or a NaN forward pass)."
+        )
     dev = process_rewards.device
     gid, G, counts = _group_index(group_ids, num_generations, B, dev, fn=fn)
     if estimator == "rloo" and B and int(counts.min().item()) < 2:
@@ -1014,11 +1168,11 @@ def _prime_advantages_impl(
     elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
         mean_r, std_r, _ = _group_mean_std(rbar, valid, gid, G)
         if scale_rewards:
-            proc_tok = (P - mean_r[:, None]) / (std_r[:, None] + eps)
+            proc_tok = _divide_by_std(P - mean_r[:, None], std_r[:, None], eps)
         else:
             proc_tok = P - mean_r[:, None]
         mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
-        out_adv = (o - mean_o) / (std_o + eps) if scale_rewards else o - mean_o
+        out_adv = _divide_by_std(o - mean_o, std_o, eps) if scale_rewards else o - mean_o
     else:  # reinforce: no baseline
         proc_tok = P
         out_adv = o
@@ -1105,7 +1259,8 @@ def rloo_advantages(
 
     Raises:
         ValueError: for a group with fewer than 2 completions, ``num_generations`` not dividing B, unknown
-            option values, or mismatched shapes.
+            option values, mismatched shapes, or a non-finite (NaN/inf) process reward at a valid position
+            (NaN marks an unscorable completion only in ``outcome_rewards``; padded positions may hold anything).
 
     Source: PRIME Eq. 5 (§3.2); released PRIME / veRL ``compute_rloo_advantage_return``.
     """
@@ -1274,18 +1429,24 @@ def prm_pair_accuracy(
     num_generations: Optional[int] = None,
     *,
     group_ids: Optional[GroupIds] = None,
+    ties: str = "reference",
 ) -> float:
     """Weighted pairwise ranking accuracy of the PRM inside each group (``prm/pair_accuracy``).
 
     For every pair ``a < b`` (row order) in a group: correct iff ``(r_a > r_b) == (o_a > o_b)``, weighted by
-    ``|o_a - o_b|`` (ties in ``r`` count as "not greater"). Group accuracy = weighted mean; a group whose
-    outcomes are all equal (total weight 0) scores 0.5. Returns the mean over groups. Pairs with a NaN
-    outcome are ignored.
+    ``|o_a - o_b|``. Group accuracy = weighted mean; a group whose outcomes are all equal (total weight 0)
+    scores 0.5. Returns the mean over groups. Pairs with a NaN outcome are ignored.
+
+    ``ties="reference"`` (default, the released code): a pair with ``r_a == r_b`` counts as "not greater", so
+    the score of a PRM that ties everything depends on row order. ``ties="half"``: such a pair scores 0.5 of
+    its weight, so an untrained PRM (every reward exactly 0, PRIME's step 1) reads exactly 0.5 — the
+    starting point of PRIME Figure 5. The trainers log ``ties="half"``.
 
     Args:
         sequence_rewards: ``(B,)`` implicit rewards ``r(y)`` (e.g. summed token rewards).
         outcome_rewards: ``(B,)`` outcomes.
         num_generations: Contiguous group size (or ``group_ids``).
+        ties: ``"reference"`` | ``"half"`` (see above).
 
     Returns:
         Python float in [0, 1] (``nan`` for an empty batch).
@@ -1295,6 +1456,7 @@ def prm_pair_accuracy(
 
     Source: released PRIME ``compute_dpo_accuracy``; PRIME §5.1 / Figure 5 (PRM accuracy).
     """
+    _check_choice("ties", ties, ("reference", "half"))
     _check_tensor("sequence_rewards", sequence_rewards)
     if sequence_rewards.dim() != 1:
         raise ValueError(f"`sequence_rewards` must have shape (B,), got {tuple(sequence_rewards.shape)}.")
@@ -1312,7 +1474,10 @@ def prm_pair_accuracy(
     ds = r[:, None] - r[None, :]
     da = torch.where(pair, o[:, None] - o[None, :], torch.zeros((), dtype=o.dtype, device=dev))
     w = da.abs()
-    correct = ((ds > 0) == (da > 0)).to(o.dtype) * w
+    correct = ((ds > 0) == (da > 0)).to(o.dtype)
+    if ties == "half":
+        correct = torch.where(ds == 0, torch.full_like(correct, 0.5), correct)
+    correct = correct * w
     row_g = gid[:, None].expand(B, B)[pair]
     num = torch.zeros(G, dtype=o.dtype, device=dev).index_add(0, row_g, correct[pair])
     den = torch.zeros(G, dtype=o.dtype, device=dev).index_add(0, row_g, w[pair])
@@ -1553,7 +1718,7 @@ def prof_consistency_scores(
     steps gets 0. The sign by correctness and the step-count penalty are applied in :func:`prof_select`.
 
     Args:
-        step_scores: ``(B, S)`` PRM step probabilities in [0, 1].
+        step_scores: ``(B, S)`` PRM step probabilities in [0, 1] (padded steps may hold anything, e.g. -99).
         step_mask: ``(B, S)`` bool/0-1 valid-step mask.
         center: ``"none"`` | ``"batch"``.
 
@@ -1561,7 +1726,9 @@ def prof_consistency_scores(
         ``(consistency (B,) in the scores' dtype, num_steps (B,) long)``.
 
     Raises:
-        ValueError: on an unknown ``center`` or mismatched shapes.
+        ValueError: on an unknown ``center``, mismatched shapes, or a valid step score outside [0, 1] (NaN
+            included): PROF's step scores are probabilities; map raw rewards first (e.g.
+            :func:`prof_step_scores_from_implicit`).
 
     Source: PROF Eq. (1) (``r_pro = (1/H) sum_h r_h``); released ``compute_verify_step_level_score``.
     """
@@ -1570,6 +1737,16 @@ def prof_consistency_scores(
     _check_same_shape("step_scores", step_scores, "step_mask", step_mask)
     m = _as_bool_mask("step_mask", step_mask)
     wd = _work_dtype(step_scores)
+    raw = step_scores.detach().to(wd)
+    bad = m & ~((raw >= 0) & (raw <= 1))  # NaN fails both comparisons
+    if bool(bad.any()):
+        row, col = (int(i) for i in torch.nonzero(bad)[0].tolist())
+        raise ValueError(
+            f"`step_scores` must be probabilities in [0, 1] at every valid step (step_mask=1), but "
+            f"step_scores[{row}, {col}] = {raw[row, col].item()} ({int(bad.sum().item())} valid step(s) out of range); "
+            f"map raw step rewards to [0, 1] first (e.g. prof_step_scores_from_implicit) and mark padded steps "
+            f"with step_mask=0."
+        )
     s = torch.where(m, step_scores.to(wd), torch.zeros((), dtype=wd, device=step_scores.device))
     n = m.sum(-1)
     mean = s.sum(-1) / n.clamp(min=1).to(wd)
@@ -1604,6 +1781,7 @@ def prof_select(
     generator: Optional[torch.Generator] = None,
     num_keep: Optional[int] = None,
     correct_threshold: float = 1.0,
+    num_generations: Optional[int] = None,
 ) -> torch.Tensor:
     """PROF selection: keep ``m = n - num_remove`` completions per prompt, balanced between correct and incorrect.
 
@@ -1622,9 +1800,15 @@ def prof_select(
     consistent incorrect rows are kept. ``mode="correct"`` removes incorrect rows uniformly at random (drawn
     with ``generator``) instead.
 
+    A NaN ``consistency`` (the PRM could not score the row) is treated as the worst critic of its class: such a
+    row is removed before every scored row of its class (correct or incorrect alike), and kept only when the
+    class keeps more rows than it has scored ones. (With ``mode="correct"`` incorrect rows are drawn at random,
+    whatever their consistency.)
+
     Args:
-        group_ids: ``(B,)`` prompt ids (tensor or sequence; any order).
-        consistency: ``(B,)`` UNSIGNED consistency from :func:`prof_consistency_scores`.
+        group_ids: ``(B,)`` prompt ids (tensor or sequence; any order); ``None`` with ``num_generations``.
+        consistency: ``(B,)`` UNSIGNED consistency from :func:`prof_consistency_scores` (NaN: unscored, see
+            above).
         num_steps: ``(B,)`` number of PRM steps ``H``.
         outcome_rewards: ``(B,)`` outcomes (NaN = unscorable).
         num_remove: Rows to remove per group (``n - m``); or pass ``num_keep`` (= m) instead.
@@ -1636,6 +1820,7 @@ def prof_select(
         generator: ``torch.Generator`` for ``mode="correct"``.
         num_keep: Rows to keep per group (alternative to ``num_remove``).
         correct_threshold: Outcome at or above which a row counts as correct.
+        num_generations: Contiguous groups of this size instead of ``group_ids`` (pass ``group_ids=None``).
 
     Returns:
         LongTensor of the kept row indices, ascending.
@@ -1653,8 +1838,10 @@ def prof_select(
     if (num_remove is None) == (num_keep is None):
         raise ValueError("prof_select: pass exactly one of `num_remove` (rows dropped per group) or `num_keep`.")
     for name, v in (("num_remove", num_remove), ("num_keep", num_keep)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        if v is not None and (_as_int(v) is None or _as_int(v) < 0):
             raise ValueError(f"{name}={v!r} must be a non-negative int.")
+    num_remove = None if num_remove is None else _as_int(num_remove)
+    num_keep = None if num_keep is None else _as_int(num_keep)
     _check_tensor("consistency", consistency)
     if consistency.dim() != 1:
         raise ValueError(f"`consistency` must have shape (B,), got {tuple(consistency.shape)}.")
@@ -1662,7 +1849,7 @@ def prof_select(
     _check_rows("num_steps", num_steps, B)
     _check_rows("outcome_rewards", outcome_rewards, B)
     dev = consistency.device
-    gid, G, _ = _group_index(group_ids, None, B, dev, fn="prof_select")
+    gid, G, _ = _group_index(group_ids, num_generations, B, dev, fn="prof_select")
     o = outcome_rewards.detach().to(device=dev, dtype=torch.float64)
     valid = ~torch.isnan(o)
     pos = valid & (o >= correct_threshold)
@@ -1675,6 +1862,8 @@ def prof_select(
         critic = sign * c - penalty * pen
     else:
         critic = sign * (c - penalty * pen)
+    # NaN consistency: unscored by the PRM, removed first in its class (torch.sort would put NaN last = kept)
+    critic = torch.where(torch.isnan(c), torch.full_like(critic, float("-inf")), critic)
 
     n_pos = _group_sum(pos.to(torch.float64), gid, G)
     n_neg = _group_sum(neg.to(torch.float64), gid, G)

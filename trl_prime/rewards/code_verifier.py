@@ -9,10 +9,14 @@ Public API
 - :func:`extract_code` -- the program of a completion.
 - :data:`REASONS` -- every reason with its meaning and reward.
 
-Program: the last fenced code block of the completion whose language tag is empty or Python
-(```` ```python ```` / ```` ```py ```` / ```` ``` ````); if there is none, the last fenced block of any
-language; an unterminated final fence counts (truncated generations); with no fence at all, the whole
-text. Conversational completions (a list of ``{"role", "content"}`` messages) use the last message.
+Program (:func:`extract_code`): fences are recognised only at the start of a line (after optional
+indentation), so a ```` ``` ```` inside a string or a comment of the code does not end the block; a
+fence closes at a line holding only backticks (at least as many as opened it). The program is the last
+block tagged Python (```` ```python ````, ```` ```py ````, ```` ```python3 ```` and the other spellings
+in ``_PY_TAGS``, case-insensitive); if there is none, the last untagged block (```` ``` ````); else the
+last block of any language; an unterminated final fence counts (truncated generations); with no fence
+at all, the whole text. Conversational completions (a list of ``{"role", "content"}`` messages) use the
+last message.
 
 Tests (one entry per completion, a dict or its JSON string):
 
@@ -21,7 +25,11 @@ Tests (one entry per completion, a dict or its JSON string):
   function, or a method of a ``Solution`` class, LeetCode style) is called with each argument list.
 - ``{"check": str, "entry_point": str}`` (HumanEval; ``"test"`` is accepted for ``"check"``, and an
   optional ``"prompt"`` is prepended when the program does not define ``entry_point`` itself): the
-  program runs, then the check source, then ``check(<entry_point>)``; one test case.
+  program runs; a separate judge process runs the (trusted) prompt, the check source and
+  ``check(<entry_point>)`` against a plain-data proxy of the program (see
+  :mod:`trl_prime.rewards.sandbox`); one test case. Give the ``prompt`` whenever the check uses helper
+  functions of the prompt (HumanEval/32 ``poly``, /38 ``encode_cyclic``, /50 ``encode_shift``): the
+  judge then takes them from the prompt instead of from the program.
 - APPS / TACO / Eurus-2-RL-Data style ``{"inputs": [...], "outputs": [...]}`` with an optional
   ``fn_name``: without ``fn_name`` the inputs are stdin strings (a list of lines is joined with
   newlines), with it they are argument lists.
@@ -29,14 +37,17 @@ Tests (one entry per completion, a dict or its JSON string):
 Keys whose value is ``None`` count as absent (``datasets`` fills missing struct fields with None).
 A malformed entry does not stop training: that completion gets ``None`` with reason ``bad_tests`` and a
 ``RuntimeWarning`` naming the entry, the field and the fix (``verify_code(..., strict=True)`` raises the
-``ValueError`` instead).
+``ValueError`` instead). Stdin/stdout test strings must be valid Unicode text (a lone surrogate such as
+``"\ud800"`` cannot be written to a program's stdin nor ever printed by one): such an entry is
+``bad_tests`` too, never a 0 for the program.
 
 Comparison (in the trusted parent, never in the sandbox): stdout matches when equal after stripping
 trailing whitespace of each line and surrounding blank lines, or when the whitespace-separated tokens
-agree, numeric tokens with a decimal point/exponent within 1e-6 (relative or absolute); integers and
-words compare exactly. Return values are compared structurally after a JSON round trip (tuples are
-lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS, an expected value ``[x]`` also
-accepts ``x``.
+agree: two plain decimal literals (``[+-]?digits[.digits]``, at least one of them with a decimal point)
+within 1e-6 (relative or absolute); two integers, and every other token (words, ``1_000``, ``1e3``,
+``nan``, ``inf``), compare exactly as text. Return values are compared structurally after a JSON round
+trip (tuples are lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS, an expected value
+``[x]`` also accepts ``x``.
 
 Reward = passed / total test cases. See :data:`REASONS` for the reason of each result.
 """
@@ -64,17 +75,20 @@ __all__ = ["CodeResult", "REASONS", "code_reward", "make_code_reward", "verify_c
 REASONS: dict[str, tuple[str, str]] = {
     "passed": ("every test case passed", "1.0"),
     "partial": ("some but not all test cases passed", "passed/total"),
-    "failed": ("no case passed: wrong output / return value, check() failed, or the program exited "
-               "before check() completed", "0.0"),
+    "failed": ("no case passed: wrong output / return value, check() failed, the program exited "
+               "before check() completed, or it returned something that is not plain data", "0.0"),
     "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
-    "memory": ("no case passed; the first failing case ran out of memory (RLIMIT_AS)", "0.0"),
-    "output_limit": ("no case passed; the first failing case wrote more than the output cap", "0.0"),
+    "memory": ("no case passed; the first failing case ran out of memory (RLIMIT_AS, or the sandbox's "
+               "memory cgroup OOM-killed one of its processes)", "0.0"),
+    "output_limit": ("no case passed; the first failing case wrote more than the output cap, the file-size "
+                     "limit or the work dir's disk quota allows", "0.0"),
     "process_limit": ("no case passed and the program hit the process-count limit (fork bomb)", "0.0"),
     "runtime_error": ("no case passed; the first failing case raised, exited non-zero or was killed "
                       "(incl. blocked network / file / signal operations)", "0.0"),
     "syntax_error": ("the program does not compile", "0.0"),
     "no_code": ("the completion holds no program", "0.0"),
-    "bad_tests": ("the tests entry is malformed (a warning names the field); not scored", "None"),
+    "bad_tests": ("the tests entry is malformed or its check/prompt source does not compile (a warning "
+                  "names the field); not scored", "None"),
     "sandbox_error": ("infrastructure failure: the sandbox could not run (interpreter missing, set-up "
                       "failed, a required isolation layer missing); not scored", "None"),
 }
@@ -123,9 +137,9 @@ class _Spec:
 
 # ------------------------------------------------------------------ completions and programs
 
-_FENCE_RE = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*?)```", re.DOTALL)
-_OPEN_FENCE_RE = re.compile(r"```[ \t]*([^\s`]*)[^\n]*\n(.*)\Z", re.DOTALL)
-_PY_TAGS = {"", "python", "py", "python3", "py3", "python2", "pycon", "ipython"}
+_OPEN_FENCE_RE = re.compile(r"[ \t]*(`{3,})[ \t]*([^\s`]*)[^`]*\Z")
+_CLOSE_FENCE_RE = re.compile(r"[ \t]*(`{3,})[ \t]*\Z")
+_PY_TAGS = {"python", "py", "python3", "py3", "python2", "pycon", "ipython"}
 
 
 def _completion_text(completion: Any) -> str:
@@ -149,22 +163,53 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(tag, body) of every fenced block; fences count only at the start of a line (after indentation).
+
+    A block closes at a line holding only a fence at least as long as the opening one; an unterminated
+    final block runs to the end of the text.
+    """
+    blocks: list[tuple[str, str]] = []
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        m = _OPEN_FENCE_RE.match(lines[i].rstrip("\r\n"))
+        if not m:
+            i += 1
+            continue
+        width, tag = len(m.group(1)), m.group(2)
+        body: list[str] = []
+        i += 1
+        while i < len(lines):
+            c = _CLOSE_FENCE_RE.match(lines[i].rstrip("\r\n"))
+            if c and len(c.group(1)) >= width:
+                break
+            body.append(lines[i])
+            i += 1
+        blocks.append((tag, "".join(body)))
+        i += 1
+    return blocks
+
+
 def extract_code(completion: Any, *, dedent: bool = True) -> str:
     """Return the program of a completion (standard text or conversational messages).
 
-    The last fenced block tagged Python (or untagged); else the last fenced block of any language; else
-    the body of an unterminated final fence; else the whole text. The result is dedented unless
-    ``dedent=False`` (a HumanEval body-only completion keeps its indentation); it may be empty
-    (reason ``no_code``).
+    Fences are recognised only at the start of a line (after optional indentation), so a ```` ``` ````
+    inside a string of the code does not end the block. Choice: the last block tagged Python
+    (``python``, ``py``, ``python3``, ... case-insensitive); else the last untagged block; else the last
+    block of any language (an unterminated final fence counts: truncated generations); with no fence,
+    the whole text. The result is dedented unless ``dedent=False`` (a HumanEval body-only completion
+    keeps its indentation); it may be empty (reason ``no_code``).
     """
     text = _completion_text(completion)
-    blocks = _FENCE_RE.findall(text)
+    blocks = _fenced_blocks(text)
     if blocks:
         python = [body for tag, body in blocks if tag.lower() in _PY_TAGS]
-        code = python[-1] if python else blocks[-1][1]
+        untagged = [body for tag, body in blocks if not tag]
+        code = python[-1] if python else untagged[-1] if untagged else blocks[-1][1]
     else:
-        m = _OPEN_FENCE_RE.search(text)
-        code = m.group(2) if m else text
+        code = text
+    code = code.replace("\r\n", "\n")
     return (textwrap.dedent(code) if dedent else code).strip("\n")
 
 
@@ -173,11 +218,18 @@ def extract_code(completion: Any, *, dedent: bool = True) -> str:
 
 def _as_text(value: Any, where: str) -> str:
     if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return "\n".join(value)
-    raise ValueError(f"{where} must be a string (or a list of lines), got {type(value).__name__}; "
-                     f"store stdin/stdout test data as text")
+        text = value
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        text = "\n".join(value)
+    else:
+        raise ValueError(f"{where} must be a string (or a list of lines), got {type(value).__name__}; "
+                         f"store stdin/stdout test data as text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where} is not valid Unicode text: lone surrogate {text[e.start]!r} at index {e.start} "
+                         "(it cannot be written to stdin or printed); fix the dataset's encoding") from None
+    return text
 
 
 def _parse_tests(entry: Any, idx: int) -> _Spec:
@@ -247,18 +299,20 @@ def _parse_tests(entry: Any, idx: int) -> _Spec:
 
 # ------------------------------------------------------------------ comparison (parent side)
 
-_INT_RE = re.compile(r"[+-]?\d+\Z")
+_INT_RE = re.compile(r"[+-]?[0-9]+\Z")
+_DECIMAL_RE = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)\Z")  # plain decimal literal, ASCII only
 _TOL = 1e-6
 
 
-def _float_token(t: str) -> float | None:
-    if _INT_RE.match(t):
-        return None
-    try:
-        v = float(t)
-    except ValueError:
-        return None
-    return v if math.isfinite(v) else None
+def _tokens_match(a: str, b: str) -> bool:
+    """Two stdout tokens: exact, or both plain decimal literals (not both integers) within 1e-6."""
+    if a == b:
+        return True
+    if not (_DECIMAL_RE.match(a) and _DECIMAL_RE.match(b)):
+        return False  # words, 1_000, 1e3, nan, inf, 0x10 ... compare as text
+    if _INT_RE.match(a) and _INT_RE.match(b):
+        return False  # integers are exact
+    return math.isclose(float(a), float(b), rel_tol=_TOL, abs_tol=_TOL)
 
 
 def _stdout_matches(got: str, expected: str) -> bool:
@@ -273,21 +327,7 @@ def _stdout_matches(got: str, expected: str) -> bool:
         return True
     if len(gt) != len(et):
         return False
-    for a, b in zip(gt, et):
-        if a == b:
-            continue
-        fa, fb = _float_token(a), _float_token(b)
-        if fa is None or fb is None:
-            # one integer, one float (e.g. "2" vs "2.0") still compares numerically
-            try:
-                fa, fb = float(a), float(b)
-            except ValueError:
-                return False
-            if _INT_RE.match(a) and _INT_RE.match(b):
-                return False
-        if not math.isclose(fa, fb, rel_tol=_TOL, abs_tol=_TOL):
-            return False
-    return True
+    return all(_tokens_match(a, b) for a, b in zip(gt, et))
 
 
 def _values_equal(got: Any, exp: Any, depth: int = 0) -> bool:
@@ -346,7 +386,8 @@ def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
         run = run_program(program, mode="fn", inputs=[list(a) for a in spec.inputs], fn_name=spec.fn_name,
                           output_caps=caps, config=cfg)
     else:
-        run = run_program(program, mode="check", check=spec.check, entry_point=spec.entry_point, config=cfg)
+        run = run_program(program, mode="check", check=spec.check, entry_point=spec.entry_point,
+                          check_prelude=spec.prompt, config=cfg)
     return _judge(run, spec)
 
 
@@ -375,7 +416,7 @@ def _judge(run: SandboxRun, spec: _Spec) -> CodeResult:
                 why = "" if ok else "completion record did not carry the nonce"
             reasons.append("passed" if ok else "failed")
             details.append(why)
-        elif case.status in ("assertion", "no_record"):
+        elif case.status in ("assertion", "no_record", "bad_value"):
             reasons.append("failed")
             details.append(case.detail or case.status)
         elif case.status in _PER_CASE_FAILURES:
@@ -384,6 +425,10 @@ def _judge(run: SandboxRun, spec: _Spec) -> CodeResult:
         else:
             reasons.append("runtime_error")
             details.append(case.detail or case.status)
+        if reasons[-1] in ("failed", "runtime_error", "timeout") and case.oom:
+            # the sandbox's memory cgroup OOM-killed a process of this case (perhaps a child)
+            reasons[-1] = "memory"
+            details[-1] = "a process was killed by the sandbox's memory limit; " + (details[-1] or "")
     total = len(reasons)
     passed = sum(r == "passed" for r in reasons)
     first_fail = next((i for i, r in enumerate(reasons) if r != "passed"), None)

@@ -15,6 +15,21 @@ Gold answers may be plain (``"42"``, ``"\\frac{1}{2}"``, ``"$x^2$"``, ``"[0, 1)"
 ``\\boxed{}`` holds the answer (MATH), or a GSM8K solution ending in ``#### 72``. Both sides are parsed the
 same way (as the content of a box) with ``math-verify``; ``math_verify.verify(gold, answer)`` is the judge.
 
+Numeric golds (``int``, ``float``, numpy / 0-d tensor scalars) are written out in plain positional notation
+before parsing - ints as ints, floats as the exact decimal of their shortest round-trip repr (``1e-05`` ->
+``"0.00001"``, ``1e16`` -> ``"10000000000000000"``) - never in scientific notation, which math-verify would read
+with ``e`` as Euler's number. A non-finite numeric gold (``nan``, ``inf``) is ``gold_unparseable``.
+
+Word golds: a plain gold made only of letters and spaces with at least one word of two or more letters
+(``"banana"``, ``"yes"``, ``"no solution"``, ``"Monday"``), which math-verify can only read as a product of
+one-letter variables (so any anagram would be "equal"), is compared as text instead: both sides are normalised
+(``\\text{}``/``\\textbf{}``/``\\mathrm{}``-style wrappers, spacing commands and the backslash of other commands
+removed, case and whitespace ignored, a trailing period dropped) and must be equal: ``\\text{Banana}`` and
+``BANANA`` match the gold ``banana``, ``nabana`` does not. Single letters (multiple-choice ``"A"``, a variable
+``"x"``), anything with a digit, operator or command (``"x^2+y"``, ``"\\alpha"``, ``"2ab"``), words math-verify
+reads as math (``"inf"``, ``"sin x"``) and ``\\text{...}``-wrapped golds keep the math-verify judge. (So a
+gold ``"xy"`` is the word "xy": write a product of variables as ``"x y"`` or ``"x \\cdot y"``.)
+
 Where the work happens
 ----------------------
 Parsing and verification run in a persistent pool of worker *processes* (plain ``python`` subprocesses that
@@ -35,8 +50,11 @@ Reasons (every result has exactly one; ``reward`` in brackets)
 * ``wrong`` (0.0): a final answer was found and it is not equal to the gold answer.
 * ``no_answer`` (0.0): no final answer could be extracted (no complete box, empty box).
 * ``gold_unparseable`` (None): math-verify finds no mathematical expression in the gold answer (or it is
-  empty, or parsing it timed out). Every completion of that gold gets None (NaN in TRL: skipped) and is counted,
-  whatever the completion holds.
+  empty, or a non-finite number, or parsing it timed out). Every completion of that gold gets None (NaN in TRL:
+  skipped) and is counted, whatever the completion holds. Parsing a gold includes one probe comparison (against
+  ``0``) under the same deadline, so a gold whose every comparison would hang (``9^{9^{9^{9}}}``) fails here once
+  instead of making each completion a ``timeout``; such gold timeouts are remembered (bounded cache, per
+  ``timeout`` value or less), so later calls do not pay the deadline again.
 * ``timeout`` (0.0): parsing/verifying the answer exceeded ``timeout`` seconds (the worker was killed and
   replaced) or raised ``MemoryError`` under the worker's memory cap. (A ``MemoryError`` that math-verify itself
   swallows while parsing makes the answer unparseable, i.e. ``wrong``.)
@@ -51,6 +69,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import re
 import selectors
@@ -59,7 +78,10 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
+from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Callable, Sequence
 
 __all__ = [
@@ -85,6 +107,8 @@ _MAX_CHUNK = 16  # answers sent to a worker at once (same gold)
 _CACHE_SIZE = 65536
 _CACHE_MAX_CHARS = 2000  # only memoise pairs shorter than this
 _PARSED_MAX_CHARS = 200
+_GOLD_TIMEOUT_CACHE_SIZE = 4096  # golds whose parse timed out, remembered with the timeout they failed under
+_PROBE = "0"  # the gold step verifies the gold against this, so a gold that makes every comparison hang fails once
 
 
 @dataclass(frozen=True)
@@ -206,18 +230,58 @@ def extract_answer(text: str, extraction: str = "boxed") -> str | None:
     return None
 
 
+def _number_text(x: int | float) -> str | None:
+    """A numeric gold in plain positional notation (no exponent); None for nan/inf."""
+    if isinstance(x, int):
+        return str(int(x))
+    x = float(x)  # a float subclass (numpy.float64) would repr as "np.float64(...)"
+    if not math.isfinite(x):
+        return None
+    if x.is_integer():
+        return str(int(x))
+    text = format(Decimal(repr(x)), "f")  # the shortest round-trip decimal, written out: 1e-05 -> 0.00001
+    return text
+
+
+def _short_float_text(value: float, dtype: Any) -> str | None:
+    """A half/single precision scalar written with the digits of its own precision (float32 0.1 -> "0.1")."""
+    size = getattr(dtype, "itemsize", None)
+    if not isinstance(size, int) or size >= 8:
+        return None
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        return None
+    kind = np.float16 if size == 2 and "bfloat" not in str(dtype) else np.float32  # bfloat16 is exact in float32
+    text = np.format_float_positional(kind(value), unique=True, trim="-")
+    return "0" if text in ("-0", "0") else text
+
+
 def _normalize_gold(gold: Any) -> str | None:
     if gold is None:
         return None
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
         if hasattr(gold, "item") and not isinstance(gold, bool):  # numpy / torch scalars
-            gold = gold.item()
-        else:
+            scalar = gold
+            try:
+                gold = gold.item()
+            except (ValueError, RuntimeError) as e:  # e.g. a tensor with several elements
+                raise ValueError(
+                    f"gold answers must be strings or numbers, got {type(gold).__name__}: {gold!r} ({e}); "
+                    "convert the answer column to strings"
+                ) from None
+            if isinstance(gold, float) and math.isfinite(gold):
+                short = _short_float_text(gold, getattr(scalar, "dtype", None))
+                if short is not None:
+                    return short
+        if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
             raise ValueError(
                 f"gold answers must be strings or numbers, got {type(gold).__name__}: {gold!r}; "
                 "convert the answer column to strings"
             )
-    s = str(gold).strip()
+    if not isinstance(gold, str):
+        return _number_text(gold)
+    s = gold.strip()
     if "####" in s:  # GSM8K solutions: the answer follows the last '####'
         s = s.rsplit("####", 1)[1].strip()
     if _BOX_RE.search(s):
@@ -226,6 +290,36 @@ def _normalize_gold(gold: Any) -> str | None:
             s = content
     s = _strip_math(s)
     return s or None
+
+
+_WORD_GOLD_RE = re.compile(r"[A-Za-z]+(?:\s+[A-Za-z]+)*")
+_TEXT_WRAPPER_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|mathnormal|mbox|"
+    r"operatorname)\s*\{([^{}]*)\}"
+)
+_TEXT_SPACE_RE = re.compile(r"\\(?:[,;:! ]|quad\b|qquad\b)|~")
+_TEXT_COMMAND_RE = re.compile(r"\\(?!quad\b|qquad\b)([A-Za-z]+)")  # \pi -> pi, \sin -> sin
+
+
+def _is_word_gold(text: str) -> bool:
+    """Letters and spaces only, with a word of two or more letters (a candidate for the text comparison)."""
+    return _WORD_GOLD_RE.fullmatch(text) is not None and any(len(w) >= 2 for w in text.split())
+
+
+def _text_key(text: str) -> str:
+    """Normalised text of an answer for word golds: wrappers and spacing removed, case and whitespace ignored."""
+    prev = None
+    while prev != text:
+        prev, text = text, _TEXT_WRAPPER_RE.sub(r"\1", text)
+    text = _TEXT_SPACE_RE.sub(" ", _TEXT_COMMAND_RE.sub(r"\1", text))
+    return "".join(text.split()).lower().rstrip(".")
+
+
+def _missing_gold_detail(raw: Any) -> str:
+    value = raw.item() if hasattr(raw, "item") and not isinstance(raw, (str, int, float)) else raw
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"the gold answer {value!r} is not a finite number"
+    return "the gold answer is empty"
 
 
 def _completion_text(completion: Any, index: int) -> str:
@@ -291,7 +385,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             os._exit(0)
 
     from math_verify import LatexExtractionConfig, parse, verify
-    from sympy import Basic, MatrixBase
+    from sympy import Basic, Integer, MatrixBase, Mul, Pow, S, Symbol, preorder_traversal
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
     config = [LatexExtractionConfig(boxed_match_priority=0)]
@@ -331,6 +425,19 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                     return None
         return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
 
+    def letter_product(parsed: list) -> bool:
+        # math-verify's reading of a word: a product of one-letter symbols (and e = E, repeated letters as powers)
+        expr = next((x for x in parsed if isinstance(x, Basic)), None)
+        if expr is None or not isinstance(expr, (Mul, Pow, Symbol)):
+            return False
+        for node in preorder_traversal(expr):
+            if isinstance(node, (Mul, Pow, Symbol)) or node in (S.Exp1, S.ImaginaryUnit):
+                continue
+            if isinstance(node, Integer) and node > 0:  # exponents of repeated letters
+                continue
+            return False  # a function, number, relation, set...: math-verify read real math
+        return True
+
     hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
 
     def cpu_budget(seconds: float) -> None:  # backstop should the parent die while we spin
@@ -358,9 +465,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         except (ValueError, OSError):
             pass
 
+    probe = parse_box(_PROBE)
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
         same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
-    golds: OrderedDict[str, tuple[str, list]] = OrderedDict()
+        same(parse_box(a), probe)
+    golds: OrderedDict[str, tuple[str, list, str | None]] = OrderedDict()  # gold -> (status, parsed, text key)
     send(["ready", os.getpid()])
 
     while True:
@@ -373,21 +482,31 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             memory_cap(request["m"])
             cpu_budget(seconds)
             if gold_text in golds:
-                status, gold = golds[gold_text]
+                status, gold, word = golds[gold_text]
                 golds.move_to_end(gold_text)
             else:
                 gold = parse_box(gold_text)
                 status = "ok" if any(isinstance(x, (Basic, MatrixBase)) for x in gold) else "unparseable"
-                golds[gold_text] = (status, gold)
+                word = None
+                if status == "ok" and _is_word_gold(gold_text) and letter_product(gold):
+                    word = _text_key(gold_text)  # a word, not a product of variables: compared as text
+                elif status == "ok":
+                    same(gold, probe)  # a gold that makes every comparison hang fails here, under the gold deadline
+                golds[gold_text] = (status, gold, word)
                 if len(golds) > 1024:
                     golds.popitem(last=False)
-            send(["g", status, show(gold)])
+            send(["g", status, ("text: " + word) if word is not None else show(gold)])
         except MemoryError:
             send(["g", "memory", None])
             continue
         if status != "ok":
             continue
         for answer in answers:
+            if word is not None:
+                key = _text_key(answer)
+                verdict = ("correct" if key == word else "wrong") if key else "no_answer"
+                send(["a", verdict, key[:_PARSED_MAX_CHARS] or None])
+                continue
             try:
                 cpu_budget(seconds)
                 parsed = parse_box(answer)
@@ -538,7 +657,9 @@ class _Pool:
         def expired(w: _Worker) -> None:
             c = w.chunk
             if c.pos < 0:
-                out.gold_failed(c.gold, "gold_unparseable", f"parsing the gold answer took longer than {timeout:g}s")
+                out.gold_failed(
+                    c.gold, "gold_unparseable", f"parsing the gold answer took longer than {timeout:g}s", timed_out=True
+                )
             else:
                 out.answer(c.gold, c.answers[c.pos], "timeout", None, f"parse/verify exceeded {timeout:g}s")
                 if c.pos + 1 < len(c.answers):
@@ -704,14 +825,19 @@ class _Outcomes:
         self.ok: set[str] = set()
         self.answers: dict[tuple[str, str], tuple[str, str | None, str]] = {}
         self.cacheable_golds: set[str] = set()
+        self.timed_out_golds: set[str] = set()
 
     def gold_ok(self, gold: str, parsed: str | None) -> None:
         self.ok.add(gold)
 
-    def gold_failed(self, gold: str, reason: str, detail: str, cacheable: bool = False) -> None:
+    def gold_failed(
+        self, gold: str, reason: str, detail: str, cacheable: bool = False, timed_out: bool = False
+    ) -> None:
         self.golds.setdefault(gold, (reason, detail))
         if cacheable:
             self.cacheable_golds.add(gold)
+        if timed_out:
+            self.timed_out_golds.add(gold)
 
     def gold_is_failed(self, gold: str) -> bool:
         return gold in self.golds
@@ -728,6 +854,8 @@ _POOL: _Pool | None = None
 _CLOSING = False  # set at interpreter exit
 _ANSWER_CACHE: OrderedDict[tuple[str, str], tuple[str, str | None]] = OrderedDict()
 _GOLD_CACHE: OrderedDict[str, bool] = OrderedDict()  # gold -> parseable (deterministic outcomes only)
+# gold -> the largest timeout (s) under which parsing it timed out: a call with that timeout or less skips it
+_GOLD_TIMEOUTS: OrderedDict[str, float] = OrderedDict()
 
 
 def _get_pool(num_workers: int) -> _Pool:
@@ -822,11 +950,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _cache_put(cache: OrderedDict, key, value) -> None:
+def _cache_put(cache: OrderedDict, key, value, size: int = _CACHE_SIZE) -> None:
     cache[key] = value
     cache.move_to_end(key)
-    if len(cache) > _CACHE_SIZE:
+    if len(cache) > size:
         cache.popitem(last=False)
+
+
+def _gold_timed_out_before(gold: str, timeout: float) -> float | None:
+    """The timeout under which parsing ``gold`` already timed out, if it is >= ``timeout`` (else None)."""
+    seconds = _GOLD_TIMEOUTS.get(gold)
+    if seconds is None or timeout > seconds:
+        return None
+    _GOLD_TIMEOUTS.move_to_end(gold)
+    return seconds
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -905,7 +1042,7 @@ def verify_math(
             if gold is None:
                 continue
             parseable = _GOLD_CACHE.get(gold)
-            if parseable is False:
+            if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
                 continue
             if answer is None or (gold, answer) in _ANSWER_CACHE:
                 if parseable is None:
@@ -927,19 +1064,31 @@ def verify_math(
         # memoise deterministic outcomes
         for gold in out.ok:
             _cache_put(_GOLD_CACHE, gold, True)
+            _GOLD_TIMEOUTS.pop(gold, None)
         for gold in out.cacheable_golds:
             _cache_put(_GOLD_CACHE, gold, False)
+        for gold in out.timed_out_golds:
+            seconds = max(float(timeout), _GOLD_TIMEOUTS.get(gold, 0.0))
+            _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
         for (gold, answer), (reason, parsed, _) in out.answers.items():
             if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
                 _cache_put(_ANSWER_CACHE, (gold, answer), (reason, parsed))
 
         results: list[MathResult] = []
-        for gold, answer in zip(gold_texts, answers):
+        for raw, gold, answer in zip(golds, gold_texts, answers):
             if gold is None:
-                results.append(MathResult(None, "gold_unparseable", answer, None, None, "the gold answer is empty"))
+                results.append(MathResult(None, "gold_unparseable", answer, None, None, _missing_gold_detail(raw)))
                 continue
-            if _GOLD_CACHE.get(gold) is False and gold not in out.golds:
-                out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
+            if gold not in out.golds and gold not in out.ok:
+                if _GOLD_CACHE.get(gold) is False:
+                    out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
+                elif _GOLD_CACHE.get(gold) is None:
+                    seconds = _gold_timed_out_before(gold, timeout)
+                    if seconds is not None:
+                        out.golds[gold] = (
+                            "gold_unparseable",
+                            f"parsing the gold answer took longer than {seconds:g}s (remembered from an earlier call)",
+                        )
             if gold in out.golds:
                 reason, detail = out.golds[gold]
                 results.append(MathResult(None, reason, answer, gold, None, detail))
@@ -963,6 +1112,83 @@ def verify_math(
 
 
 _TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+
+
+class _PerThread:
+    """Storage of one value per thread (the thread's last call), with a default for threads that made none."""
+
+    __slots__ = ("_local", "_default")
+
+    def __init__(self, default: Callable[[], Any]):
+        self._local = threading.local()
+        self._default = default
+
+    def _get(self):
+        value = getattr(self._local, "value", None)
+        return self._default() if value is None else value
+
+    def _set(self, value) -> None:
+        self._local.value = value
+
+
+class LastCounts(_PerThread, Mapping):
+    """``reward.last_counts``: ``{reason: count}`` of the last call made **in the current thread**.
+
+    A read-only mapping (compare it with ``==``, copy it with ``dict(...)``); each thread sees its own last call, so
+    concurrent callers in different threads (an evaluation's thread pool) never read each other's counts. (Coroutines
+    sharing one event-loop thread share it too: read it right after the call, before the next ``await``.)
+    """
+
+    __slots__ = ()
+
+    def __init__(self):
+        super().__init__(lambda: {reason: 0 for reason in REASONS})
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+    def __repr__(self):
+        return repr(self._get())
+
+
+class LastResults(_PerThread, _SequenceABC):
+    """``reward.last_results``: the :class:`MathResult` list of the last call made **in the current thread**."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        super().__init__(list)
+
+    def __getitem__(self, index):
+        return self._get()[index]
+
+    def __len__(self):
+        return len(self._get())
+
+    def __eq__(self, other):
+        if isinstance(other, (list, tuple, LastResults)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return repr(self._get())
+
+
+def _remember_last_call(fn: Callable, counts: dict, results: list) -> None:
+    for name, value, view in (("last_counts", counts, LastCounts), ("last_results", results, LastResults)):
+        current = getattr(fn, name, None)
+        if not isinstance(current, view):  # never set, or replaced by the user: install a per-thread view
+            current = view()
+            setattr(fn, name, current)
+        current._set(value)
 
 
 def _score(
@@ -994,8 +1220,7 @@ def _score(
     counts = {reason: 0 for reason in REASONS}
     for r in results:
         counts[r.reason] += 1
-    fn.last_counts = counts
-    fn.last_results = results
+    _remember_last_call(fn, counts, list(results))
     log_metric = kwargs.get("log_metric")
     if callable(log_metric):
         for reason, count in counts.items():
@@ -1025,8 +1250,9 @@ def make_math_reward(
         ``reward(completions, **kwargs) -> list[float | None]``: 1.0 correct, 0.0 wrong / no answer / timeout,
         None when unscorable (``gold_unparseable``, ``error``; TRL turns None into NaN). After each call
         ``reward.last_counts`` maps every reason of :data:`REASONS` to its count in the batch and
-        ``reward.last_results`` holds the :class:`MathResult` list; when TRL passes ``log_metric``, each count is
-        logged as ``math/<reason>``.
+        ``reward.last_results`` holds the :class:`MathResult` list - both of the last call **made in the calling
+        thread** (thread-local, so concurrent callers never see each other's batches); when TRL passes
+        ``log_metric``, each count is logged as ``math/<reason>`` (per call).
 
     Raises:
         ValueError: (when called) the answer column is missing or its length differs from ``completions``; see
@@ -1050,8 +1276,8 @@ def make_math_reward(
         f"TRL reward: math-verify check of the last \\boxed{{}} against column {answer_column!r} "
         "(see trl_prime.rewards.math_verifier.make_math_reward)."
     )
-    reward.last_counts = {reason: 0 for reason in REASONS}
-    reward.last_results = []
+    reward.last_counts = LastCounts()
+    reward.last_results = LastResults()
     return reward
 
 
@@ -1069,8 +1295,8 @@ def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = Non
         One reward per completion: 1.0 ``correct``; 0.0 ``wrong``, ``no_answer`` (no complete box: a number in
         the prose never counts), ``timeout``; None ``gold_unparseable`` or ``error`` (NaN in TRL). The counts of
         the last batch are in ``math_reward.last_counts``, the full :class:`MathResult` list in
-        ``math_reward.last_results``. Defaults: ``timeout=5`` s per step, workers = CPUs (at most 8), 1 GiB per
-        worker.
+        ``math_reward.last_results``; both are thread-local: they hold the last call made in the reading thread.
+        Defaults: ``timeout=5`` s per step, workers = CPUs (at most 8), 1 GiB per worker.
 
     Raises:
         ValueError: the ``solution`` column is missing or has a different length than ``completions``.
@@ -1081,5 +1307,5 @@ def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = Non
 _DEFAULT_OPTIONS = dict(
     timeout=DEFAULT_TIMEOUT, num_workers=None, extraction="boxed", memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB
 )
-math_reward.last_counts = {reason: 0 for reason in REASONS}
-math_reward.last_results = []
+math_reward.last_counts = LastCounts()
+math_reward.last_results = LastResults()

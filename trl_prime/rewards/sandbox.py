@@ -10,20 +10,42 @@ Public API: :class:`SandboxConfig`, :func:`run_program` (returns :class:`Sandbox
 Process tree of one run (one program, all of its test cases)::
 
     caller thread (parent, trusted: decides every verdict)
-      `- bootstrap        own session + process group; joins a fresh pids cgroup; unshare(net, pid[, user])
-           `- init        pid 1 of the new pid namespace: when it exits the kernel kills everything inside
+      `- bootstrap        own session + process group; joins fresh pids and memory cgroups;
+           |              unshare(net, pid, mount[, user])
+           `- init        pid 1 of the new pid namespace; builds the mount namespace (read-only /,
+                |         tmpfs work dir, fresh /proc, hidden paths); when it exits every process inside dies
                 `- harness   trusted; never runs candidate code; child subreaper; not dumpable
-                     `- case process, one per test case: rlimits, capabilities dropped, Landlock, then the
-                        candidate program runs (``exec``) with stdin/stdout redirected to files
+                     |- case process, one per test case: rlimits, capabilities dropped, Landlock, seccomp,
+                     |  then the candidate program runs (``exec``) with stdin/stdout on private memfds
+                     `- judge (HumanEval ``check`` cases only): runs the trusted ``check(candidate)`` in its
+                        own sandboxed, non-dumpable process; ``candidate`` is a proxy (see below)
 
 The parent never sends expected outputs into the sandbox: the harness returns what the program printed
 (stdin/stdout tests) or the JSON of what the function returned (call tests), and the parent compares.
-The harness creates each case's stdin/stdout/stderr files itself, unlinks them at once and reads them back
-through its own descriptors, so nothing the program does to paths can redirect the harness.
-For HumanEval-style ``check(candidate)`` tests the check has to run in the candidate's process; the case
-process reports completion by writing a 128-bit nonce that the parent generated and handed over through an
-inherited pipe which the harness reads only *after* ``check()`` returned, so exiting early
-(``sys.exit(0)``, ``os._exit(0)``) or printing any success text never counts as a pass.
+The harness keeps each case's stdin/stdout/stderr in anonymous memory files (``memfd``; unlinked files
+in a private directory where memfd is missing) and reads them back through its own descriptors, so
+nothing the program does to paths can redirect the harness.
+
+HumanEval-style ``check(candidate)`` tests: the verdict is decided outside the code the candidate controls.
+The trusted check (and, when the tests entry carries it, the trusted prompt with its helper functions)
+runs in a separate *judge* process. ``candidate`` there is a proxy: each call's arguments are sent as
+tagged JSON (None/bool/int/float incl. inf and nan/str/list/tuple/dict/set/frozenset/bytes/complex)
+through a pipe to the case process, which calls the program's function and answers with the result in
+the same plain-data encoding; the judge rebuilds plain Python objects, so no object the program defined
+(e.g. one whose ``__eq__`` is always true) ever reaches the check. A result that cannot be encoded, a
+malformed answer, or a program that exits or closes the channel fails the case. Global names the check
+uses but neither it nor the prompt defines (e.g. HumanEval/32's ``poly`` when no prompt is given) are
+proxied to the program's functions of that name -- pass the prompt in the tests entry so that such
+helpers come from trusted code. Arguments are copies (a program mutating one is not seen by the check);
+an exception the program raises is re-raised in the judge as the builtin exception of that name (so
+checks expecting e.g. ``ValueError`` work); a check passing something that is not plain data (a
+callable, a generator, an instance of its own class) is an infrastructure failure (``sandbox_error``),
+never the program's. Only after ``check()`` returned does the judge read a 128-bit nonce that
+the parent generated (from a pipe only the judge holds) and write it into a result file only the judge
+holds; the parent requires that nonce. The case process never has the nonce, the judge's descriptors
+are out of its reach (the judge is not dumpable, ptrace/process_vm/pidfd_getfd are filtered, Landlock
+scopes signals), so exiting early, printing success text, patching builtins or reading
+``/proc/self/fd`` cannot produce a pass.
 
 Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`)
 -------------------------------------------------------------------------------------------
@@ -36,10 +58,37 @@ Isolation layers (each run reports the ones that were active in :attr:`SandboxRu
                     not 0); a fallback for ``cgroup_pids``.
 ``cgroup_pids``     a fresh cgroup (v1 ``pids`` controller, or v2 when delegated) with ``pids.max``;
                     removed afterwards. Stops fork bombs; ``pids.events`` tells when the cap was hit.
-``userns``          a user namespace (used when not root, so that net/pid namespaces can be created).
+``cgroup_memory``   a fresh memory cgroup (v1 ``memory`` controller with ``memory.limit_in_bytes`` and
+                    ``memory.memsw.limit_in_bytes``, or v2 ``memory.max`` when delegated) holding the whole
+                    sandbox: all processes together, and its tmpfs files, stay under
+                    ``SandboxConfig.sandbox_memory_mb``; case processes get ``oom_score_adj`` 1000 so the
+                    OOM killer picks them, not the harness; an OOM kill (``oom_kill`` counter) makes the
+                    case's reason ``memory``. Removed afterwards; cgroups this module did not create are
+                    never touched.
+``userns``          a user namespace (used when not root, so that the other namespaces can be created).
 ``netns``           an empty network namespace: no interface is up, not even loopback.
 ``pidns``           a pid namespace: the candidate cannot see or signal host processes, and when its
                     init exits every process inside dies, including daemons that called ``setsid``.
+``mountns``         a private mount namespace (propagation private: nothing leaks to the host).
+``fs_readonly``     every mount is made read-only (recursively, ``mount_setattr``; per-mount remount as a
+                    fallback): nothing outside the work dir can be written, chmod-ed, chown-ed, touched or
+                    given extended attributes, whatever the program's uid.
+``tmpfs_work``      the work dir is a fresh tmpfs of ``SandboxConfig.disk_mb`` MiB and ``max_files``
+                    inodes (disk quota: writes beyond it fail with ENOSPC); ``/dev/shm`` is a small
+                    private tmpfs (so ``multiprocessing`` works).
+``disk_guard``      fallback for ``tmpfs_work`` (no mount namespace): ``RLIMIT_FSIZE`` caps each file,
+                    and the harness polls the work dir (every 0.1 s) and stops a case whose files exceed
+                    ``disk_mb`` or ``max_files`` (reason ``output_limit``); a burst between two polls can
+                    briefly exceed the quota.
+``proc_fresh``      a fresh ``/proc`` for the sandbox's pid namespace (only its own processes are
+                    listed), with ``/proc/sys``, ``/proc/sysrq-trigger`` and friends read-only.
+``hide_paths``      empty read-only tmpfs (directories) or ``/dev/null`` (files) mounted over ``/tmp``,
+                    ``/var/tmp``, ``/run``, ``/home``, the caller's ``$HOME``, ``/root`` and the
+                    ``HF_HOME`` / ``HF_DATASETS_CACHE`` / ``XDG_CACHE_HOME`` / ... directories: SSH keys,
+                    tokens, caches and other runs' files are not readable. A directory that holds the
+                    interpreter, its prefix or a ``sys.path`` entry is not hidden itself; its other
+                    entries are (one level down; two below ``/home``), so e.g. ``~/.ssh`` and
+                    ``~/.cache`` vanish even when the venv lives in ``$HOME``.
 ``subreaper``       orphans re-parent to the harness, which kills all of them after each case (the
                     fallback for ``pidns``).
 ``no_new_privs``    ``PR_SET_NO_NEW_PRIVS``: no set-uid escalation through ``execve``.
@@ -52,18 +101,35 @@ Isolation layers (each run reports the ones that were active in :attr:`SandboxRu
 ``landlock_net``    Landlock (ABI >= 4): TCP ``bind``/``connect`` denied.
 ``landlock_signal`` Landlock (ABI >= 6): no signals to (and no abstract unix sockets of) processes
                     outside the sandbox, so the program cannot kill its parent or the trainer.
+``seccomp``         a seccomp-BPF filter (x86-64 and aarch64; other architectures and 32-bit/x32 system
+                    calls are refused) on the case and judge processes: EPERM for the chmod, chown, utime
+                    and xattr-setter families, mount and the new mount API, ptrace, process_vm_*,
+                    pidfd_getfd, kcmp, unshare/setns and namespace flags in ``clone`` (``clone3`` answers
+                    ENOSYS so libc falls back to ``clone``), bpf, perf, userfaultfd, io_uring, keyrings,
+                    modules, kexec, reboot, swap, clock/host settings, ``TIOCSTI``; ``socket()`` only for
+                    AF_INET/AF_INET6/AF_NETLINK (no unix sockets, so no host ``docker.sock``),
+                    ``socketpair()`` only for connected AF_UNIX stream/seqpacket pairs; ``prlimit64`` and
+                    the scheduling/priority setters only on the calling process (pid 0).
+``judge_process``   (``check`` mode) the check runs in the separate judge process described above.
 
 Layers that a machine does not offer are skipped (fall back) and named in a one-time warning;
 ``SandboxConfig(require=(...))`` turns a missing layer into an infrastructure failure instead.
 
-Known limits: reads of world/owner-readable host files are not blocked (what a program prints only
-reaches the verdict and the short previews in the results); UDP is only blocked by ``netns``; run as
-root without ``uid_drop`` the program is uid 0 without capabilities, so ``landlock_fs`` is what keeps
-it from writing root-owned files (the interpreter under a 0700 home, as here, rules ``uid_drop`` out);
-a program in a HumanEval
-``check`` case shares its process with the check and can subvert it deliberately (e.g. return an object
-whose ``__eq__`` is always true, or read the nonce pipe) -- the nonce defends against exits and printed
-text, not against an adversary that targets this harness.
+Known limits: reads of world/owner-readable host files that are not hidden remain possible (what a
+program prints only reaches the verdict and the short previews in the results) -- in particular the
+caller's project and dataset directories (when they are on ``sys.path``, e.g. an editable install, or
+outside the hidden trees) and the interpreter's own tree cannot be hidden without breaking imports, so
+do not keep secrets there; the seccomp filter is a deny list (system calls added to future kernels are
+allowed until listed), and its aarch64 table is checked by a BPF interpreter in the tests, not on
+hardware; a program can still read its own process's memory, which holds its stdin inputs and call
+arguments (never expected outputs: those stay in the parent, and a check's source only in the judge);
+UDP is only blocked by ``netns``; run as root without ``uid_drop`` the program is uid 0 without
+capabilities, so ``fs_readonly``, ``landlock_fs`` and ``seccomp`` are what keep it from changing
+root-owned files (the interpreter under a 0700 home, as here, rules ``uid_drop`` out); where neither a
+mount namespace nor seccomp is available (old kernels, no user namespaces) a root-run program can still
+change the metadata of host files and connect to host unix sockets; the memory limit of a sandbox
+without ``cgroup_memory`` is per process (``RLIMIT_AS``), so a program that forks can use a multiple of
+it.
 """
 
 from __future__ import annotations
@@ -104,9 +170,16 @@ LAYERS: dict[str, str] = {
     "rlimit_core": "RLIMIT_CORE = 0",
     "rlimit_nproc": "RLIMIT_NPROC (only where the kernel enforces it)",
     "cgroup_pids": "fresh pids cgroup with pids.max",
+    "cgroup_memory": "fresh memory cgroup: all processes and tmpfs files of the sandbox together",
     "userns": "user namespace (unprivileged namespaces)",
     "netns": "empty network namespace",
     "pidns": "pid namespace; its init's exit kills every process inside",
+    "mountns": "private mount namespace",
+    "fs_readonly": "every mount read-only (no writes, chmod, chown, utime, xattrs outside the work dir)",
+    "tmpfs_work": "work dir is a size- and inode-limited tmpfs (disk quota)",
+    "disk_guard": "fallback disk quota: RLIMIT_FSIZE + polled size/file-count limit of the work dir",
+    "proc_fresh": "fresh /proc of the sandbox's pid namespace (/proc/sys read-only)",
+    "hide_paths": "empty tmpfs over /tmp, /var/tmp, /run, /home, $HOME, /root, HF caches",
     "subreaper": "harness is a child subreaper and kills orphans after each case",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
     "caps_dropped": "all capability sets (incl. bounding, ambient) empty in the case process",
@@ -114,12 +187,15 @@ LAYERS: dict[str, str] = {
     "landlock_fs": "Landlock: writes only below the temp directory",
     "landlock_net": "Landlock: TCP bind/connect denied",
     "landlock_signal": "Landlock: no signals / abstract sockets outside the sandbox",
+    "seccomp": "seccomp-BPF: metadata changes, mount, ptrace, unix sockets, prlimit on others, ... denied",
+    "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
 }
 
 # Layers that can be switched off with SandboxConfig(disable=...) (for debugging and fallback tests).
 _DISABLEABLE = frozenset(
-    {"cgroup_pids", "userns", "netns", "pidns", "landlock", "landlock_fs", "landlock_net",
-     "landlock_signal", "caps_dropped", "uid_drop", "rlimit_nproc"}
+    {"cgroup_pids", "cgroup_memory", "userns", "netns", "pidns", "mountns", "proc_fresh", "hide_paths",
+     "landlock", "landlock_fs", "landlock_net", "landlock_signal", "caps_dropped", "uid_drop",
+     "rlimit_nproc", "seccomp"}
 )
 
 _MODES = ("stdin", "fn", "check")
@@ -128,17 +204,39 @@ _NOBODY = 65534
 # ----------------------------------------------------------------------------------------------
 # Linux constants
 # ----------------------------------------------------------------------------------------------
+_CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_SET_SECCOMP = 22
 _PR_CAPBSET_DROP = 24
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# mount(2)
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_NOATIME = 1024
+_MS_NODIRATIME = 2048
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MS_RELATIME = 1 << 21
+_MS_STRICTATIME = 1 << 24
+_MNT_OPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
+                  "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+_SYS_MOUNT_SETATTR = 442  # unified syscall table (>= 424): the same number on every architecture
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
 
 # Landlock (same syscall numbers on every architecture that has it: unified table since 5.13).
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -193,6 +291,19 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
 _LIBC = None
 
 
@@ -205,6 +316,8 @@ def _libc():
         libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
         libc.unshare.restype = ctypes.c_int
         libc.unshare.argtypes = [ctypes.c_int]
+        libc.mount.restype = ctypes.c_int
+        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
         _LIBC = libc
     return _LIBC
 
@@ -231,6 +344,12 @@ def _syscall(nr: int, *args) -> int:
     if r < 0:
         raise _oserror(f"syscall({nr})")
     return r
+
+
+def _mount(source, target: str, fstype, flags: int, data: str | None = None) -> None:
+    enc = (lambda s: None if s is None else os.fsencode(s))
+    if _libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        raise _oserror(f"mount({source!r} on {target!r}, {fstype!r})")
 
 
 def _landlock_abi() -> int:
@@ -313,6 +432,571 @@ def _clear_caps() -> None:
     st = _cap_status()
     if any(st.get(k, 1) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in st):
         raise OSError(errno.EPERM, f"capabilities still present after dropping: {st}")
+
+
+# ----------------------------------------------------------------------------------------------
+# seccomp-BPF (hand-assembled classic BPF; see the module docstring for the policy)
+# ----------------------------------------------------------------------------------------------
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_AUDIT_ARCH_AARCH64 = 0xC00000B7
+_X32_SYSCALL_BIT = 0x40000000
+_SECCOMP_MODE_FILTER = 2
+_SECCOMP_RET_KILL_PROCESS = 0x80000000
+_SECCOMP_RET_ERRNO = 0x00050000
+_SECCOMP_RET_ALLOW = 0x7FFF0000
+_BPF_LD_W_ABS = 0x20
+_BPF_ALU_AND_K = 0x54
+_BPF_JEQ_K = 0x15
+_BPF_JGE_K = 0x35
+_BPF_JSET_K = 0x45
+_BPF_RET_K = 0x06
+_NS_CLONE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+# Syscalls shared by every architecture (unified numbers >= 424).
+_SYSCALLS_UNIFIED = {
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
+    "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
+    "process_mrelease": 448, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
+    "open_tree_attr": 467, "file_setattr": 469,
+}
+_SYSCALLS = {
+    "x86_64": dict(_SYSCALLS_UNIFIED, **{
+        "ioctl": 16, "socket": 41, "socketpair": 53, "clone": 56, "chmod": 90, "fchmod": 91, "chown": 92,
+        "fchown": 93, "lchown": 94, "ptrace": 101, "syslog": 103, "utime": 132, "uselib": 134,
+        "sched_setparam": 142, "sched_setscheduler": 144, "setpriority": 141, "vhangup": 153,
+        "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165,
+        "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170,
+        "setdomainname": 171, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
+        "quotactl": 179, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197,
+        "lremovexattr": 198, "fremovexattr": 199, "sched_setaffinity": 203, "lookup_dcookie": 212,
+        "clock_settime": 227, "utimes": 235, "kexec_load": 246, "add_key": 248, "request_key": 249,
+        "keyctl": 250, "ioprio_set": 251, "migrate_pages": 256, "fchownat": 260, "futimesat": 261,
+        "fchmodat": 268, "unshare": 272, "move_pages": 279, "utimensat": 280, "fanotify_init": 300,
+        "prlimit64": 302, "name_to_handle_at": 303, "open_by_handle_at": 304, "clock_adjtime": 305,
+        "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
+        "sched_setattr": 314, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
+    }),
+    # asm-generic table (aarch64): no chmod/chown/utime(s)/futimesat/lchown/iopl/ioperm/uselib
+    "aarch64": dict(_SYSCALLS_UNIFIED, **{
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+        "fremovexattr": 16, "lookup_dcookie": 18, "ioctl": 29, "ioprio_set": 30, "umount2": 39, "mount": 40,
+        "pivot_root": 41, "chroot": 51, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55,
+        "vhangup": 58, "quotactl": 60, "utimensat": 88, "acct": 89, "unshare": 97, "kexec_load": 104,
+        "init_module": 105, "delete_module": 106, "clock_settime": 112, "syslog": 116, "ptrace": 117,
+        "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "setpriority": 140,
+        "reboot": 142, "sethostname": 161, "setdomainname": 162, "settimeofday": 170, "adjtimex": 171,
+        "socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220,
+        "swapon": 224, "swapoff": 225, "migrate_pages": 238, "move_pages": 239, "perf_event_open": 241,
+        "prlimit64": 261, "fanotify_init": 262, "name_to_handle_at": 264, "open_by_handle_at": 265,
+        "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+        "finit_module": 273, "sched_setattr": 274, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294,
+    }),
+}
+_SECCOMP_ARCH = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}
+# denied outright with EPERM
+_SECCOMP_DENY = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
+    "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+    "fremovexattr", "setxattrat", "removexattrat", "file_setattr", "mount", "umount2", "pivot_root",
+    "chroot", "mount_setattr", "open_tree", "open_tree_attr", "move_mount", "fsopen", "fsconfig",
+    "fsmount", "fspick", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    "process_madvise", "process_mrelease", "move_pages", "migrate_pages", "unshare", "setns", "bpf",
+    "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
+    "open_by_handle_at", "name_to_handle_at", "fanotify_init", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "vhangup", "uselib", "syslog",
+    "lookup_dcookie",
+)
+_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
+_SOCK_STREAM, _SOCK_SEQPACKET = 1, 5
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+
+
+def _arg(i: int) -> int:
+    """Offset of the low 32 bits of syscall argument i in struct seccomp_data (little-endian)."""
+    return 16 + 8 * i
+
+
+# Argument checks: (syscall, body, default). Body ops: ("ld", offset), ("and", k), ("allow_if", k),
+# ("deny_if", k), ("deny_unless", k), ("deny_if_any", mask). Falling off the body gives `default`.
+_SECCOMP_ARG_RULES = (
+    ("socket", [("ld", _arg(0)), ("allow_if", _AF_INET), ("allow_if", _AF_INET6), ("allow_if", _AF_NETLINK)],
+     "deny"),
+    ("socketpair", [("ld", _arg(0)), ("deny_unless", _AF_UNIX), ("ld", _arg(1)), ("and", 0xF),
+                    ("allow_if", _SOCK_STREAM), ("allow_if", _SOCK_SEQPACKET)], "deny"),
+    ("prlimit64", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
+    ("setpriority", [("ld", _arg(0)), ("deny_unless", 0), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
+    ("ioprio_set", [("ld", _arg(0)), ("deny_unless", 1), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
+    ("sched_setaffinity", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
+    ("sched_setscheduler", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
+    ("sched_setparam", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
+    ("sched_setattr", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
+    ("clone", [("ld", _arg(0)), ("deny_if_any", _NS_CLONE_FLAGS)], "allow"),
+    ("ioctl", [("ld", _arg(1)), ("deny_if", _TIOCSTI), ("deny_if", _TIOCLINUX)], "allow"),
+)
+
+
+def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) tuples for ``machine`` (``os.uname().machine``)."""
+    nrs = _SYSCALLS[machine]
+    eperm = _SECCOMP_RET_ERRNO | errno.EPERM
+    allow = _SECCOMP_RET_ALLOW
+    prog = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # arch
+        (_BPF_JEQ_K, 1, 0, _SECCOMP_ARCH[machine]),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_KILL_PROCESS),  # foreign ABI (i386 int 0x80, arm32 compat)
+        (_BPF_LD_W_ABS, 0, 0, 0),  # syscall number
+    ]
+    if machine == "x86_64":
+        prog += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
+    prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
+    for name in _SECCOMP_DENY:
+        nr = nrs.get(name)
+        if nr is not None:
+            prog += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, eperm)]
+    for name, body, default in _SECCOMP_ARG_RULES:
+        nr = nrs.get(name)
+        if nr is None:
+            continue
+        n = len(body)
+        # layout: [jeq nr ? body : skip] body... [ret default] [ret deny] [ret allow] [ld nr]
+        deny_at, allow_at = n + 1, n + 2
+        block = []
+        for p, (op, k) in enumerate(body):
+            if op == "ld":
+                block.append((_BPF_LD_W_ABS, 0, 0, k))
+            elif op == "and":
+                block.append((_BPF_ALU_AND_K, 0, 0, k))
+            elif op == "allow_if":
+                block.append((_BPF_JEQ_K, allow_at - p - 1, 0, k))
+            elif op == "deny_if":
+                block.append((_BPF_JEQ_K, deny_at - p - 1, 0, k))
+            elif op == "deny_unless":
+                block.append((_BPF_JEQ_K, 0, deny_at - p - 1, k))
+            elif op == "deny_if_any":
+                block.append((_BPF_JSET_K, deny_at - p - 1, 0, k))
+        block.append((_BPF_RET_K, 0, 0, eperm if default == "deny" else allow))
+        block += [(_BPF_RET_K, 0, 0, eperm), (_BPF_RET_K, 0, 0, allow)]
+        prog.append((_BPF_JEQ_K, 0, len(block), nr))
+        prog += block
+    prog.append((_BPF_RET_K, 0, 0, allow))
+    for code, jt, jf, k in prog:
+        assert 0 <= jt < 256 and 0 <= jf < 256 and 0 <= k < (1 << 32), (code, jt, jf, k)
+    return prog
+
+
+def _seccomp_supported() -> str | None:
+    machine = os.uname().machine
+    if machine not in _SYSCALLS or sys.byteorder != "little":
+        return None
+    return machine
+
+
+def _seccomp_prepare():
+    """The filter as a ``struct sock_fprog`` (with the array it points to, which must stay alive)."""
+    machine = _seccomp_supported()
+    if machine is None:
+        raise OSError(errno.ENOSYS, f"seccomp filter not available for {os.uname().machine}")
+    prog = _seccomp_program(machine)
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*insn) for insn in prog])
+    return arr, _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+
+
+def _seccomp_install(prepared=None) -> None:
+    """Install the filter on the calling (single-threaded) process; needs no_new_privs or CAP_SYS_ADMIN.
+
+    ``prepared`` is :func:`_seccomp_prepare`'s result, built once in the harness before it forks.
+    """
+    _, fprog = prepared if prepared is not None else _seccomp_prepare()
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
+
+
+# ----------------------------------------------------------------------------------------------
+# Mount namespace (built by init, pid 1 of the sandbox's pid namespace)
+# ----------------------------------------------------------------------------------------------
+# (directory, depth): a directory holding a path the interpreter needs is not hidden itself; instead its
+# entries are (down to ``depth`` levels), except the ones on the way to the needed paths.
+_HIDE_DIRS = (("/tmp", 1), ("/var/tmp", 1), ("/run", 1), ("/home", 2), ("/root", 1))
+_PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+
+
+def _needed_paths() -> set[str]:
+    """Paths the interpreter needs at run time (never hidden): its executable, prefixes and sys.path."""
+    out = set()
+    for p in (sys.executable, sys.prefix, sys.exec_prefix, getattr(sys, "base_prefix", None),
+              getattr(sys, "base_exec_prefix", None), *sys.path):
+        if isinstance(p, str) and os.path.isabs(p):
+            out.add(os.path.normpath(p))
+            out.add(os.path.realpath(p))
+    return out
+
+
+def _mountinfo_unescape(s: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def _make_tree_readonly() -> None:
+    """Every mount of this (private) namespace read-only: mount_setattr(AT_RECURSIVE), else remounts."""
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+    try:
+        _syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE),
+                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+        return
+    except OSError:
+        pass
+    with open("/proc/self/mountinfo") as f:
+        entries = [line.split() for line in f]
+    failed = []
+    for m in entries:
+        if len(m) < 6:
+            continue
+        point = _mountinfo_unescape(m[4])
+        flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY
+        for opt in m[5].split(","):
+            flags |= _MNT_OPT_FLAGS.get(opt, 0)
+        try:
+            _mount(None, point, None, flags)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # over-mounted (hidden) mounts are covered by the ones above
+                failed.append(f"{point}: {e.strerror}")
+    if failed:
+        raise OSError(errno.EPERM, "could not remount read-only: " + "; ".join(failed[:5]))
+
+
+def _hide_paths(job: dict, needed: set[str], notes: list[str]) -> int:
+    """Mount empty tmpfs / /dev/null over sensitive paths (not over branches the interpreter needs).
+
+    One empty tmpfs is bind-mounted onto every hidden directory, except the ancestors of the work dir,
+    which get their own tmpfs (the work dir's path is recreated in it).
+    """
+    count = 0
+    empty = None
+    work = job["work_dir"].rstrip("/") + "/"
+
+    def covers(p: str) -> bool:
+        pre = p.rstrip("/") + "/"
+        return any(n == p or n.startswith(pre) for n in needed)
+
+    def hide(p: str, depth: int) -> None:
+        nonlocal count, empty
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            return
+        if covers(p):
+            if depth > 0 and stat.S_ISDIR(st.st_mode):
+                try:
+                    names = os.listdir(p)
+                except OSError:
+                    return
+                for name in names:
+                    hide(os.path.join(p, name), depth - 1)
+            return
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                if empty is not None and not work.startswith(p.rstrip("/") + "/"):
+                    _mount(empty, p, None, _MS_BIND)
+                else:
+                    _mount("tmpfs", p, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                           "size=64k,nr_inodes=256,mode=0755")
+                    if not work.startswith(p.rstrip("/") + "/"):
+                        empty = p
+            elif stat.S_ISREG(st.st_mode):
+                _mount("/dev/null", p, None, _MS_BIND)
+            else:
+                return
+            count += 1
+        except OSError as e:
+            notes.append(f"could not hide {p}: {e}")
+
+    targets = [(d, depth) for d, depth in _HIDE_DIRS]
+    for h in job.get("hide_extra", ()):
+        if isinstance(h, str) and os.path.isabs(h) and h not in ("/", ""):
+            targets.append((h, 1))
+    seen = set()
+    for d, depth in targets:
+        real = os.path.realpath(d)
+        if real in seen or real == "/":
+            continue
+        seen.add(real)
+        hide(real, depth)
+    return count
+
+
+def _make_mount_writable(path: str, extra_flags: int) -> None:
+    """Clear the read-only flag of the single mount at ``path`` (one this namespace created)."""
+    attr = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+    try:
+        _syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(_AT_FDCWD), os.fsencode(path), ctypes.c_uint(0),
+                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    except OSError:
+        _mount(None, path, None, _MS_BIND | _MS_REMOUNT | extra_flags)
+
+
+def _setup_mounts(job: dict, layers: list[str], notes: list[str]) -> None:
+    """Build the sandbox's file system view (init, right after unshare; before anything else runs).
+
+    Order: private propagation; hidden paths; the work dir's tmpfs and a private /dev/shm; everything
+    read-only (recursively); read-only cleared again on those two new mounts only; a fresh /proc. When
+    the work dir's tmpfs cannot be mounted the tree stays writable (Landlock and the disk guard remain).
+    """
+    disable = set(job["disable"])
+    work = job["work_dir"]
+    try:
+        # never let a mount made here propagate back to the host's namespace
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    except OSError as e:
+        notes.append(f"mount namespace unusable (could not make / private): {e}")
+        layers.remove("mountns")
+        return
+    if "hide_paths" not in disable:
+        if _hide_paths(job, _needed_paths(), notes):
+            layers.append("hide_paths")
+    if not os.path.isdir(work):  # the work dir was under a hidden directory: recreate its path there
+        os.makedirs(work, 0o755)
+    writable = []
+    try:
+        _mount("tmpfs", work, "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={job['disk_bytes']},nr_inodes={job['max_files'] + 16},mode=0700")
+        writable.append((work, _MS_NOSUID | _MS_NODEV))
+        layers.append("tmpfs_work")
+    except OSError as e:
+        notes.append(f"work dir tmpfs failed (tree left writable, disk guard used): {e}")
+    if (writable and os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm")
+            and not (work + "/").startswith("/dev/shm/")):
+        try:
+            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                   f"size={job['shm_bytes']},nr_inodes=1024,mode=1777")
+            writable.append(("/dev/shm", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC))
+            job["shm_dir"] = "/dev/shm"  # private: writable for the program (multiprocessing semaphores)
+        except OSError as e:
+            notes.append(f"private /dev/shm failed: {e}")
+    if writable:
+        try:
+            _make_tree_readonly()
+            for path, flags in writable:
+                _make_mount_writable(path, flags)
+            layers.append("fs_readonly")
+        except OSError as e:
+            notes.append(f"read-only remount failed: {e}")
+            for path, flags in writable:  # whatever happened, the work dir must stay usable
+                _make_mount_writable(path, flags)
+    if "pidns" in layers and "proc_fresh" not in disable:
+        try:
+            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            for sub in _PROC_READONLY:
+                p = "/proc/" + sub
+                if os.path.exists(p):
+                    _mount(p, p, None, _MS_BIND | _MS_REC)
+                    _mount(None, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            layers.append("proc_fresh")
+        except OSError as e:
+            notes.append(f"fresh /proc failed: {e}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory cgroup events (read by the harness through descriptors the bootstrap opened)
+# ----------------------------------------------------------------------------------------------
+
+
+def _oom_kills(fd) -> int | None:
+    """The ``oom_kill`` counter of the sandbox's memory cgroup (v1 memory.oom_control / v2 memory.events)."""
+    if fd is None:
+        return None
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    for line in data.decode("ascii", "replace").splitlines():
+        k, _, v = line.partition(" ")
+        if k == "oom_kill":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain-data wire format of the judge <-> candidate channel (HumanEval check mode)
+# ----------------------------------------------------------------------------------------------
+# JSON null/true/false/str/number/array are None/bool/str/int|float/list; every JSON object is a tag:
+# {"t": [...]} tuple, {"s": [...]} set, {"F": [...]} frozenset, {"d": [[k, v], ...]} dict,
+# {"f": "nan"|"inf"|"-inf"} float, {"I": "<hex>"} int beyond 64 bits, {"b": "<hex>"} bytes,
+# {"c": [re, im]} complex. Frames are a 4-byte big-endian length and the ASCII JSON.
+_FRAME_LIMIT = 16 << 20
+_BIG_INT_HEX_DIGITS = 1 << 16
+_WIRE_DEPTH = 400  # deeper values are refused both ways, so whatever the judge decodes it can send again
+
+
+class _Unencodable(TypeError):
+    pass
+
+
+def _wire_encode(o, depth: int = 0):
+    if depth > _WIRE_DEPTH:
+        raise _Unencodable("value nested too deeply")
+    if o is None or o is True or o is False:
+        return o
+    t = type(o)
+    if t is str:
+        return o
+    if t is int:
+        return o if -(1 << 63) < o < (1 << 63) else {"I": format(o, "x")}
+    if t is float:
+        return o if o == o and o not in (float("inf"), float("-inf")) else {"f": repr(o)}
+    d = depth + 1
+    if t is list:
+        return [_wire_encode(x, d) for x in o]
+    if t is tuple:
+        return {"t": [_wire_encode(x, d) for x in o]}
+    if t is dict:
+        return {"d": [[_wire_encode(k, d), _wire_encode(v, d)] for k, v in o.items()]}
+    if t is set:
+        return {"s": [_wire_encode(x, d) for x in o]}
+    if t is frozenset:
+        return {"F": [_wire_encode(x, d) for x in o]}
+    if t is bytes or t is bytearray:
+        return {"b": o.hex()}
+    if t is complex:
+        return {"c": [_wire_encode(o.real, d), _wire_encode(o.imag, d)]}
+    # subclasses of the plain types and foreign scalars (numpy): their plain equivalent
+    for base in (bool, int, float, str, list, tuple, dict, set, frozenset, bytes, complex):
+        if isinstance(o, base):
+            return _wire_encode(base(o) if base is not str else str.__str__(o), d)
+    if type(o).__module__.split(".")[0] == "numpy" and hasattr(o, "tolist"):
+        return _wire_encode(o.tolist(), d)
+    if hasattr(type(o), "__index__"):
+        import operator
+
+        return _wire_encode(operator.index(o), d)
+    raise _Unencodable(f"a value of type {type(o).__name__} is not plain data")
+
+
+def _wire_tag(pairs):
+    if len(pairs) != 1:
+        raise ValueError("untagged JSON object")
+    tag, v = pairs[0]
+    if tag == "t" and type(v) is list:
+        return tuple(v)
+    if tag == "s" and type(v) is list:
+        return set(v)
+    if tag == "F" and type(v) is list:
+        return frozenset(v)
+    if tag == "d" and type(v) is list:
+        out = {}
+        for kv in v:
+            if type(kv) is not list or len(kv) != 2:
+                raise ValueError("bad dict item")
+            out[kv[0]] = kv[1]
+        return out
+    if tag == "f" and v in ("nan", "inf", "-inf"):
+        return float(v)
+    if tag == "I" and type(v) is str and 0 < len(v) <= _BIG_INT_HEX_DIGITS:
+        return int(v, 16)
+    if tag == "b" and type(v) is str:
+        return bytes.fromhex(v)
+    if tag == "c" and type(v) is list and len(v) == 2 and all(type(x) in (int, float) for x in v):
+        return complex(v[0], v[1])
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _wire_reject_constant(name):
+    raise ValueError(f"bare JSON constant {name}")
+
+
+def _wire_depth_ok(obj) -> bool:
+    todo = [(obj, 0)]
+    while todo:
+        o, d = todo.pop()
+        if d > _WIRE_DEPTH + 1:  # +1: the frame's own envelope list
+            return False
+        t = type(o)
+        if t is list or t is tuple or t is set or t is frozenset:
+            todo.extend((x, d + 1) for x in o)
+        elif t is dict:
+            todo.extend((x, d + 1) for kv in o.items() for x in kv)
+    return True
+
+
+class _WireScannerContext:
+    """What ``_json.make_scanner`` reads from a decoder (the C scanner: no ``json``/``re`` import)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = staticmethod(_wire_tag)
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_wire_reject_constant)
+
+
+_WIRE_SCAN = None
+
+
+def _wire_loads(data: bytes):
+    """Decode a frame into plain Python objects only (raises ValueError on anything else)."""
+    global _WIRE_SCAN
+    if _WIRE_SCAN is None:
+        _WIRE_SCAN = _json.make_scanner(_WireScannerContext())
+    try:
+        text = data.decode("ascii")
+        obj, end = _WIRE_SCAN(text, 0)
+    except StopIteration:
+        raise ValueError("no JSON value") from None
+    except (UnicodeDecodeError, TypeError, RecursionError, OverflowError, MemoryError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    if not _wire_depth_ok(obj):
+        raise ValueError(f"value nested deeper than {_WIRE_DEPTH} levels")
+    return obj
+
+
+def _wire_dumps(obj) -> bytes:
+    """ASCII JSON of ``_wire_encode``'s output (None/bool/int/finite float/str/list/str-keyed dict)."""
+    return _jdump(obj).encode("ascii")
+
+
+def _send_frame(fd: int, payload: bytes) -> None:
+    _write_all(fd, len(payload).to_bytes(4, "big") + payload)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _recv_frame(fd: int, limit: int = _FRAME_LIMIT):
+    """The next frame's bytes; None at end of file; ValueError when it exceeds ``limit``."""
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    n = int.from_bytes(head, "big")
+    if n > limit:
+        raise ValueError(f"answer of {n} bytes exceeds the {limit}-byte limit")
+    data = _read_exact(fd, n)
+    if data is None:
+        return None
+    return data
 
 
 _SIGNAL_NAMES = {getattr(signal, n): n for n in (
@@ -460,7 +1144,7 @@ def _readable_by_others(paths) -> bool:
 
 
 # ==============================================================================================
-# Child side: bootstrap -> init -> harness -> case processes. Runs in a fresh interpreter.
+# Child side: bootstrap -> init -> harness -> case (and judge) processes. Runs in a fresh interpreter.
 # ==============================================================================================
 
 
@@ -483,20 +1167,30 @@ def _bootstrap_main(job_path: str) -> None:
         disable = set(job["disable"])
         layers = ["process_group", "tmpdir"]
         notes: list[str] = []
-        cg = job.get("cgroup")
-        if cg:
+        for kind, cg in job.get("cgroups", ()):
             # the parent normally moved us already (overlapping our start-up); verify before any fork
             try:
                 leaf = "/" + os.path.basename(cg)
                 with open("/proc/self/cgroup") as f:
-                    inside = any(line.rstrip("\n").endswith(leaf) for line in f)
+                    inside = sum(line.rstrip("\n").endswith(leaf) for line in f)
                 if not inside:
                     with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                         f.write(str(os.getpid()))
-                layers.append("cgroup_pids")
+                layers.append(kind)
             except OSError as e:
-                notes.append(f"cgroup join failed: {e}")
-        layers += _enter_namespaces(disable, notes)
+                notes.append(f"{kind} join failed: {e}")
+        job["oom_fd"] = None
+        if job.get("memcg") and "cgroup_memory" in layers:
+            path, ver = job["memcg"]
+            try:
+                job["oom_fd"] = os.open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"),
+                                        os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                notes.append(f"memory cgroup events unreadable: {e}")
+        layers += _enter_namespaces(disable, notes, job)
+        # inherited by init and harness: their descriptors stay private (only after the user namespace's
+        # id maps are written: /proc/self of a non-dumpable process belongs to the global root)
+        _prctl(_PR_SET_DUMPABLE, 0)
         try:
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
             layers.append("no_new_privs")
@@ -509,8 +1203,9 @@ def _bootstrap_main(job_path: str) -> None:
     if pid == 0:
         _init_main(job, layers, notes)
     os.close(rfd)
-    if job.get("nonce_fd") is not None:
-        os.close(job["nonce_fd"])
+    for k in ("nonce_fd", "check_fd", "oom_fd"):
+        if job.get(k) is not None:
+            os.close(job[k])
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -521,46 +1216,38 @@ def _bootstrap_main(job_path: str) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _enter_namespaces(disable: set[str], notes: list[str]) -> list[str]:
+def _memfd_ok() -> bool:
+    try:
+        fd = os.memfd_create("trl_prime_probe", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return False
+    os.close(fd)
+    return True
+
+
+def _enter_namespaces(disable: set[str], notes: list[str], job: dict) -> list[str]:
     want = []
     if "netns" not in disable:
         want.append(("netns", _CLONE_NEWNET))
     if "pidns" not in disable:
         want.append(("pidns", _CLONE_NEWPID))
+    if "mountns" not in disable:
+        if _memfd_ok():  # with a read-only tree the harness keeps its case files in memfds
+            want.append(("mountns", _CLONE_NEWNS))
+        else:
+            notes.append("no memfd_create: mount namespace not used")
     if not want:
         return []
-    flags = 0
-    for _, f in want:
-        flags |= f
-    if os.geteuid() == 0:
+    got = []
+    if os.geteuid() != 0:
+        if "userns" in disable:
+            return []
+        uid, gid = os.geteuid(), os.getegid()
         try:
-            _unshare(flags)
-            return [n for n, _ in want]
-        except OSError as e:
-            notes.append(f"unshare as root failed: {e}")
-        got = []
-        for n, f in want:
-            try:
-                _unshare(f)
-                got.append(n)
-            except OSError:
-                pass
-        if got:
-            return got
-    if "userns" in disable:
-        return []
-    uid, gid = os.geteuid(), os.getegid()
-    for combo in ([*want], want[:1], want[1:]):
-        if not combo:
-            continue
-        fl = _CLONE_NEWUSER
-        for _, f in combo:
-            fl |= f
-        try:
-            _unshare(fl)
+            _unshare(_CLONE_NEWUSER)
         except OSError as e:
             notes.append(f"unshare(user) failed: {e}")
-            continue
+            return []
         # inside the new user namespace: map our uid/gid to 0 (the only mapping allowed unprivileged)
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
@@ -568,12 +1255,26 @@ def _enter_namespaces(disable: set[str], notes: list[str]) -> list[str]:
             f.write(f"0 {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
             f.write(f"0 {gid} 1")
-        return ["userns", *[n for n, _ in combo]]
-    return []
+        got.append("userns")
+    flags = 0
+    for _, f in want:
+        flags |= f
+    try:
+        _unshare(flags)
+        return got + [n for n, _ in want]
+    except OSError as e:
+        notes.append(f"unshare({flags:#x}) failed: {e}")
+    for n, f in want:
+        try:
+            _unshare(f)
+            got.append(n)
+        except OSError as e:
+            notes.append(f"unshare {n} failed: {e}")
+    return got
 
 
 def _init_main(job: dict, layers: list[str], notes: list[str]) -> None:
-    """pid 1 of the sandbox's pid namespace (when there is one): runs the harness, reaps, exits."""
+    """pid 1 of the sandbox's pid namespace (when there is one): mounts, runs the harness, reaps, exits."""
     try:
         if "pidns" in layers and os.getpid() != 1:
             layers.remove("pidns")
@@ -581,12 +1282,15 @@ def _init_main(job: dict, layers: list[str], notes: list[str]) -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        if "mountns" in layers:
+            _setup_mounts(job, layers, notes)
         w = os.fork()
         if w == 0:
             _harness_main(job, layers, notes)
         os.close(job["result_fd"])
-        if job.get("nonce_fd") is not None:
-            os.close(job["nonce_fd"])
+        for k in ("nonce_fd", "check_fd", "oom_fd"):
+            if job.get(k) is not None:
+                os.close(job[k])
         code = 0
         while True:
             try:
@@ -598,7 +1302,11 @@ def _init_main(job: dict, layers: list[str], notes: list[str]) -> None:
                 break
         os._exit(code)  # in a pid namespace this kills every remaining process inside
     except BaseException:  # noqa: BLE001
-        os.write(2, _format_exc_short().encode())
+        msg = "sandbox init failed: " + _format_exc_short()
+        try:
+            _write_all(job["result_fd"], (_jdump({"event": "fatal", "error": msg}) + "\n").encode())
+        except BaseException:  # noqa: BLE001
+            os.write(2, msg.encode())
         os._exit(4)
 
 
@@ -618,8 +1326,15 @@ def _plan_layers(job: dict, layers: list[str]) -> dict:
         "uid_drop": (root and not in_userns and "uid_drop" not in disable
                      and _readable_by_others([sys.executable, *sys.path,
                                               os.path.dirname(os.path.dirname(job["work_dir"]))])),
+        "seccomp": "seccomp" not in disable and _seccomp_supported() is not None,
+        "oom_adj": True,
         "nproc": None,
     }
+    if plan["seccomp"]:
+        try:
+            plan["_seccomp"] = _seccomp_prepare()  # built once here; every case process only installs it
+        except (OSError, AssertionError):
+            plan["seccomp"] = False
     if "rlimit_nproc" not in disable:
         if in_userns:
             plan["nproc"] = job["max_processes"]  # counted per user namespace: only our processes
@@ -627,7 +1342,24 @@ def _plan_layers(job: dict, layers: list[str]) -> dict:
             plan["nproc"] = _count_tasks_of_uid(_NOBODY) + job["max_processes"]
         elif not root:
             plan["nproc"] = _count_tasks_of_uid(os.getuid()) + job["max_processes"]
-    # probe: apply everything leniently in a child that runs nothing, keep what worked
+    applied = job.get("probe")
+    if applied is None:
+        applied = _probe_layers(plan, job)
+    plan["probe"] = list(applied)
+    for k in ("landlock_fs", "landlock_net", "landlock_signal", "caps_dropped", "uid_drop", "seccomp"):
+        plan[k] = plan[k] and k in applied
+    plan["oom_adj"] = plan["oom_adj"] and "_oom_adj" in applied
+    if "rlimit_nproc" not in applied:
+        plan["nproc"] = None
+    return plan
+
+
+def _probe_layers(plan: dict, job: dict) -> list[str]:
+    """Apply every planned layer leniently in a child that runs nothing; the names of those that worked.
+
+    The parent caches the answer per configuration and passes it back (``job["probe"]``), so this
+    fork happens once per configuration, not once per run.
+    """
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -646,16 +1378,14 @@ def _plan_layers(job: dict, layers: list[str]) -> dict:
         data += chunk
     os.close(r)
     os.waitpid(pid, 0)
-    applied = data.decode().split("\n") if data else []
-    for k in ("landlock_fs", "landlock_net", "landlock_signal", "caps_dropped", "uid_drop"):
-        plan[k] = plan[k] and k in applied
-    if "rlimit_nproc" not in applied:
-        plan["nproc"] = None
-    return plan
+    return data.decode().split("\n") if data else []
 
 
-def _apply_case_layers(plan: dict, job: dict, strict: bool) -> list[str]:
-    """Per-case privilege layers, in dependency order. strict=False records instead of raising."""
+def _apply_case_layers(plan: dict, job: dict, strict: bool, writable: bool = True) -> list[str]:
+    """Per-process privilege layers, in dependency order. strict=False records instead of raising.
+
+    ``writable=False`` (the judge): Landlock allows no writes at all (except /dev/null).
+    """
     applied: list[str] = []
 
     def step(name, fn):
@@ -669,6 +1399,11 @@ def _apply_case_layers(plan: dict, job: dict, strict: bool) -> list[str]:
     if plan.get("nproc"):
         n = int(plan["nproc"])
         step("rlimit_nproc", lambda: resource.setrlimit(resource.RLIMIT_NPROC, (n, n)))
+    if plan.get("oom_adj"):
+        def oom_adj():  # any OOM killer (the sandbox's memory cgroup, or the host's) takes case processes first
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        step("_oom_adj", oom_adj)
     if plan["caps_dropped"]:
         step("_bounding", _drop_bounding_caps)  # needs CAP_SETPCAP: before the uid drop
     if plan["uid_drop"]:
@@ -683,13 +1418,16 @@ def _apply_case_layers(plan: dict, job: dict, strict: bool) -> list[str]:
         raise OSError("could not drop the capability bounding set")
     if plan["landlock_fs"] or plan["landlock_net"] or plan["landlock_signal"]:
         def ll():
-            _landlock_restrict(plan["abi"], [job["work_dir"]], ["/dev/null"],
+            dirs = [job["work_dir"]] + ([job["shm_dir"]] if job.get("shm_dir") else []) if writable else []
+            _landlock_restrict(plan["abi"], dirs, ["/dev/null"],
                                plan["landlock_fs"], plan["landlock_net"], plan["landlock_signal"])
         before = len(applied)
         step("_landlock", ll)
         if len(applied) > before:
             applied += [k for k in ("landlock_fs", "landlock_net", "landlock_signal") if plan[k]]
-    return [a for a in applied if not a.startswith("_")]
+    if plan.get("seccomp"):
+        step("seccomp", lambda: _seccomp_install(plan.get("_seccomp")))  # last: it forbids some calls above
+    return [a for a in applied if not a.startswith("_") or a == "_oom_adj"]
 
 
 def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
@@ -712,13 +1450,21 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
         if job["memory_bytes"]:
             _setrlimit(resource.RLIMIT_AS, job["memory_bytes"])
         plan = _plan_layers(job, layers)
+        plan["memfd"] = _memfd_ok()
+        if not plan["memfd"]:
+            os.mkdir(job["io_dir"], 0o700)
         layers += ["rlimit_cpu", "rlimit_fsize", "rlimit_nofile", "rlimit_core"]
         if job["memory_bytes"]:
             layers.append("rlimit_as")
-        layers += [k for k in ("caps_dropped", "uid_drop", "landlock_fs", "landlock_net", "landlock_signal")
-                   if plan[k]]
+        layers += [k for k in ("caps_dropped", "uid_drop", "landlock_fs", "landlock_net", "landlock_signal",
+                               "seccomp") if plan[k]]
         if plan["nproc"]:
             layers.append("rlimit_nproc")
+        plan["disk_guard"] = "tmpfs_work" not in layers
+        if plan["disk_guard"]:
+            layers.append("disk_guard")
+        if job["mode"] == "check":
+            layers.append("judge_process")
         if plan["uid_drop"]:
             os.chown(job["work_dir"], _NOBODY, _NOBODY)
         missing = [r for r in job["require"] if r not in layers]
@@ -726,7 +1472,7 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             send({"event": "fatal", "layers": layers, "notes": notes,
                   "error": f"required sandbox layers unavailable: {missing} (active: {layers}; notes: {notes})"})
             os._exit(0)
-        send({"event": "ready", "layers": layers, "notes": notes})
+        send({"event": "ready", "layers": layers, "notes": notes, "probe": plan["probe"]})
     except BaseException:  # noqa: BLE001
         send({"event": "fatal", "error": "harness set-up failed: " + _format_exc_short()})
         os._exit(5)
@@ -736,13 +1482,6 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
     except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
         send({"event": "compile_error", "detail": f"{type(e).__name__}: {e}"[:2000]})
         os._exit(0)
-    check_code = None
-    if job["mode"] == "check":
-        try:
-            check_code = compile(job["check"], "check.py", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
-            send({"event": "check_error", "detail": f"{type(e).__name__}: {e}"[:2000]})
-            os._exit(0)
 
     if job["mode"] == "fn":
         import json  # noqa: F401 - imported once here, so that every case process has it ready
@@ -753,7 +1492,17 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
         if time.monotonic() >= total_deadline:
             send({"event": "case", "i": i, "status": "timeout", "detail": "total time limit reached before this case"})
             continue
-        rec = _run_case(job, plan, i, code, check_code, total_deadline, pidns)
+        try:
+            if job["mode"] == "check":
+                rec = _run_check_case(job, plan, i, code, total_deadline, pidns)
+                if rec.get("status") == "check_error":
+                    send({"event": "check_error", "detail": rec.get("detail", "")})
+                    os._exit(0)
+            else:
+                rec = _run_case(job, plan, i, code, total_deadline, pidns)
+        except Exception:  # noqa: BLE001 - a harness failure is an infrastructure error, never the program's
+            rec = {"event": "case", "i": i, "status": "sandbox_error",
+                   "detail": "harness failed on this case: " + _format_exc_short()[-1500:]}
         send(rec)
     send({"event": "done"})
     os._exit(0)
@@ -767,11 +1516,12 @@ def _setrlimit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _cleanup_case_processes(pgid: int, pidns: bool) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+def _cleanup_case_processes(pgids, pidns: bool) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
     deadline = time.monotonic() + 2.0
     while True:
         if pidns:
@@ -795,8 +1545,34 @@ def _cleanup_case_processes(pgid: int, pidns: bool) -> None:
         time.sleep(0.001)
 
 
-def _wait_case(pid: int, deadline: float):
-    timed_out = False
+def _dir_usage(path: str, limit_files: int) -> tuple[int, int]:
+    """(bytes allocated, entries) below ``path``, without following symlinks; stops counting at the limit."""
+    total, count = 0, 0
+    todo = [path]
+    while todo and count <= limit_files:
+        d = todo.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    count += 1
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        todo.append(e.path)
+        except OSError:
+            continue
+    return total, count
+
+
+def _wait_case(pid: int, deadline: float, guard=None):
+    """Wait for ``pid`` until ``deadline``; ``guard()`` (disk quota) is polled every 0.1 s when given.
+
+    Returns (wait status, rusage, timed_out, guard_hit). On timeout or guard hit the process is killed.
+    """
+    timed_out = guard_hit = False
     pfd = None
     try:
         pfd = os.pidfd_open(pid)
@@ -811,12 +1587,16 @@ def _wait_case(pid: int, deadline: float):
                 if rem <= 0:
                     timed_out = True
                     break
-                if poller.poll(int(rem * 1000) + 1):
+                step = min(rem, 0.1) if guard is not None else rem
+                if poller.poll(int(step * 1000) + 1):
+                    break
+                if guard is not None and guard():
+                    guard_hit = True
                     break
         finally:
             os.close(pfd)
     else:
-        delay = 0.0005
+        delay, last_guard = 0.0005, time.monotonic()
         while True:
             try:
                 done = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -824,118 +1604,316 @@ def _wait_case(pid: int, deadline: float):
                 break
             if done is not None:
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 timed_out = True
                 break
+            if guard is not None and now - last_guard >= 0.1:
+                last_guard = now
+                if guard():
+                    guard_hit = True
+                    break
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
-    if timed_out:
+    if timed_out or guard_hit:
         for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
             try:
                 target()
             except OSError:
                 pass
     _, status, ru = os.wait4(pid, 0)
-    return status, ru, timed_out
+    return status, ru, timed_out, guard_hit
 
 
-def _run_case(job: dict, plan: dict, i: int, code, check_code, total_deadline: float, pidns: bool) -> dict:
-    io_dir, work = job["io_dir"], job["work_dir"]
-    mode = job["mode"]
-    cap = int(job["caps"][i])
-    # The harness creates every per-case file itself (O_EXCL | O_NOFOLLOW, after removing whatever a
-    # previous case may have planted there) and reads them back through its own descriptors, never by
-    # path: where neither Landlock nor the uid drop is available the program could otherwise swap a
-    # path for a symlink or a FIFO and make this (privileged) process write, read or block on it.
-    fds = {}
-    names = [os.path.join(io_dir, f"{k}{i}") for k in ("in", "out", "err", "diag", "res")]
+def _exited_already(pid: int) -> bool:
     try:
-        for k, path in zip(("in", "out", "err", "diag", "res"), names):
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class _CaseFiles:
+    """The harness's private per-case files: memfds (or unlinked files in the io dir where memfd is missing).
+
+    The harness creates them itself (O_EXCL | O_NOFOLLOW, after removing whatever a previous case may
+    have planted there) and reads them back through its own descriptors, never by path: where no
+    Landlock / uid drop / read-only tree is available the program could otherwise swap a path for a
+    symlink or a FIFO and make this (privileged) process write, read or block on it.
+    """
+
+    def __init__(self, job: dict, plan: dict, i: int, names):
+        self.fds: dict[str, int] = {}
+        try:
+            for k in names:
+                if plan.get("memfd"):
+                    self.fds[k] = os.memfd_create(f"trl_prime_{k}{i}", os.MFD_CLOEXEC)
+                    continue
+                path = os.path.join(job["io_dir"], f"{k}{i}")
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                self.fds[k] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                os.unlink(path)  # nothing else needs the name
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, k: str) -> int:
+        return self.fds[k]
+
+    def size(self, k: str) -> int:
+        return os.fstat(self.fds[k]).st_size
+
+    def read(self, k: str, n: int, tail: bool = False) -> bytes:
+        off = max(0, self.size(k) - n) if tail else 0
+        return os.pread(self.fds[k], n, off)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
             try:
-                os.unlink(path)
-            except FileNotFoundError:
+                os.close(fd)
+            except OSError:
                 pass
-            fds[k] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.unlink(path)  # nothing else needs the name
+        self.fds = {}
+
+
+def _disk_guard(job: dict, plan: dict):
+    if not plan.get("disk_guard"):
+        return None
+    work, max_bytes, max_files = job["work_dir"], job["disk_bytes"], job["max_files"]
+
+    def over() -> bool:
+        used, n = _dir_usage(work, max_files)
+        return used > max_bytes or n > max_files
+
+    return over
+
+
+def _parse_diag(raw: bytes):
+    # diag: "<exception type>\n<errno>\n<message>" written by the process (a candidate could overwrite
+    # its own; it only ever chooses between failure reasons, never decides a pass)
+    parts = raw.decode("utf-8", "replace").split("\n", 2) if raw else []
+    exc = parts[0] if parts else ""
+    diag_errno = int(parts[1]) if len(parts) > 1 and parts[1].lstrip("-").isdigit() else None
+    msg = parts[2] if len(parts) > 2 else ""
+    detail = (f"{exc}: {msg}" if exc else "")[:1000]
+    return exc, diag_errno, detail
+
+
+def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, stderr: bytes, oom: bool):
+    """(status, detail) of a process that ended on its own with a failure, or None when it exited 0."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = _SIGNAL_NAMES.get(sig, f"signal {sig}")
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= job["cpu_seconds"]):
+            return "timeout", f"CPU-time limit ({job['cpu_seconds']} s) exceeded"
+        if sig == signal.SIGXFSZ:
+            return "output_limit", "file-size limit exceeded"
+        if oom and sig == signal.SIGKILL:
+            return "memory", "killed by the memory cgroup's OOM killer (sandbox memory limit)"
+        if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr or exc == "MemoryError":
+            return "memory", f"killed by {name} while out of memory"
+        return "runtime_error", f"killed by {name}"
+    rc = os.WEXITSTATUS(status)
+    if rc == 0:
+        return None
+    if exc == "MemoryError":
+        return "memory", detail or "MemoryError"
+    if oom:
+        return "memory", (detail + " " if detail else "") + "(after an OOM kill in the sandbox's memory cgroup)"
+    return "runtime_error", detail or f"exit status {rc}"
+
+
+def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
+    work, mode = job["work_dir"], job["mode"]
+    cap = int(job["caps"][i])
+    files = _CaseFiles(job, plan, i, ("in", "out", "err", "diag", "res"))
+    try:
         if mode == "stdin":
-            _write_all(fds["in"], job["inputs"][i].encode("utf-8", "surrogateescape"))
-            os.lseek(fds["in"], 0, os.SEEK_SET)
+            _write_all(files["in"], job["inputs"][i].encode("utf-8"))
+            os.lseek(files["in"], 0, os.SEEK_SET)
+        oom0 = _oom_kills(job.get("oom_fd"))
         setup_r, setup_w = os.pipe()
         start = time.monotonic()
         deadline = min(start + job["timeout"], total_deadline)
         pid = os.fork()
         if pid == 0:
             os.close(setup_r)
-            _case_child(job, plan, i, code, check_code, fds, setup_w, cap)  # never returns
+            stdin_fd = files["in"] if mode == "stdin" else None
+            extra = {"diag": files["diag"], "res": files["res"]}
+            _case_child(job, plan, stdin_fd, files["out"], files["err"], extra, setup_w, cap,
+                        lambda: _execute_candidate(job, i, code, extra))  # never returns
         os.close(setup_w)
-        status, ru, timed_out = _wait_case(pid, deadline)
+        status, ru, timed_out, guard_hit = _wait_case(pid, deadline, _disk_guard(job, plan))
         elapsed = time.monotonic() - start
-        _cleanup_case_processes(pid, pidns)
+        _cleanup_case_processes([pid], pidns)
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
+        oom1 = _oom_kills(job.get("oom_fd"))
+        oom = oom0 is not None and oom1 is not None and oom1 > oom0
 
-        out_size = os.fstat(fds["out"]).st_size
-        stdout = os.pread(fds["out"], cap, 0)
-        err_size = os.fstat(fds["err"]).st_size
-        stderr = os.pread(fds["err"], 2000, max(0, err_size - 2000))
-        diag_raw = os.pread(fds["diag"], 65536, 0)
-        res = os.pread(fds["res"], cap + 1, 0)
+        out_size = files.size("out")
+        stdout = files.read("out", cap)
+        stderr = files.read("err", 2000, tail=True)
+        diag_raw = files.read("diag", 65536)
+        res = files.read("res", cap + 1)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        files.close()
     _clear_dir(work)
 
-    rec = {"event": "case", "i": i, "time": round(elapsed, 4), "cpu": round(ru.ru_utime + ru.ru_stime, 4),
-           "stderr": stderr.decode("utf-8", "replace")}
+    cpu = ru.ru_utime + ru.ru_stime
+    rec = {"event": "case", "i": i, "time": round(elapsed, 4), "cpu": round(cpu, 4),
+           "stderr": stderr.decode("utf-8", "replace"), "oom": oom}
     if setup[:1] != b"K":
         rec.update(status="sandbox_error",
                    detail=("case set-up failed: " + setup[1:].decode("utf-8", "replace")) if setup
                    else f"case process died during set-up (wait status {status})")
         return rec
-    # diag: "<exception type>\n<errno>\n<message>" written by the case process (the program could
-    # overwrite it; it only ever chooses between failure reasons, never decides a pass)
-    parts = diag_raw.decode("utf-8", "replace").split("\n", 2) if diag_raw else []
-    exc = parts[0] if parts else ""
-    diag_errno = int(parts[1]) if len(parts) > 1 and parts[1].lstrip("-").isdigit() else None
-    diag_msg = parts[2] if len(parts) > 2 else ""
-    detail = (f"{exc}: {diag_msg}" if exc else "")[:1000]
+    exc, diag_errno, detail = _parse_diag(diag_raw)
     text = stdout.decode("utf-8", "replace")
     rec["stdout"] = text if mode == "stdin" else text[:2000]
     if timed_out:
         rec.update(status="timeout", detail=f"wall-clock limit ({job['timeout']} s) exceeded")
+    elif guard_hit:
+        rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
+                                                 f"{job['max_files']} files) exceeded")
     elif out_size >= cap or diag_errno == errno.EFBIG:
         rec.update(status="output_limit", detail=f"output exceeded {cap} bytes")
-    elif os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = _SIGNAL_NAMES.get(sig, f"signal {sig}")
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and rec["cpu"] >= job["cpu_seconds"]):
-            rec.update(status="timeout", detail=f"CPU-time limit ({job['cpu_seconds']} s) exceeded")
-        elif sig == signal.SIGXFSZ:
-            rec.update(status="output_limit", detail="file-size limit exceeded")
-        elif b"MemoryError" in stderr or b"Cannot allocate memory" in stderr or exc == "MemoryError":
-            rec.update(status="memory", detail=f"killed by {name} while out of memory")
-        else:
-            rec.update(status="runtime_error", detail=f"killed by {name}")
     else:
-        rc = os.WEXITSTATUS(status)
-        if rc != 0:
-            if exc == "MemoryError":
-                rec.update(status="memory", detail=detail or "MemoryError")
-            elif mode == "check" and exc == "AssertionError":
-                rec.update(status="assertion", detail=detail or "AssertionError")
-            else:
-                rec.update(status="runtime_error", detail=detail or f"exit status {rc}")
+        failure = _classify_exit(job, status, cpu, exc, detail, stderr, oom)
+        if failure is not None:
+            rec.update(status=failure[0], detail=failure[1])
         elif mode == "stdin":
             rec.update(status="ok", detail="")
         elif not res:
-            if mode == "check":
-                rec.update(status="no_record", detail="exited before check() completed")
-            else:
-                rec.update(status="runtime_error", detail="exited before the function returned")
+            rec.update(status="runtime_error", detail="exited before the function returned")
         elif len(res) > cap:
             rec.update(status="output_limit", detail=f"return value exceeded {cap} bytes")
         else:
             rec.update(status="ok", detail="", res=res.decode("utf-8", "replace"))
+    return rec
+
+
+def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
+    """HumanEval case: the candidate serves calls, the judge runs check(); only the judge can pass it.
+
+    The check source (with its expected values) and the prompt reach the judge through a descriptor
+    (``check_fd``) that only the judge reads: the harness, and so every case process forked from it,
+    never holds them in memory, so a program cannot dig them out of its own address space.
+    """
+    work = job["work_dir"]
+    files = _CaseFiles(job, plan, i, ("out", "err", "diag", "jout", "jdiag", "res"))
+    pipes: list[int] = []
+    try:
+        req_r, req_w = os.pipe()  # judge -> candidate
+        resp_r, resp_w = os.pipe()  # candidate -> judge
+        setup_c_r, setup_c_w = os.pipe()
+        setup_j_r, setup_j_w = os.pipe()
+        pipes = [req_r, req_w, resp_r, resp_w, setup_c_r, setup_c_w, setup_j_r, setup_j_w]
+        oom0 = _oom_kills(job.get("oom_fd"))
+        start = time.monotonic()
+        deadline = min(start + job["timeout"], total_deadline)
+        # the judge first: a program that forks up to the process limit cannot keep it from starting
+        jpid = os.fork()
+        if jpid == 0:
+            extra = {"diag": files["jdiag"], "res": files["res"], "chan_r": resp_r, "chan_w": req_w,
+                     "nonce": job["nonce_fd"], "check": job["check_fd"]}
+            _case_child(job, plan, None, files["jout"], files["jout"], extra, setup_j_w, 1 << 20,
+                        lambda: _judge_main(job, extra), judge=True)  # never returns
+        try:
+            cpid = os.fork()
+        except BaseException:
+            os.kill(jpid, signal.SIGKILL)
+            os.waitpid(jpid, 0)
+            raise
+        if cpid == 0:
+            extra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
+            _case_child(job, plan, None, files["out"], files["err"], extra, setup_c_w, int(job["caps"][i]),
+                        lambda: _serve_candidate(job, code, extra))  # never returns
+        for fd in pipes:
+            if fd not in (setup_c_r, setup_j_r):
+                os.close(fd)
+        pipes = [setup_c_r, setup_j_r]
+        jstatus, jru, timed_out, guard_hit = _wait_case(jpid, deadline, _disk_guard(job, plan))
+        elapsed = time.monotonic() - start
+        cand_done = _exited_already(cpid)
+        try:
+            os.killpg(cpid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.kill(cpid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, cstatus, cru = os.wait4(cpid, 0)
+        _cleanup_case_processes([cpid, jpid], pidns)
+        setup_c = os.read(setup_c_r, 65536)
+        setup_j = os.read(setup_j_r, 65536)
+        oom1 = _oom_kills(job.get("oom_fd"))
+        oom = oom0 is not None and oom1 is not None and oom1 > oom0
+        stdout = files.read("out", 2000)
+        stderr = files.read("err", 2000, tail=True)
+        cdiag = files.read("diag", 65536)
+        jout = files.read("jout", 2000, tail=True)
+        jdiag = files.read("jdiag", 65536)
+        res = files.read("res", 4096)
+    finally:
+        for fd in pipes:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        files.close()
+    _clear_dir(work)
+
+    ccpu = cru.ru_utime + cru.ru_stime
+    rec = {"event": "case", "i": i, "time": round(elapsed, 4), "cpu": round(ccpu, 4),
+           "stderr": stderr.decode("utf-8", "replace"), "stdout": stdout.decode("utf-8", "replace"), "oom": oom}
+    for who, setup, st in (("candidate", setup_c, cstatus), ("judge", setup_j, jstatus)):
+        if setup[:1] != b"K":
+            rec.update(status="sandbox_error",
+                       detail=(f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace")) if setup
+                       else f"{who} process died during set-up (wait status {st})")
+            return rec
+    jexc, _, jdetail = _parse_diag(jdiag)
+    cexc, _, cdetail = _parse_diag(cdiag)
+    if jexc == "CheckSourceError":
+        rec.update(status="check_error", detail=jdetail.split(": ", 1)[-1])
+        return rec
+    if timed_out:
+        rec.update(status="timeout", detail=f"wall-clock limit ({job['timeout']} s) exceeded")
+        return rec
+    if guard_hit:
+        rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
+                                                 f"{job['max_files']} files) exceeded")
+        return rec
+    if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and res:
+        rec.update(status="ok", detail="", res=res.decode("ascii", "replace"))
+        return rec
+    if jexc == "UnsupportedArgument":  # the check passed something the wire format cannot carry
+        rec.update(status="sandbox_error", detail=f"judge: {jdetail}")
+        return rec
+    if jexc == "CandidateExited":
+        failure = None
+        if cand_done:
+            failure = _classify_exit(job, cstatus, ccpu, cexc, cdetail, stderr, oom)
+        if failure is not None:
+            rec.update(status=failure[0], detail=failure[1])
+        else:
+            rec.update(status="no_record", detail="the program exited or closed its channel before check() completed")
+        return rec
+    if jexc == "CandidateBadValue":
+        rec.update(status="bad_value", detail=jdetail)
+        return rec
+    if jexc == "AssertionError":
+        rec.update(status="assertion", detail=jdetail or "AssertionError")
+        return rec
+    jcpu = jru.ru_utime + jru.ru_stime
+    failure = _classify_exit(job, jstatus, jcpu, jexc, jdetail, jout, oom)
+    if failure is None:
+        failure = ("no_record", "check() did not complete")
+    rec.update(status=failure[0], detail=failure[1])
     return rec
 
 
@@ -992,28 +1970,24 @@ def _close_fds_except(keep: set[int]) -> None:
                 pass
 
 
-def _case_child(job, plan, i, code, check_code, fds, setup_w, cap) -> None:
-    """Fork of the harness for one test case: set up the sandbox, report, run the program, _exit."""
+def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, run, judge: bool = False) -> None:
+    """Fork of the harness for one test case (candidate or judge): set up the sandbox, report, run, _exit."""
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as CPython does: writes past the cap fail with EFBIG
         os.setpgid(0, 0)
-        if job["mode"] == "stdin":
-            os.dup2(fds["in"], 0)
+        if stdin_fd is not None:
+            os.dup2(stdin_fd, 0)
         else:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.close(null)
-        os.dup2(fds["out"], 1)
-        os.dup2(fds["err"], 2)
-        diag_fd, res_fd = fds["diag"], fds["res"]
-        nonce_fd = job.get("nonce_fd") if job["mode"] == "check" else None
-        keep = {0, 1, 2, diag_fd, res_fd, setup_w}
-        if nonce_fd is not None:
-            keep.add(nonce_fd)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        keep = {0, 1, 2, setup_w, *extra.values()}
         _close_fds_except(keep)
-        for fd in (diag_fd, res_fd, setup_w) + ((nonce_fd,) if nonce_fd is not None else ()):
+        for fd in (setup_w, *extra.values()):
             os.set_inheritable(fd, False)
         _setrlimit(resource.RLIMIT_CORE, 0)
         _setrlimit(resource.RLIMIT_CPU, job["cpu_seconds"])
@@ -1025,8 +1999,10 @@ def _case_child(job, plan, i, code, check_code, fds, setup_w, cap) -> None:
             _setrlimit(resource.RLIMIT_STACK, job["stack_bytes"])
         except (OSError, ValueError):
             pass
-        os.chdir(job["work_dir"])
-        _apply_case_layers(plan, job, strict=True)
+        os.chdir("/" if judge else job["work_dir"])  # nothing the program plants in its work dir reaches the judge
+        _apply_case_layers(plan, job, strict=True, writable=not judge)
+        if judge:
+            _prctl(_PR_SET_DUMPABLE, 0)  # again: a uid change may have reset it
         os.write(setup_w, b"K")
         os.close(setup_w)
     except BaseException as e:  # noqa: BLE001
@@ -1034,7 +2010,10 @@ def _case_child(job, plan, i, code, check_code, fds, setup_w, cap) -> None:
             os.write(setup_w, b"E" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:4000])
         finally:
             os._exit(_SETUP_FAILED_RC)
-    rc = _execute_candidate(job, i, code, check_code, diag_fd, res_fd, nonce_fd)
+    try:
+        rc = run()
+    except BaseException:  # noqa: BLE001
+        rc = 1
     os._exit(rc)
 
 
@@ -1051,10 +2030,9 @@ def _jsonable_default(obj):
     return {"__unserializable__": type(obj).__name__}
 
 
-def _execute_candidate(job, i, code, check_code, diag_fd, res_fd, nonce_fd) -> int:
+def _candidate_main_module():
     import builtins
 
-    _os_write, _os_read = os.write, os.read
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     main.__dict__["__file__"] = "solution.py"
@@ -1067,37 +2045,16 @@ def _execute_candidate(job, i, code, check_code, diag_fd, res_fd, nonce_fd) -> i
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                                     encoding="utf-8", errors="backslashreplace",
                                                     line_buffering=True)
-    our_stdout = sys.stdout
-    g = main.__dict__
-    rc = 0
-    mode = job["mode"]
-    try:
-        exec(code, g)
-        if mode == "fn":
-            name = job["fn_name"]
-            fn = g.get(name)
-            if not callable(fn):
-                cls = g.get("Solution")
-                if isinstance(cls, type) and hasattr(cls, name):
-                    fn = getattr(cls(), name)
-            if not callable(fn):
-                raise NameError(f"function {name!r} is not defined")
-            args = job["inputs"][i]
-            value = fn(*args) if isinstance(args, list) else fn(args)
-            import json
+    return main.__dict__
 
-            data = json.dumps({"value": value}, default=_jsonable_default).encode()
-            _write_all(res_fd, data)
-        elif mode == "check":
-            exec(check_code, g)
-            entry = job["entry_point"]
-            candidate = g.get(entry)
-            if not callable(candidate):
-                raise NameError(f"entry point {entry!r} is not defined")
-            g["check"](candidate)
-            # check() returned normally: only now fetch the parent's nonce and write the record
-            nonce = _os_read(nonce_fd, 4096)
-            _os_write(res_fd, nonce)
+
+def _run_user_code(body, diag_fd: int) -> int:
+    """Run ``body()`` (which executes candidate code); map SystemExit/exceptions to an exit status."""
+    _os_write = os.write
+    our_stdout = sys.stdout
+    rc = 0
+    try:
+        body()
     except SystemExit as e:
         c = e.code
         if c is None:
@@ -1118,7 +2075,7 @@ def _execute_candidate(job, i, code, check_code, diag_fd, res_fd, nonce_fd) -> i
                 sys.stderr.flush()
             except BaseException:  # noqa: BLE001
                 pass
-            _os_write(2, _format_exception(e).encode("utf-8", "backslashreplace"))
+            _os_write(2, _format_exception(e, skip=2).encode("utf-8", "backslashreplace"))
         except BaseException:  # noqa: BLE001
             pass
     for stream in {id(sys.stdout): sys.stdout, id(our_stdout): our_stdout, id(sys.stderr): sys.stderr}.values():
@@ -1129,6 +2086,220 @@ def _execute_candidate(job, i, code, check_code, diag_fd, res_fd, nonce_fd) -> i
                 rc = 1
             _write_diag(diag_fd, e)
     return rc
+
+
+def _execute_candidate(job, i, code, extra) -> int:
+    g = _candidate_main_module()
+    mode = job["mode"]
+    res_fd = extra["res"]
+
+    def body():
+        exec(code, g)
+        if mode == "fn":
+            name = job["fn_name"]
+            fn = g.get(name)
+            if not callable(fn):
+                cls = g.get("Solution")
+                if isinstance(cls, type) and hasattr(cls, name):
+                    fn = getattr(cls(), name)
+            if not callable(fn):
+                raise NameError(f"function {name!r} is not defined")
+            args = job["inputs"][i]
+            value = fn(*args) if isinstance(args, list) else fn(args)
+            import json
+
+            data = json.dumps({"value": value}, default=_jsonable_default).encode()
+            _write_all(res_fd, data)
+
+    return _run_user_code(body, extra["diag"])
+
+
+def _serve_candidate(job, code, extra) -> int:
+    """Check mode, case process: run the program, then answer the judge's calls with plain data."""
+    g = _candidate_main_module()
+    rfd, wfd = extra["chan_r"], extra["chan_w"]
+    send, recv, dumps, loads, enc = _send_frame, _recv_frame, _wire_dumps, _wire_loads, _wire_encode
+
+    def body():
+        exec(code, g)
+        entry = job["entry_point"]
+        if not callable(g.get(entry)):
+            raise NameError(f"entry point {entry!r} is not defined")
+        names = sorted(k for k, v in list(g.items()) if isinstance(k, str) and callable(v))
+        send(wfd, dumps(["ready", names]))
+        while True:
+            frame = recv(rfd, 1 << 30)
+            if frame is None:
+                return
+            _, name, args, kwargs = loads(frame)
+            fn = g.get(name)
+            try:
+                if not callable(fn):
+                    raise NameError(f"name {name!r} is not defined")
+                value = fn(*args, **dict(kwargs))
+            except Exception as e:  # noqa: BLE001 - reported to the judge, which re-raises it there
+                try:
+                    msg = str(e)[:500]
+                except Exception:  # noqa: BLE001
+                    msg = ""
+                send(wfd, dumps(["e", type(e).__name__, msg]))
+                continue
+            try:
+                payload = dumps(["r", enc(value)])
+            except (TypeError, ValueError, RecursionError, OverflowError) as e:
+                payload = dumps(["x", f"{type(e).__name__}: {e}"[:500]])
+            for stream in (sys.stdout, sys.stderr):  # the process is killed once the judge is done
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            send(wfd, payload)
+
+    return _run_user_code(body, extra["diag"])
+
+
+class _CandidateExited(BaseException):
+    """The program exited, crashed or closed its channel: not an Exception, so check() cannot swallow it."""
+
+
+class _CandidateBadValue(BaseException):
+    """The program answered with something that is not plain data (or a malformed frame)."""
+
+
+class _UnsupportedArgument(BaseException):
+    """The check passed an argument the wire format cannot carry (a data problem, not the program's)."""
+
+
+class _CheckSourceError(BaseException):
+    """The check (or prompt) source does not compile: the tests entry is malformed."""
+
+
+def _judge_main(job, extra) -> int:
+    """Judge process: trusted check() against a plain-data proxy of the program; writes the nonce on success."""
+    import builtins
+
+    rfd, wfd = extra["chan_r"], extra["chan_w"]
+    state = {"bad": None}
+    g = {"__name__": "__main__", "__builtins__": builtins}
+    safe_exceptions = {n: c for n, c in vars(builtins).items()
+                       if isinstance(c, type) and issubclass(c, Exception)}
+
+    def fail(cls, msg):
+        if state["bad"] is None:
+            state["bad"] = (cls, msg)
+        raise cls(msg)
+
+    def receive():
+        if state["bad"] is not None:
+            raise state["bad"][0](state["bad"][1])
+        try:
+            frame = _recv_frame(rfd)
+        except ValueError as e:
+            fail(_CandidateBadValue, str(e))
+        except OSError as e:
+            fail(_CandidateExited, f"channel error: {e}")
+        if frame is None:
+            fail(_CandidateExited, "the program exited before check() completed")
+        try:
+            msg = _wire_loads(frame)
+        except ValueError as e:
+            fail(_CandidateBadValue, f"malformed answer: {e}")
+        if type(msg) is not list or not msg or type(msg[0]) is not str:
+            fail(_CandidateBadValue, "malformed answer")
+        return msg
+
+    def call(name, args, kwargs):
+        if state["bad"] is not None:
+            raise state["bad"][0](state["bad"][1])
+        try:
+            payload = _wire_dumps(["c", name, _wire_encode(list(args)),
+                                   [[k, _wire_encode(v)] for k, v in kwargs.items()]])
+        except (TypeError, ValueError, RecursionError, OverflowError) as e:
+            fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
+        try:
+            _send_frame(wfd, payload)
+        except OSError as e:
+            fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
+        msg = receive()
+        if msg[0] == "r" and len(msg) == 2:
+            return msg[1]
+        if msg[0] == "e" and len(msg) == 3 and type(msg[1]) is str and type(msg[2]) is str:
+            # the program raised: re-raise a builtin exception of that name (checks may expect it)
+            exc = None
+            cls = safe_exceptions.get(msg[1])
+            if cls is not None:
+                try:
+                    exc = cls(msg[2])
+                except Exception:  # noqa: BLE001 - classes with other constructors (UnicodeDecodeError, ...)
+                    exc = None
+            raise exc if exc is not None else RuntimeError(f"{msg[1]}: {msg[2]}")
+        if msg[0] == "x" and len(msg) == 2:
+            fail(_CandidateBadValue, f"return value is not plain data: {msg[1]}")
+        fail(_CandidateBadValue, "malformed answer")
+
+    def proxy_for(name):
+        def proxy(*args, **kwargs):
+            return call(name, args, kwargs)
+
+        proxy.__name__ = proxy.__qualname__ = name
+        return proxy
+
+    def global_names(co, out):
+        out.update(co.co_names)
+        for c in co.co_consts:
+            if isinstance(c, types.CodeType):
+                global_names(c, out)
+        return out
+
+    def body():
+        fd = extra["check"]
+        src = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
+        os.close(fd)
+        try:
+            check_code = compile(src["check"], "check.py", "exec", dont_inherit=True)
+            prelude_code = compile(src["prelude"], "prompt.py", "exec", dont_inherit=True) if src["prelude"] else None
+        except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
+            raise _CheckSourceError(f"{type(e).__name__}: {e}") from None
+        del src
+        if prelude_code is not None:
+            exec(prelude_code, g)  # trusted prompt: helper functions the check may use
+        exec(check_code, g)
+        ready = receive()  # the program ran its top-level code and defines the entry point
+        if ready[0] != "ready" or len(ready) != 2 or type(ready[1]) is not list:
+            fail(_CandidateBadValue, "malformed start-up message")
+        offered = {n for n in ready[1] if type(n) is str}
+        entry = job["entry_point"]
+        for name in global_names(check_code, set()):
+            if name in offered and name not in g and not hasattr(builtins, name):
+                g[name] = proxy_for(name)  # a helper only the program defines (no prompt given)
+        g[entry] = proxy_for(entry)
+        check = g.get("check")
+        if not callable(check):
+            raise NameError("the check source does not define check(candidate)")
+        check(g[entry])
+        if state["bad"] is not None:  # check() swallowed a failure of the program
+            raise state["bad"][0](state["bad"][1])
+        nonce = os.read(extra["nonce"], 4096)  # only now: check() has returned normally
+        _write_all(extra["res"], nonce)
+
+    try:
+        body()
+    except BaseException as e:  # noqa: BLE001
+        name = {_CandidateExited: "CandidateExited", _CandidateBadValue: "CandidateBadValue",
+                _UnsupportedArgument: "UnsupportedArgument", _CheckSourceError: "CheckSourceError",
+                }.get(type(e), type(e).__name__)
+        try:
+            msg = str(e)[:500].replace("\n", " ")
+        except BaseException:  # noqa: BLE001
+            msg = ""
+        try:
+            os.lseek(extra["diag"], 0, os.SEEK_SET)
+            os.write(extra["diag"], f"{name}\n\n{msg}".encode("utf-8", "replace"))
+            os.write(2, _format_exception(e).encode("utf-8", "backslashreplace"))
+        except BaseException:  # noqa: BLE001
+            pass
+        return 1
+    return 0
 
 
 def _write_diag(fd: int, e: BaseException) -> None:
@@ -1180,6 +2351,11 @@ _COUNTER = itertools.count()
 _WARNED: set[tuple[str, ...]] = set()
 _WARN_LOCK = threading.Lock()
 _STALE_CGROUPS: list[str] = []
+_PROBE_CACHE: dict = {}  # configuration -> per-case layers that a probe process could apply
+# environment variables naming cache / credential directories hidden from the program (hide_paths)
+_HIDE_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
+             "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TORCH_HOME", "PIP_CACHE_DIR",
+             "WANDB_DIR", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 
 @dataclass(frozen=True)
@@ -1191,12 +2367,16 @@ class SandboxConfig:
         total_timeout: wall-clock seconds for all test cases of one program; cases not started by then
             are reported as ``timeout``.
         memory_mb: address-space limit (RLIMIT_AS) per process, MiB; 0 disables it.
+        sandbox_memory_mb: memory limit of the whole sandbox (memory cgroup: every process of it plus
+            its tmpfs files), MiB; default ``memory_mb + 256`` (0 when ``memory_mb`` is 0); 0 disables.
+        disk_mb: size of the work dir's tmpfs (its disk quota), MiB.
+        max_files: inodes (files + directories) allowed in the work dir.
         output_limit: bytes of stdout (and of a returned value's JSON) kept per test case; a program
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
             verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
-            answer always fits.
+            answer always fits. RLIMIT_FSIZE also caps every file the program writes.
         max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; the bootstrap,
-            init and harness count too).
+            init, harness and, in ``check`` mode, the judge count too).
         max_open_files: RLIMIT_NOFILE.
         stack_mb: RLIMIT_STACK for the case process (deep recursion in competitive code).
         python_executable: interpreter of the sandbox (default: ``sys.executable``); it must have
@@ -1204,9 +2384,10 @@ class SandboxConfig:
         tmp_root: where per-run temp directories are created (default: ``tempfile.gettempdir()``).
         require: layer names (see :data:`LAYERS`) that must be active; if one is missing the run is an
             infrastructure failure (``sandbox_error``) and no candidate code runs.
-        disable: layers to switch off (``cgroup_pids``, ``userns``, ``netns``, ``pidns``, ``landlock``,
-            ``landlock_fs``, ``landlock_net``, ``landlock_signal``, ``caps_dropped``, ``uid_drop``,
-            ``rlimit_nproc``), for debugging and fallback tests.
+        disable: layers to switch off (``cgroup_pids``, ``cgroup_memory``, ``userns``, ``netns``,
+            ``pidns``, ``mountns``, ``proc_fresh``, ``hide_paths``, ``landlock``, ``landlock_fs``,
+            ``landlock_net``, ``landlock_signal``, ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``,
+            ``seccomp``), for debugging and fallback tests.
         startup_grace: extra seconds the parent waits (beyond the time limits) before it kills a
             sandbox that does not answer.
     """
@@ -1214,6 +2395,9 @@ class SandboxConfig:
     timeout: float = 4.0
     total_timeout: float = 30.0
     memory_mb: int = 1024
+    sandbox_memory_mb: int | None = None
+    disk_mb: int = 64
+    max_files: int = 4096
     output_limit: int = 256 << 10
     max_processes: int = 12
     max_open_files: int = 256
@@ -1229,14 +2413,18 @@ class SandboxConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive number of seconds, got {v!r}")
-        for name in ("output_limit", "max_processes", "max_open_files", "stack_mb"):
+        for name in ("output_limit", "max_processes", "max_open_files", "stack_mb", "disk_mb", "max_files"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive integer, got {v!r}")
         if not isinstance(self.memory_mb, int) or self.memory_mb < 0:
             raise ValueError(f"SandboxConfig.memory_mb must be an integer >= 0, got {self.memory_mb!r}")
-        if self.max_processes < 4:
-            raise ValueError("SandboxConfig.max_processes must be >= 4 (bootstrap, init and harness count)")
+        if self.sandbox_memory_mb is not None and (not isinstance(self.sandbox_memory_mb, int)
+                                                   or self.sandbox_memory_mb < 0):
+            raise ValueError("SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got "
+                             f"{self.sandbox_memory_mb!r}")
+        if self.max_processes < 5:
+            raise ValueError("SandboxConfig.max_processes must be >= 5 (bootstrap, init, harness and judge count)")
         object.__setattr__(self, "require", tuple(self.require))
         object.__setattr__(self, "disable", tuple(self.disable))
         unknown = [r for r in self.require if r not in LAYERS]
@@ -1246,17 +2434,27 @@ class SandboxConfig:
         if unknown:
             raise ValueError(f"SandboxConfig.disable: unknown layer(s) {unknown}; use {sorted(_DISABLEABLE)}")
 
+    @property
+    def effective_sandbox_memory_mb(self) -> int:
+        """The memory cgroup limit in MiB (0: none)."""
+        if self.sandbox_memory_mb is not None:
+            return self.sandbox_memory_mb
+        return self.memory_mb + 256 if self.memory_mb else 0
+
 
 @dataclass
 class CaseOutcome:
     """What happened to one test case, as observed by the trusted harness.
 
     ``status``: ``ok`` (ran to completion; the parent still has to compare), ``timeout``, ``memory``,
-    ``output_limit``, ``runtime_error``, ``assertion`` (``check`` raised AssertionError), ``no_record``
-    (``check`` mode: exited 0 without completing ``check()``) or ``sandbox_error``.
+    ``output_limit`` (stdout cap, file-size limit or the work dir's disk quota), ``runtime_error``,
+    ``assertion`` (``check`` raised AssertionError), ``no_record`` (``check`` mode: the program exited
+    before ``check()`` completed), ``bad_value`` (``check`` mode: the program returned something that is
+    not plain data, or answered with a malformed message) or ``sandbox_error``.
     ``stdout`` is what the program printed (complete up to the cap in ``stdin`` mode, a preview
     otherwise). ``value`` is the decoded return value (``fn`` mode, ``has_value``). ``verified`` is set
-    in ``check`` mode when the completion record carried the parent's nonce.
+    in ``check`` mode when the judge's completion record carried the parent's nonce. ``oom`` is True
+    when the sandbox's memory cgroup OOM-killed a process during this case.
     """
 
     status: str
@@ -1267,6 +2465,7 @@ class CaseOutcome:
     detail: str = ""
     stderr: str = ""
     time: float = 0.0
+    oom: bool = False
 
 
 @dataclass
@@ -1274,9 +2473,11 @@ class SandboxRun:
     """Result of :func:`run_program`.
 
     ``ok`` is False on an infrastructure failure (``error`` says why; no verdict may be drawn).
-    ``compile_error`` is set when the program does not compile (no case ran). ``cases`` has one
-    :class:`CaseOutcome` per test case otherwise. ``process_limit_hit`` is True when the pids cgroup
-    refused a fork. ``layers`` are the isolation layers that were active.
+    ``compile_error`` is set when the program does not compile (no case ran); ``check_error`` when the
+    check (or prompt) source does not. ``cases`` has one :class:`CaseOutcome` per test case otherwise.
+    ``process_limit_hit`` is True when the pids cgroup refused a fork; ``memory_limit_hit`` when the
+    memory cgroup OOM-killed a process; ``memory_peak`` is the cgroup's peak usage in bytes (None
+    without ``cgroup_memory``). ``layers`` are the isolation layers that were active.
     """
 
     ok: bool
@@ -1286,6 +2487,8 @@ class SandboxRun:
     check_error: str | None = None
     cases: list[CaseOutcome] = field(default_factory=list)
     process_limit_hit: bool = False
+    memory_limit_hit: bool = False
+    memory_peak: int | None = None
     elapsed: float = 0.0
     notes: tuple[str, ...] = ()
 
@@ -1293,8 +2496,13 @@ class SandboxRun:
 # ------------------------------------------------------------------ cgroups
 
 
-def _pids_cgroup_base() -> str | None:
-    """Directory under which this process may create a pids cgroup (v1 pids controller or v2)."""
+def _cgroup_base(controller: str) -> tuple[str, int] | None:
+    """(directory, version) under which this process may create a cgroup with ``controller``.
+
+    cgroup v1: the hierarchy with that controller, at this process's own cgroup (children of our own
+    cgroup only; nothing else is touched). v2: our own cgroup when the controller is delegated to
+    its children (listed in ``cgroup.subtree_control``).
+    """
     own_v1, own_v2 = None, None
     try:
         with open("/proc/self/cgroup") as f:
@@ -1302,7 +2510,7 @@ def _pids_cgroup_base() -> str | None:
                 parts = line.rstrip("\n").split(":", 2)
                 if len(parts) != 3:
                     continue
-                if "pids" in parts[1].split(","):
+                if controller in parts[1].split(","):
                     own_v1 = parts[2]
                 elif parts[0] == "0" and parts[1] == "":
                     own_v2 = parts[2]
@@ -1316,9 +2524,9 @@ def _pids_cgroup_base() -> str | None:
         except ValueError:
             continue
         fstype, opts, root, point = m[sep + 1], m[-1], m[3], m[4]
-        if fstype == "cgroup" and "pids" in opts.split(",") and own_v1 is not None:
+        if fstype == "cgroup" and controller in opts.split(",") and own_v1 is not None:
             rel = own_v1[len(root):] if own_v1.startswith(root) and root != "/" else own_v1
-            return os.path.join(point, rel.lstrip("/"))
+            return os.path.join(point, rel.lstrip("/")), 1
     for m in mounts:
         try:
             sep = m.index("-")
@@ -1330,36 +2538,95 @@ def _pids_cgroup_base() -> str | None:
             base = os.path.join(point, rel.lstrip("/"))
             try:
                 with open(os.path.join(base, "cgroup.subtree_control")) as f:
-                    if "pids" in f.read().split():
-                        return base
+                    if controller in f.read().split():
+                        return base, 2
             except OSError:
                 pass
     return None
 
 
-_CG_BASE: list = []
+_CG_BASE: dict = {}
 
 
-def _cgroup_create(cfg: SandboxConfig) -> str | None:
-    if "cgroup_pids" in cfg.disable:
-        return None
-    if not _CG_BASE:
-        _CG_BASE.append(_pids_cgroup_base())
-    base = _CG_BASE[0]
+def _cgroup_mkdir(controller: str) -> tuple[str, int] | None:
+    if controller not in _CG_BASE:
+        _CG_BASE[controller] = _cgroup_base(controller)
+    base = _CG_BASE[controller]
     if base is None:
         return None
-    path = os.path.join(base, f"trl_prime_sbx_{os.getpid()}_{next(_COUNTER)}_{secrets.token_hex(3)}")
+    path = os.path.join(base[0], f"trl_prime_sbx_{os.getpid()}_{next(_COUNTER)}_{secrets.token_hex(3)}")
     try:
         os.mkdir(path)
     except OSError:
         return None
+    return path, base[1]
+
+
+def _write_cg(path: str, name: str, value: str) -> None:
+    with open(os.path.join(path, name), "w") as f:
+        f.write(value)
+
+
+def _pids_cgroup_create(cfg: SandboxConfig) -> str | None:
+    if "cgroup_pids" in cfg.disable:
+        return None
+    made = _cgroup_mkdir("pids")
+    if made is None:
+        return None
     try:
-        with open(os.path.join(path, "pids.max"), "w") as f:
-            f.write(str(cfg.max_processes))
+        _write_cg(made[0], "pids.max", str(cfg.max_processes))
+    except OSError:
+        _cgroup_remove(made[0])
+        return None
+    return made[0]
+
+
+def _memory_cgroup_create(cfg: SandboxConfig) -> tuple[str, int] | None:
+    limit_mb = cfg.effective_sandbox_memory_mb
+    if "cgroup_memory" in cfg.disable or not limit_mb:
+        return None
+    made = _cgroup_mkdir("memory")
+    if made is None:
+        return None
+    path, ver = made
+    limit = str(limit_mb << 20)
+    try:
+        if ver == 1:
+            _write_cg(path, "memory.limit_in_bytes", limit)
+            try:  # swap counted too, where swap accounting exists
+                _write_cg(path, "memory.memsw.limit_in_bytes", limit)
+            except OSError:
+                pass
+        else:
+            _write_cg(path, "memory.max", limit)
+            try:
+                _write_cg(path, "memory.swap.max", "0")
+            except OSError:
+                pass
     except OSError:
         _cgroup_remove(path)
         return None
-    return path
+    return path, ver
+
+
+def _memory_cgroup_stats(made: tuple[str, int]) -> tuple[bool, int | None]:
+    """(an OOM kill happened, peak usage in bytes) of a memory cgroup we created."""
+    path, ver = made
+    oom, peak = False, None
+    try:
+        with open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events")) as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k == "oom_kill" and int(v) > 0:
+                    oom = True
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(path, "memory.max_usage_in_bytes" if ver == 1 else "memory.peak")) as f:
+            peak = int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    return oom, peak
 
 
 def _cgroup_limit_hit(path: str) -> bool:
@@ -1427,6 +2694,17 @@ atexit.register(_retry_stale_cgroups)
 def _wait_exit_nowait(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` (our child) has exited, leaving it a zombie so its pid cannot be reused."""
     deadline = time.monotonic() + timeout
+    try:
+        pfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pfd = None
+    if pfd is not None:  # woken exactly when it exits (a zombie child's pidfd reads as exited)
+        try:
+            poller = select.poll()
+            poller.register(pfd, select.POLLIN)
+            return bool(poller.poll(max(0, int((deadline - time.monotonic()) * 1000)) + 1))
+        finally:
+            os.close(pfd)
     delay = 0.0005
     while True:
         try:
@@ -1456,13 +2734,40 @@ def _env(work: str) -> dict[str, str]:
     return env
 
 
+def _remove_run_dir(base: str) -> None:
+    """Remove a run's temp dir: the usual empty layout with two rmdirs, anything else recursively."""
+    try:
+        os.rmdir(os.path.join(base, "work"))
+        os.rmdir(base)
+    except OSError:
+        if os.path.lexists(base):
+            _rmtree_force(base)
+
+
+def _hide_extra() -> list[str]:
+    out = []
+    home = os.path.expanduser("~")
+    if home and home != "~":
+        out.append(home)
+    for k in _HIDE_ENV:
+        v = os.environ.get(k)
+        if v and os.path.isabs(v):
+            out.append(v)
+    return out
+
+
 def _maybe_warn(layers: tuple[str, ...]) -> None:
     groups = {
         "network": ("netns", "landlock_net"),
         "process count": ("cgroup_pids", "rlimit_nproc"),
         "leftover processes": ("pidns", "cgroup_pids"),
-        "filesystem writes": ("landlock_fs", "uid_drop"),
+        "filesystem writes": ("fs_readonly", "landlock_fs", "uid_drop"),
+        "file metadata (chmod/chown/utime/xattr)": ("fs_readonly", "seccomp", "uid_drop"),
+        "host unix sockets": ("seccomp",),
         "signals to the host": ("pidns", "landlock_signal"),
+        "total memory": ("cgroup_memory",),
+        "disk quota": ("tmpfs_work", "disk_guard"),
+        "host process list": ("proc_fresh",),
     }
     missing = tuple(sorted(k for k, alts in groups.items() if not any(a in layers for a in alts)))
     if not missing:
@@ -1480,6 +2785,29 @@ def _maybe_warn(layers: tuple[str, ...]) -> None:
     )
 
 
+def _secret_fd(data: bytes) -> int:
+    """A descriptor holding ``data`` that has no name (memfd, else an unlinked temporary file)."""
+    try:
+        fd = os.memfd_create("trl_prime_check", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        f = tempfile.TemporaryFile()
+        fd = os.dup(f.fileno())
+        f.close()
+    _write_all(fd, data)
+    return fd
+
+
+def _check_stdin_inputs(inputs) -> None:
+    for j, x in enumerate(inputs):
+        if not isinstance(x, str):
+            raise ValueError(f"inputs[{j}] must be a string in mode='stdin', got {type(x).__name__}")
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"inputs[{j}] is not valid Unicode text (lone surrogate {x[e.start]!r} at index "
+                             f"{e.start}); it cannot be fed to a program's stdin") from None
+
+
 def run_program(
     program: str,
     *,
@@ -1488,6 +2816,7 @@ def run_program(
     fn_name: str | None = None,
     check: str | None = None,
     entry_point: str | None = None,
+    check_prelude: str | None = None,
     output_caps: list[int] | None = None,
     config: SandboxConfig | None = None,
 ) -> SandboxRun:
@@ -1497,9 +2826,12 @@ def run_program(
         program: Python source of the candidate.
         mode: ``"stdin"`` (``inputs`` are strings fed to stdin; ``CaseOutcome.stdout`` is returned),
             ``"fn"`` (``inputs`` are argument lists for ``fn_name``; the return value comes back as
-            JSON, decoded into ``CaseOutcome.value``), or ``"check"`` (HumanEval: run ``program``, then
-            ``check`` source, then ``check(<entry_point>)``; one case, ``CaseOutcome.verified`` is True
-            only when the completion record carries this call's secret nonce).
+            JSON, decoded into ``CaseOutcome.value``), or ``"check"`` (HumanEval: run ``program``; a
+            separate judge process runs ``check_prelude`` (optional, trusted: e.g. the HumanEval
+            prompt, whose helpers the check may use), then ``check`` source, then
+            ``check(<entry_point>)`` against a plain-data proxy of the program; one case,
+            ``CaseOutcome.verified`` is True only when the judge's completion record carries this
+            call's secret nonce).
         output_caps: per-case stdout caps in bytes (default ``config.output_limit``).
         config: :class:`SandboxConfig`.
 
@@ -1508,7 +2840,8 @@ def run_program(
         infrastructure failure (interpreter missing, sandbox set-up failed, a required layer missing).
 
     Raises:
-        ValueError: bad arguments (unknown mode, missing ``fn_name``/``check``/``entry_point``).
+        ValueError: bad arguments (unknown mode, missing ``fn_name``/``check``/``entry_point``, a stdin
+            input that is not valid Unicode text).
     """
     cfg = config or SandboxConfig()
     if mode not in _MODES:
@@ -1516,6 +2849,8 @@ def run_program(
     if mode == "check":
         if not isinstance(check, str) or not isinstance(entry_point, str):
             raise ValueError("mode='check' needs check= (source defining check(candidate)) and entry_point=")
+        if check_prelude is not None and not isinstance(check_prelude, str):
+            raise ValueError("check_prelude must be a string (e.g. the HumanEval prompt) or None")
         n = 1
         inputs = []
     else:
@@ -1523,6 +2858,8 @@ def run_program(
             raise ValueError(f"mode={mode!r} needs inputs=")
         if mode == "fn" and not isinstance(fn_name, str):
             raise ValueError("mode='fn' needs fn_name=")
+        if mode == "stdin":
+            _check_stdin_inputs(inputs)
         n = len(inputs)
     caps = list(output_caps) if output_caps is not None else [cfg.output_limit] * n
     if len(caps) != n:
@@ -1531,16 +2868,16 @@ def run_program(
     if _STALE_CGROUPS:
         _retry_stale_cgroups()
 
-    base = cg = proc = None
-    r = w = nonce_r = None
+    base = cg = memcg = proc = None
+    r = w = nonce_r = check_fd = None
     errf = None
     try:
         base = tempfile.mkdtemp(prefix="trl_prime_sbx_", dir=cfg.tmp_root)
         os.chmod(base, 0o711)
-        work, io_dir = os.path.join(base, "work"), os.path.join(base, "io")
+        work, io_dir = os.path.join(base, "work"), os.path.join(base, "io")  # io: made by the harness if needed
         os.mkdir(work, 0o700)
-        os.mkdir(io_dir, 0o700)
-        cg = _cgroup_create(cfg)
+        cg = _pids_cgroup_create(cfg)
+        memcg = _memory_cgroup_create(cfg)
         r, w = os.pipe()
         nonce = None
         if mode == "check":
@@ -1548,21 +2885,26 @@ def run_program(
             nonce_r, nonce_w = os.pipe()
             os.write(nonce_w, nonce.encode())
             os.close(nonce_w)
+            check_fd = _secret_fd(marshal.dumps({"check": check, "prelude": check_prelude or None}))
         cpu_seconds = int(cfg.timeout) + 2
+        probe_key = (cfg.python_executable or sys.executable, cfg.disable, cfg.tmp_root, os.geteuid())
+        cgroups = ([("cgroup_pids", cg)] if cg else []) + ([("cgroup_memory", memcg[0])] if memcg else [])
         job = {
             "parent_pid": os.getpid(),
             "result_fd": w,
             "nonce_fd": nonce_r,
-            "cgroup": cg,
+            "check_fd": check_fd,
+            "cgroups": cgroups,
+            "memcg": memcg,
             "disable": list(cfg.disable),
             "require": list(cfg.require),
             "work_dir": work,
             "io_dir": io_dir,
+            "hide_extra": _hide_extra(),
             "mode": mode,
             "program": program,
             "inputs": inputs,
             "fn_name": fn_name,
-            "check": check,
             "entry_point": entry_point,
             "n_cases": n,
             "caps": caps,
@@ -1570,30 +2912,33 @@ def run_program(
             "total_timeout": float(cfg.total_timeout),
             "cpu_seconds": cpu_seconds,
             "memory_bytes": cfg.memory_mb << 20,
+            "disk_bytes": cfg.disk_mb << 20,
+            "shm_bytes": min(cfg.disk_mb, 16) << 20,
+            "max_files": cfg.max_files,
             "stack_bytes": cfg.stack_mb << 20,
             "max_open_files": cfg.max_open_files,
             "max_processes": cfg.max_processes,
+            "probe": _PROBE_CACHE.get(probe_key),
         }
         job_path = os.path.join(base, "job.json")
         fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(marshal.dumps(job))
         errf = tempfile.TemporaryFile()
-        pass_fds = (w,) if nonce_r is None else (w, nonce_r)
+        pass_fds = tuple(x for x in (w, nonce_r, check_fd) if x is not None)
         proc = subprocess.Popen(
             [cfg.python_executable or sys.executable, "-I", "-c", _BOOT, _SCRIPT, job_path],
             stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, pass_fds=pass_fds,
             start_new_session=True, env=_env(work), cwd=base, close_fds=True,
         )
-        if cg:
+        for _, path in cgroups:
             try:
-                with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-                    f.write(str(proc.pid))
+                _write_cg(path, "cgroup.procs", str(proc.pid))
             except OSError:
                 pass  # the bootstrap joins itself
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         err = f"could not start the sandbox: {type(e).__name__}: {e}"
-        for fd in (r, w, nonce_r):
+        for fd in (r, w, nonce_r, check_fd):
             if fd is not None:
                 try:
                     os.close(fd)
@@ -1601,15 +2946,18 @@ def run_program(
                     pass
         if cg:
             _cgroup_remove(cg)
+        if memcg:
+            _cgroup_remove(memcg[0])
         if base:
-            _rmtree_force(base)
+            _remove_run_dir(base)
         if errf is not None:
             errf.close()
         return SandboxRun(ok=False, error=err, elapsed=time.monotonic() - t0)
 
     os.close(w)
-    if nonce_r is not None:
-        os.close(nonce_r)
+    for fd in (nonce_r, check_fd):
+        if fd is not None:
+            os.close(fd)
     events, timed_out, overflow, finished = [], False, False, False
     try:
         events, timed_out, overflow = _read_events(r, t0 + cfg.startup_grace + cfg.total_timeout + cfg.timeout,
@@ -1617,7 +2965,7 @@ def run_program(
         finished = True
     finally:
         # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
-        # process group and the cgroup are empty, so its pid (= the group id) cannot be reused meanwhile.
+        # process group and the cgroups are empty, so its pid (= the group id) cannot be reused meanwhile.
         os.close(r)
         if not finished or timed_out or overflow or not _wait_exit_nowait(proc.pid, 5.0):
             try:
@@ -1629,10 +2977,14 @@ def run_program(
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        limit_hit = False
+        limit_hit = mem_hit = False
+        mem_peak = None
         if cg:
             limit_hit = _cgroup_limit_hit(cg)
             _cgroup_kill_all(cg)
+        if memcg:
+            _cgroup_kill_all(memcg[0])
+            mem_hit, mem_peak = _memory_cgroup_stats(memcg)
         try:
             rc = proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -1640,15 +2992,24 @@ def run_program(
             rc = proc.wait()
         if cg:
             _cgroup_remove(cg)
+        if memcg:
+            _cgroup_remove(memcg[0])
         errf.seek(0)
         stderr_text = errf.read()[-4000:].decode("utf-8", "replace")
         errf.close()
-        _rmtree_force(base)
+        _remove_run_dir(base)
 
     run = _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text)
+    ready = next((e for e in events if e.get("event") == "ready"), None)
+    if run.ok and ready is not None and isinstance(ready.get("probe"), list):
+        _PROBE_CACHE[probe_key] = [str(x) for x in ready["probe"]]
+    elif not run.ok:
+        _PROBE_CACHE.pop(probe_key, None)  # probe again next time (the machine may have changed)
     run.process_limit_hit = limit_hit
+    run.memory_limit_hit = mem_hit
+    run.memory_peak = mem_peak
     run.elapsed = time.monotonic() - t0
-    if run.layers:
+    if run.ok and run.layers:  # a failed run executed no candidate code
         _maybe_warn(run.layers)
     return run
 
@@ -1709,7 +3070,7 @@ def _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text) -> S
             continue
         st = str(e.get("status", "runtime_error"))
         c = CaseOutcome(status=st, stdout=str(e.get("stdout", "")), detail=str(e.get("detail", "")),
-                        stderr=str(e.get("stderr", "")), time=float(e.get("time", 0.0)))
+                        stderr=str(e.get("stderr", "")), time=float(e.get("time", 0.0)), oom=e.get("oom") is True)
         if st == "sandbox_error":
             return SandboxRun(ok=False, error=c.detail, layers=layers, notes=notes)
         if st == "ok" and mode == "fn":
@@ -1738,10 +3099,11 @@ _LAYER_CACHE: dict = {}
 def sandbox_layers(config: SandboxConfig | None = None) -> tuple[str, ...]:
     """Isolation layers active on this machine for ``config`` (runs one trivial program; cached).
 
-    Returns an empty tuple when the sandbox cannot run at all.
+    Returns an empty tuple when the sandbox cannot run at all. ``judge_process`` (``check`` mode only)
+    is not included.
     """
     cfg = config or SandboxConfig()
-    key = (cfg.python_executable, cfg.disable, cfg.tmp_root)
+    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb)
     if key not in _LAYER_CACHE:
         run = run_program("pass", mode="stdin", inputs=[""], config=dataclasses.replace(cfg, require=()))
         _LAYER_CACHE[key] = run.layers if run.ok else ()
