@@ -32,11 +32,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(mode: str, model: str, out: str, timeout: int = 420) -> dict:
+def _launch(mode: str, model: str, out: str, *extra: str, timeout: int = 420) -> dict:
     cmd = [
         ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        SCRIPT, "--mode", mode, "--model", model, "--out", out,
+        SCRIPT, "--mode", mode, "--model", model, "--out", out, *extra,
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
@@ -128,3 +128,47 @@ def test_deepspeed_two_processes_trains_prm_and_policy(tiny_model_path, tmp_path
     assert {"model.safetensors", "reference"} <= set(summary["prm_checkpoint_files"])
     assert "prm_deepspeed" in summary["checkpoint_files"]
     _check_baselines_single_process(out)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_pairwise_prm_loss_pairs_within_prompts(tiny_model_path, tmp_path):
+    """prm_loss="dpo" with 3 rows per rank and K=2 (group 1 = global rows 2 and 3, one on each rank): the loss is
+    formed over the global batch (other ranks' sequence rewards gathered, detached), so every pair lies inside one
+    prompt's group, the split group's pair is formed too, and the summed gradient is the one-process gradient of the
+    global DPO loss. The script asserts the group ids against the gathered prompts; here the pre-clip PRM gradient
+    norm of the 2-process step is checked against a one-process recomputation on the concatenated batch."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_prime.implicit_prm import completion_logps
+
+    out = str(tmp_path / "ddp_dpo")
+    summary = _launch("ddp", tiny_model_path, out, "--prm_loss", "dpo", "--max_steps", "1")
+    assert summary["num_processes"] == 2 and summary["num_updates"] == 1
+    assert summary["logs"][0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)  # r = 0 for every row at step 1
+    ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+    steps = [r["steps"][0] for r in ranks]
+    prm_steps = [r["prm_steps"][0] for r in ranks]
+    outcome = torch.cat([s["outcome_rewards"] for s in steps])
+    assert outcome.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    for p in prm_steps:
+        assert p["loss_group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
+        assert torch.equal(p["loss_labels"], outcome)
+    assert prm_steps[0]["grad_norm"] == prm_steps[1]["grad_norm"]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    seqs = []
+    for s in steps:
+        T = s["completion_ids"].size(1)
+        ids = torch.cat([s["prompt_ids"], s["completion_ids"]], dim=1)
+        am = torch.cat([s["prompt_mask"], s["completion_mask"]], dim=1)
+        lp = completion_logps(model, ids, am, T)
+        seqs.append((lp * s["completion_mask"]).sum(-1, keepdim=True))
+    seq = torch.cat(seqs)
+    loss = F.implicit_prm_loss(
+        prm_logps=seq, ref_logps=seq.detach(), mask=torch.ones_like(seq, dtype=torch.bool), labels=outcome,
+        beta=0.05, loss_type="dpo", group_ids=torch.arange(6) // 2,
+    )
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
+    loss.backward()
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    assert prm_steps[0]["grad_norm"] == pytest.approx(expected.item(), rel=1e-3)

@@ -490,6 +490,112 @@ def test_twenty_step_run_logs_prm_metrics_every_step(tiny_model_path, tmp_path):
             assert n in h and h[n] is not None and math.isfinite(h[n]), (h["step"], n)
         assert 0.0 <= h["prm/pair_accuracy"] <= 1.0 and h["filter/kept_fraction"] == 1.0
     assert logs[0]["prm/token_reward_std"] == 0.0 and logs[-1]["prm/token_reward_std"] > 0.0
+    # step 1: the untrained PRM ties every pair, which reads exactly 0.5 (PRIME Figure 5's starting point)
+    assert logs[0]["prm/pair_accuracy"] == 0.5
     # the PRM learns the verifier on the kept groups: its loss goes down from log(2)
     assert logs[0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert sum(h["prm/loss"] for h in logs[-5:]) / 5 < math.log(2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def test_config_prime_defaults_coefficients_and_loss_type_warning(tmp_path):
+    """PRIME's overrides of TRL defaults (policy lr 5e-7, K=4, beta 0, GRPO loss_type "dapo"), listed in the class
+    docstrings; non-finite or negative advantage coefficients fail naming the field (0 is allowed); a per-sequence /
+    per-micro-batch GRPO loss_type with the prompt filter on warns at config time."""
+    import warnings
+
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    rloo, grpo = PrimeRLOOConfig(**plain), PrimeGRPOConfig(**plain)
+    assert (rloo.learning_rate, rloo.beta, rloo.num_generations, rloo.epsilon) == (5e-7, 0.0, 4, 0.2)
+    assert (grpo.learning_rate, grpo.beta, grpo.num_generations, grpo.epsilon, grpo.loss_type) == (
+        5e-7, 0.0, 4, 0.2, "dapo"
+    )
+    for cls, overridden in ((PrimeRLOOConfig, ("beta", "num_generations", "learning_rate", "epsilon")),
+                            (PrimeGRPOConfig, ("beta", "num_generations", "learning_rate", "epsilon", "loss_type"))):
+        doc = " ".join(cls.__doc__.split())
+        for name in overridden:
+            assert f"``{name}``" in doc, (cls.__name__, name)
+        assert "5e-7" in doc
+    for name in ("process_coef", "outcome_coef"):
+        for value in (float("nan"), float("inf"), -1.0):
+            with pytest.raises(ValueError, match=name):
+                PrimeRLOOConfig(**plain, **{name: value})
+        assert getattr(PrimeRLOOConfig(**plain, **{name: 0.0}), name) == 0.0
+
+    for loss_type in ("grpo", "sapo", "bnpo", "dr_grpo"):
+        with pytest.warns(UserWarning, match=r"`loss_type`=.*dapo"):
+            PrimeGRPOConfig(**plain, loss_type=loss_type)
+    quiet = [dict(loss_type="dapo"), dict(loss_type="grpo", filter_lower=0.0, filter_upper=1.0)]
+    for kw in quiet:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            PrimeGRPOConfig(**plain, **kw)
+        assert not [w for w in caught if "`loss_type`" in str(w.message)], kw
+    with pytest.warns(UserWarning, match="loss_type"):
+        PrimeGRPOConfig(**plain, loss_type="grpo", filter_lower=0.0, filter_upper=1.0, filter_truncated=True)
+
+
+def test_save_model_writes_the_trained_prm(tiny_model_path, tmp_path):
+    """`trainer.save_model(dir)` saves the policy and, in dir/prm, the trained PRM: it reloads with
+    `ImplicitPRM.from_pretrained` and scores exactly like the trainer's PRM (which moved off its reference)."""
+    from trl_prime import ImplicitPRM
+
+    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, reward=alternating_reward)
+    tr.train()
+    out = tmp_path / "saved"
+    tr.save_model(str(out))
+    assert "model.safetensors" in os.listdir(out)  # the policy, as Trainer.save_model writes it
+    assert {"model.safetensors", "implicit_prm_config.json", "reference"} <= set(os.listdir(out / "prm"))
+    loaded = ImplicitPRM.from_pretrained(out / "prm")
+    prompts, completions = ["What is 1 + 1?", "What is 3 + 0?"], ["The answer\n\nis 2.", "3"]
+    live = tr.implicit_prm.score(prompts, completions)
+    assert any(abs(x) > 0 for x in live)
+    assert loaded.score(prompts, completions) == pytest.approx(live, abs=1e-7)
+
+
+def test_lora_policy_reference_records_the_trained_reference(tiny_model_path, tmp_path):
+    """LoRA + prm_reference="policy": the PRM trained against the rollout log-probs, though it scores against the
+    base with adapters disabled. The saved config says so (`trained_reference`) and `from_pretrained` warns."""
+    from peft import LoraConfig
+
+    from trl_prime import ImplicitPRM
+
+    tr = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=alternating_reward,
+        args=_config(PrimeRLOOConfig, tmp_path, max_steps=1, prm_reference="policy"),
+        train_dataset=tiny_prompt_dataset(8),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    assert tr.implicit_prm.reference == "adapters_disabled" and tr.implicit_prm.trained_reference == "policy"
+    tr.train()
+    out = tmp_path / "saved"
+    tr.save_model(str(out))
+    with open(out / "prm" / "implicit_prm_config.json") as f:
+        cfg = json.load(f)
+    assert (cfg["reference"], cfg["trained_reference"]) == ("adapters_disabled", "policy")
+    with pytest.warns(UserWarning, match="rollout policy"):
+        loaded = ImplicitPRM.from_pretrained(out / "prm")
+    assert loaded.trained_reference == "policy"
+    prompts, completions = ["What is 1 + 1?"], ["The answer\n\nis 2."]
+    assert loaded.score(prompts, completions) == pytest.approx(tr.implicit_prm.score(prompts, completions), abs=1e-7)
+
+
+@pytest.mark.parametrize("prm_loss", ["dpo", "nca", "kto"])
+def test_pairwise_and_kto_prm_losses_match_functional(tiny_model_path, tmp_path, prm_loss):
+    """The trainer's DPO/NCA/KTO PRM loss (computed on gathered per-sequence log-ratios) equals
+    `functional.implicit_prm_loss` on the (B, T) log-probs of the same step, with pairs grouped by prompt."""
+    rec = Recorder()
+    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, reward=alternating_reward,
+                  callbacks=[rec], prm_loss=prm_loss)
+    tr.train()
+    for prm_ev, ev in zip(rec.events["on_prm_step"], rec.events["on_rollouts_scored"]):
+        B = ev["completion_mask"].size(0)
+        assert prm_ev["loss_group_ids"].tolist() == [i // K for i in range(B)]
+        assert torch.equal(prm_ev["loss_labels"].nan_to_num(-1), prm_ev["labels"].nan_to_num(-1))
+        expected = F.implicit_prm_loss(
+            prm_logps=ev["prm_logps"], ref_logps=ev["ref_logps"], mask=ev["completion_mask"], labels=prm_ev["labels"],
+            beta=tr.args.prm_beta, loss_type=prm_loss, group_ids=torch.arange(B) // K,
+        )
+        assert prm_ev["loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert rec.events["on_rollouts_scored"][1]["token_rewards"].abs().max() > 0  # step 2 checks non-zero rewards

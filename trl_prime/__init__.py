@@ -18,6 +18,11 @@ _LAZY = {
     "PrimeGRPOConfig": "trl_prime.prime_config",
     "PrimeRLOOTrainer": "trl_prime.prime_trainer",
     "PrimeGRPOTrainer": "trl_prime.prime_trainer",
+    "PRLConfig": "trl_prime.prl_trainer",
+    "PRLGRPOTrainer": "trl_prime.prl_trainer",
+    "ProfFilter": "trl_prime.prof",
+    "ProfGRPOConfig": "trl_prime.prof",
+    "ProfGRPOTrainer": "trl_prime.prof",
 }
 
 __all__ = ["functional", "rewards", "__version__", *_LAZY]

@@ -47,9 +47,13 @@ class PrimeCallback(TrainerCallback):
             num_updates: int, PRM updates so far.
             labels: ``(B_local,)`` outcome labels the loss used on this process (NaN = weight 0: filtered,
                 unscorable or empty).
-            row_weights: ``(B_local,)`` each row's weight in the global mean loss (0 for filtered rows).
+            row_weights: ``(B_local,)`` each row's weight in the global mean loss (0 for filtered rows; exact for
+                the ``"ce"`` loss, the rows taking part for the others).
             prm_model: the PRM module.
             prm_update: ``"single"`` or ``"double"``.
+            loss_group_ids, loss_labels: ``(B_global,)`` the prompt-group id and label of every row of the global
+                batch the ``"dpo"``/``"nca"``/``"kto"`` loss was computed on (pairs only form inside a group id);
+                ``None`` with ``"ce"``.
         """
 
     def on_rollouts_scored(self, args, state, control, **kwargs):

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -265,6 +266,10 @@ class ImplicitPRM:
         include_last_token: default of :meth:`token_rewards` (the released PRIME code drops the last token's reward
             from the process rewards; the sequence reward always includes it).
         fused_head: give separate (non-PEFT) models TRL's fused LM head at temperature 1 (no ``(B,T,V)`` logits).
+        trained_reference: the reference the PRM was *trained* against, when it differs from the one it scores
+            with: ``"policy"`` for a PRM trained online against the rollout policy's log-probs (PRIME's
+            ``prm_reference="policy"``). Saved as ``trained_reference`` in ``implicit_prm_config.json``; default:
+            :attr:`reference`.
 
     Both models are run in eval mode for scoring (dropout off) and their train/eval flags are restored afterwards, so
     when ``pi_phi`` and ``pi_ref`` hold the same weights every reward is exactly 0.
@@ -282,6 +287,7 @@ class ImplicitPRM:
         micro_batch_size: int | None = None,
         include_last_token: bool = True,
         fused_head: bool = True,
+        trained_reference: str | None = None,
     ):
         if not beta > 0:
             raise ValueError(f"beta must be > 0 (got {beta}); PRIME and the Implicit PRM paper use 0.05.")
@@ -302,6 +308,7 @@ class ImplicitPRM:
         self.ref_adapter_name = ref_adapter_name
         self.micro_batch_size = micro_batch_size
         self.include_last_token = include_last_token
+        self.trained_reference = trained_reference
         self.name_or_path = getattr(getattr(unwrap(model), "config", None), "_name_or_path", None)
         self.ref_name_or_path = (
             getattr(getattr(unwrap(ref_model), "config", None), "_name_or_path", None) if ref_model is not None else None
@@ -547,6 +554,7 @@ class ImplicitPRM:
         return {
             "beta": self.beta,
             "reference": self.reference,
+            "trained_reference": self.trained_reference or self.reference,
             "adapter_name": self.adapter_name,
             "ref_adapter_name": self.ref_adapter_name,
             "include_last_token": self.include_last_token,
@@ -620,6 +628,11 @@ class ImplicitPRM:
 
         Raises:
             ValueError: no reference can be found (pass ``ref_model``).
+
+        Warns:
+            UserWarning: the PRM was trained against the rollout policy's log-probs (``trained_reference="policy"``):
+                its scores here are relative to the reference it is loaded with (the base with adapters disabled,
+                ``ref_model``), not to the rollout policy it was trained against.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -663,6 +676,21 @@ class ImplicitPRM:
             ref_model.eval()
             ref_model.requires_grad_(False)
         model.eval()
+        trained_reference = cfg.get("trained_reference")
+        if trained_reference == "policy":
+            if ref_model is not None:
+                scoring_ref = "the reference model given or saved with it"
+            elif adapter_name is not None:
+                scoring_ref = "the PEFT base with adapters disabled"
+            else:
+                scoring_ref = "the `ref_logps` you pass"
+            warnings.warn(
+                f"The implicit PRM in {path!r} was trained against the rollout policy's log-probs "
+                "(prm_reference='policy'); its scores here are relative to "
+                f"{scoring_ref}, not to the rollout policy it was trained against. Pass `ref_model=` (the policy "
+                "checkpoint) or `ref_logps` to score against that policy.",
+                stacklevel=2,
+            )
         return cls(
             model,
             ref_model,
@@ -672,6 +700,7 @@ class ImplicitPRM:
             ref_adapter_name=ref_adapter_name,
             micro_batch_size=cfg.get("micro_batch_size"),
             include_last_token=cfg.get("include_last_token", True),
+            trained_reference=trained_reference,
         )
 
     def __repr__(self) -> str:

@@ -7,10 +7,13 @@ default; invalid values and combinations fail in ``__post_init__`` with a messag
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
+
+from trl_prime.prof import ProfOptions
 
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
 PRM_UPDATES = ("single", "double")
@@ -25,7 +28,7 @@ PRM_SCHEDULERS = (
 
 
 @dataclass
-class PrimeOptions:
+class PrimeOptions(ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof.py; prof_mode="off" by default)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (SPEC section 2).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
@@ -47,7 +50,9 @@ class PrimeOptions:
         default="ce",
         metadata={
             "help": "PRM loss on the outcome labels: 'ce' (BCE(sigmoid(r(y)), label), the paper's), 'dpo', 'kto' or "
-            "'nca' (SPEC 1). Pairwise losses pair completions of a group held by the same process."
+            "'nca' (SPEC 1). They see the global batch: 'dpo'/'nca' pair the completions of each prompt's group (also "
+            "a group split across processes) and 'kto' takes its reference points over all rows; each process "
+            "gathers the others' sequence rewards detached, so gradients flow through its own rows only."
         },
     )
     prm_update: str = field(
@@ -189,18 +194,31 @@ class PrimeOptions:
                 "PRIME code does). Use prm_reference='sft' for a temperature-free reference.",
                 stacklevel=3,
             )
+        for name in ("process_coef", "outcome_coef"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"`{name}`={value} must be a finite number >= 0 (paper: 1.0; 0 drops that term).")
         if self.process_coef == 0 and self.outcome_coef == 0:
             raise ValueError("`process_coef` and `outcome_coef` are both 0: every advantage would be 0. Set one > 0.")
+        self._validate_prof()
 
 
 @dataclass
 class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
     """Configuration of :class:`~trl_prime.PrimeRLOOTrainer`: TRL's ``RLOOConfig`` plus the PRIME options.
 
-    PRIME overrides of TRL defaults: ``beta`` (KL coefficient) 0.0 (the paper uses no KL; TRL then loads no reference
-    model, the PRIME trainer owns the implicit PRM's reference), ``num_generations`` 4 (the paper's K) and
-    ``prime_estimator`` ``"rloo"`` (Eq. 5). The policy loss is token-level PPO-clip (``epsilon`` 0.2) on ``(B, T)``
-    advantages. TRL's ``normalize_advantages`` is replaced by ``whiten_advantages``.
+    PRIME overrides of TRL's ``RLOOConfig`` defaults (SPEC section 2, PRIME Table 5):
+
+    - ``beta`` (KL coefficient) 0.0 (TRL: 0.05): the paper uses no KL; TRL then loads no reference model, the PRIME
+      trainer owns the implicit PRM's reference;
+    - ``num_generations`` 4 (TRL: 2): the paper's K;
+    - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
+      1e-6).
+
+    TRL defaults PRIME keeps: ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO epoch), ``temperature``
+    1.0, ``normalize_advantages`` False (it must stay False: use ``whiten_advantages``). The advantage estimator is
+    ``prime_estimator`` ``"rloo"`` (Eq. 5). The policy loss is token-level PPO-clip on ``(B, T)`` advantages,
+    averaged over the kept tokens of the batch.
 
     Raises:
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
@@ -212,6 +230,9 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
     )
     num_generations: int | None = field(
         default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    learning_rate: float = field(
+        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
     )
     prime_estimator: str = field(
         default="rloo",
@@ -232,10 +253,21 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
 class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     """Configuration of :class:`~trl_prime.PrimeGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRIME options.
 
-    PRIME overrides of TRL defaults: ``num_generations`` 4 and ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
-    process term group-normalises the completions' mean process rewards, the outcome term is GRPO's). ``beta`` is
-    TRL's default 0.0. TRL's ``scale_rewards`` ('group' or 'none') chooses whether the GRPO estimator divides by the
-    group std. The policy loss is TRL's GRPO loss on ``(B, T)`` advantages (token-level ratio).
+    PRIME overrides of TRL's ``GRPOConfig`` defaults (SPEC section 2, PRIME Table 5):
+
+    - ``num_generations`` 4 (TRL: 8): the paper's K;
+    - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
+      1e-6);
+    - ``loss_type`` ``"dapo"``, pinned (TRL 1.16's default too): the token mean over the kept tokens of the batch,
+      PRIME's aggregation. ``"grpo"``, ``"sapo"``, ``"bnpo"`` and ``"dr_grpo"`` normalise per sequence, per
+      micro-batch or by a fixed size, so with the prompt filter (or PROF) on they scale each update by the kept
+      fraction: a ``UserWarning`` says so at config time.
+
+    TRL defaults PRIME keeps: ``beta`` 0.0 (no KL), ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO
+    epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
+    process term group-normalises the completions' mean process rewards, the outcome term is GRPO's); TRL's
+    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. The policy loss is TRL's GRPO
+    loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
@@ -243,6 +275,16 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
 
     num_generations: int | None = field(
         default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    learning_rate: float = field(
+        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={
+            "help": "TRL's policy-loss aggregation. PRIME: 'dapo' (token mean over the kept tokens of the batch). "
+            "'grpo', 'sapo', 'bnpo' and 'dr_grpo' scale the update by the kept fraction when prompts are filtered."
+        },
     )
     prime_estimator: str = field(
         default="grpo",
@@ -261,4 +303,29 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "
                 "'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo' or 'sapo'."
+            )
+        filtering = (
+            self.filter_lower > 0.0
+            or self.filter_upper < 1.0
+            or self.filter_truncated
+            or getattr(self, "prof_mode", "off") != "off"
+        )
+        if filtering and self.loss_type in ("grpo", "sapo", "bnpo", "dr_grpo"):
+            how = {
+                "grpo": "averages per-sequence means over all rows, filtered ones included with weight 0, so each "
+                "policy update is scaled by the fraction of rows kept",
+                "sapo": "averages per-sequence means over all rows, filtered ones included with weight 0, so each "
+                "policy update is scaled by the fraction of rows kept",
+                "bnpo": "normalises each micro-batch by its own kept tokens, so each policy update is scaled by the "
+                "fraction of micro-batches holding a kept row (and tokens are weighted unevenly across them)",
+                "dr_grpo": "divides by all rows times max_completion_length, filtered ones included, so each policy "
+                "update is scaled by the fraction of rows kept",
+            }[self.loss_type]
+            warnings.warn(
+                f"`loss_type`={self.loss_type!r} {how}; with the prompt filter on (filter_lower/filter_upper/"
+                "filter_truncated/prof_mode) that fraction varies from step to step. Use loss_type='dapo' (PRIME's "
+                "token mean over the kept tokens of the batch), or switch filtering off (filter_lower=0, "
+                "filter_upper=1).",
+                UserWarning,
+                stacklevel=3,
             )

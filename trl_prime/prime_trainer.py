@@ -33,10 +33,11 @@ from torch import nn
 from transformers import get_scheduler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer, RLOOTrainer
-from trl.models import prepare_deepspeed
-from trl.trainer.utils import create_model_from_path, get_config_model_id, nanmax, nanmin
+from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from trl_prime import functional as F
+from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_frozen
+from trl_prime._rollout import outcome_rewards
 from trl_prime.implicit_prm import (
     ImplicitPRM,
     add_fused_head,
@@ -45,6 +46,7 @@ from trl_prime.implicit_prm import (
     unwrap,
 )
 from trl_prime.prime_config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
+from trl_prime.prof import ProfFilter, prime_prof_rows
 
 PRM_ADAPTER = "prm"
 PRM_REF_ADAPTER = "prm_ref"
@@ -123,7 +125,8 @@ class PrimeMixin:
     Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
     on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
     (:func:`~trl_prime.functional.prm_pair_accuracy` / ``prm_abs_accuracy`` of the sequence rewards ``r(y)`` that fed
-    the advantages against the outcome labels, over the kept groups), ``prm/token_reward_{mean,std,min,max}`` (over
+    the advantages against the outcome labels, over the kept groups; tied rewards score 0.5 (``ties="half"``), so
+    the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5), ``prm/token_reward_{mean,std,min,max}`` (over
     every completion token of the batch), ``filter/kept_fraction`` (fraction of groups kept), ``prm/grad_norm`` and
     ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
     (e.g. ``math/<reason>`` counts of :func:`trl_prime.rewards.math_reward`).
@@ -167,11 +170,7 @@ class PrimeMixin:
     # ----------------------------------------------------------------------------------------------------------
     @staticmethod
     def _prime_init_kwargs(args) -> dict:
-        kwargs = dict(args.model_init_kwargs or {})
-        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-            kwargs["device_map"] = None
-        kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        return kwargs
+        return model_init_kwargs(args)
 
     def _prime_build_models(self, model, args, prm_model, prm_ref_model, peft_config) -> dict:
         """Build the PRM and its reference *before* TRL loads, patches or wraps the policy."""
@@ -185,15 +184,10 @@ class PrimeMixin:
             raise ValueError("`prm_ref_model` was given but `prm_reference`='policy' uses the rollout log-probs.")
 
         def load(src):
-            if isinstance(src, str):
-                return create_model_from_path(src, **self._prime_init_kwargs(args))
-            src = unwrap(src)
-            if is_peft_model(src):
-                raise ValueError(
-                    "A PeftModel cannot be copied into a separate PRM; pass `prm_model` (a path or a causal LM), or "
-                    "let the PRM be the second adapter 'prm' on the policy (the default with PEFT)."
-                )
-            return copy.deepcopy(src)
+            return load_model_copy(src, args, peft_message=(
+                "A PeftModel cannot be copied into a separate PRM; pass `prm_model` (a path or a causal LM), or "
+                "let the PRM be the second adapter 'prm' on the policy (the default with PEFT)."
+            ))
 
         if prm_model is None and uses_peft:
             if prm_ref_model is not None:
@@ -233,13 +227,13 @@ class PrimeMixin:
         self._prime_shares_trl_ref = False
         mb = args.prm_micro_batch_size or args.per_device_train_batch_size
         if self.is_fsdp_enabled:
-            raise NotImplementedError(
+            raise ValueError(
                 "PRIME trainers do not support FSDP yet: the implicit PRM needs its own sharded engine. Use DeepSpeed "
                 "ZeRO-2/3 (`--deepspeed` / accelerate's DeepSpeed plugin) or DDP."
             )
         if spec["kind"] == "adapter":
             if self.is_deepspeed_enabled:
-                raise NotImplementedError(
+                raise ValueError(
                     "The shared-base PEFT PRM (adapter 'prm' on the policy) is not supported with DeepSpeed: its "
                     "adapter would be partitioned inside the policy's engine. Pass `prm_model` (a separate PRM, "
                     "trained as its own DeepSpeed engine) or train without DeepSpeed."
@@ -275,6 +269,7 @@ class PrimeMixin:
                 ref_adapter_name=ref_adapter if args.prm_reference == "sft" else None,
                 micro_batch_size=mb,
                 fused_head=False,
+                trained_reference="policy" if args.prm_reference == "policy" else None,
             )
         else:
             prm, ref = spec["prm"], spec["ref"]
@@ -284,19 +279,16 @@ class PrimeMixin:
                 ref = self.ref_model
                 self._prime_shares_trl_ref = True
             elif ref is not None:
-                ref.requires_grad_(False)
-                ref.eval()
-                if self.is_deepspeed_enabled:
-                    ref = prepare_deepspeed(ref, self.accelerator)
-                else:
-                    ref = ref.to(self.accelerator.device)
+                ref = prepare_frozen(ref, self)
             if not self.is_deepspeed_enabled:
                 prm = prm.to(self.accelerator.device)
             prm.eval()
             self.implicit_prm = ImplicitPRM(
-                prm, ref, beta=args.prm_beta, tokenizer=self._tokenizer, micro_batch_size=mb, fused_head=False
+                prm, ref, beta=args.prm_beta, tokenizer=self._tokenizer, micro_batch_size=mb, fused_head=False,
+                trained_reference="policy" if args.prm_reference == "policy" else None,
             )
         del self._prime_spec
+        self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof.py); None when prof_mode="off"
 
     # ----------------------------------------------------------------------------------------------------------
     # Optimizer, DeepSpeed engine, checkpoints
@@ -379,7 +371,11 @@ class PrimeMixin:
         return None
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        self._prime_saving_checkpoint = True  # Trainer._save_checkpoint calls save_model: the PRM is saved below
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._prime_saving_checkpoint = False
         output_dir = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self.save_prm(os.path.join(output_dir, PRM_CHECKPOINT_DIR), _checkpoint=True)
         if self._prime_engine is not None:
@@ -391,6 +387,20 @@ class PrimeMixin:
                 torch.save(self.prm_lr_scheduler.state_dict(), os.path.join(prm_dir, "scheduler.pt"))
             with open(os.path.join(prm_dir, PRIME_STATE_NAME), "w") as f:
                 json.dump({"num_updates": self._prime_num_updates}, f)
+        self.accelerator.wait_for_everyone()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the policy as ``Trainer.save_model`` does, and the trained implicit PRM in ``<output_dir>/prm``.
+
+        ``<output_dir>/prm`` is a :meth:`~trl_prime.ImplicitPRM.save_pretrained` folder (PRM weights or adapter,
+        tokenizer, reference unless ``prm_save_reference=False``, ``implicit_prm_config.json``) that
+        :meth:`~trl_prime.ImplicitPRM.from_pretrained` loads; written by the main process, gathered under ZeRO-3.
+        Call it on every process (as ``Trainer.save_model``).
+        """
+        super().save_model(output_dir, _internal_call=_internal_call)
+        if getattr(self, "_prime_saving_checkpoint", False):
+            return  # _save_checkpoint writes the PRM with its optimizer state
+        self.save_prm(os.path.join(output_dir or self.args.output_dir, PRM_CHECKPOINT_DIR))
         self.accelerator.wait_for_everyone()
 
     def save_prm(self, output_dir: str, _checkpoint: bool = False) -> None:
@@ -490,13 +500,7 @@ class PrimeMixin:
     # ----------------------------------------------------------------------------------------------------------
     def _prime_outcome_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         """``(B_global,)`` outcome rewards as TRL combines them: weighted sum, NaN when every function gave None."""
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[unscorable] = torch.nan
-        clip = getattr(self, "reward_clip_range", None)
-        if clip:
-            rewards = rewards.clamp(min=clip[0], max=clip[1])
-        return rewards
+        return outcome_rewards(self, rewards_per_func)
 
     def _prime_step(self, output: dict, cap: dict) -> dict:
         a = self.args
@@ -566,6 +570,11 @@ class PrimeMixin:
             prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=a.prm_beta
         )  # (B, T), every token (the last one is dropped from the advantages if include_last_token=False)
         seq_rewards = gather(token_rewards.sum(-1))
+        # PROF (trl_prime/prof.py): the policy trains on m of the n completions of each prompt (= kept when it is off)
+        policy_kept = prime_prof_rows(
+            self, mode=mode, kept=kept, scorable=scorable, outcome=outcome, output=output, capture=cap,
+            token_rewards=token_rewards, num_generations=K,
+        )
 
         # 5. advantages over the global batch (pad, gather, compute, slice)
         rewards_g = gather(self.accelerator.pad_across_processes(token_rewards, dim=1, pad_index=0))
@@ -576,7 +585,7 @@ class PrimeMixin:
             outcome_adv = outcome - a.beta * gather(kl)  # TRL's RLOO KL-in-reward, kept for beta > 0
         adv_inputs = dict(
             process_rewards=rewards_g,
-            outcome_rewards=torch.where(kept, outcome_adv, torch.full_like(outcome_adv, torch.nan)),
+            outcome_rewards=torch.where(policy_kept, outcome_adv, torch.full_like(outcome_adv, torch.nan)),
             mask=mask_g,
             group_ids=torch.arange(outcome.numel(), device=device) // K,
             **self._prime_advantage_options(),
@@ -586,7 +595,7 @@ class PrimeMixin:
         else:
             advantages_g = torch.zeros_like(rewards_g)
         advantages = advantages_g[local, :T]
-        loss_mask = completion_mask * (kept_l & scorable[local]).unsqueeze(1).to(completion_mask.dtype)
+        loss_mask = completion_mask * (policy_kept[local] & scorable[local]).unsqueeze(1).to(completion_mask.dtype)
 
         # 6. hand the results to TRL's loss
         output["advantages"] = advantages
@@ -604,7 +613,7 @@ class PrimeMixin:
         m = self._metrics[mode]
         kept_idx = kept.nonzero(as_tuple=True)[0]
         if kept_idx.numel() > 0:
-            pair_acc = F.prm_pair_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx], num_generations=K)
+            pair_acc = F.prm_pair_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx], num_generations=K, ties="half")
             abs_acc = F.prm_abs_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx])
         else:
             pair_acc = abs_acc = float("nan")
@@ -707,6 +716,37 @@ class PrimeMixin:
         self.prm_optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def _prime_global_batch_loss(self, prm_logps, ref_logps, completion_mask, labels):
+        """The pairwise / KTO PRM loss (``prm_loss`` "dpo", "nca", "kto") over the *global* batch.
+
+        Each rank gathers the other ranks' detached sequence log-ratios ``sum_t (log pi_phi - log pi_ref)`` and
+        labels, and computes the loss on the whole global batch with its own rows live: every DPO/NCA pair is
+        formed inside its prompt group (global row ``i`` belongs to group ``i // K``, also when a group is split
+        across ranks) and KTO's reference points are batch-global means. The value is the global loss on every
+        rank; its gradient flows through the local rows only, so the sum of the ranks' gradients (the hand
+        all-reduce, or DeepSpeed's scaled mean) is the gradient of the global loss.
+
+        Returns ``(loss, {"group_ids": (B_global,), "global_labels": (B_global,)})``.
+        """
+        B = prm_logps.size(0)
+        m = completion_mask.bool()
+        wd = torch.promote_types(prm_logps.dtype, torch.float32)
+        diff = prm_logps.to(wd) - ref_logps.to(wd)
+        seq = torch.where(m, diff, torch.zeros_like(diff)).sum(-1, keepdim=True)  # (B, 1), at least float32
+        if self.accelerator.num_processes > 1:
+            rank = self.accelerator.process_index
+            others = gather(seq.detach())
+            seq_g = torch.cat([others[: rank * B], seq, others[(rank + 1) * B :]], dim=0)
+            labels_g = gather(labels)
+        else:
+            seq_g, labels_g = seq, labels
+        group_ids = torch.arange(seq_g.size(0), device=seq_g.device) // self.num_generations
+        loss = F.implicit_prm_loss(
+            prm_logps=seq_g, ref_logps=torch.zeros_like(seq_g), mask=torch.ones_like(seq_g, dtype=torch.bool),
+            labels=labels_g, beta=self.args.prm_beta, loss_type=self.args.prm_loss, group_ids=group_ids,
+        )
+        return loss.to(prm_logps.dtype), {"group_ids": group_ids, "global_labels": labels_g}
+
     def _prime_prm_update(self, input_ids, attention_mask, completion_mask, labels, ref_logps):
         """One PRM update on the kept rows (``labels`` NaN elsewhere). Returns ``(prm_logps (B,T), stats)``.
 
@@ -723,7 +763,7 @@ class PrimeMixin:
         if n_global == 0:  # every group filtered out: no update anywhere (same decision on every rank)
             return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
         mb = prm.micro_batch_size
-        group_ids = torch.arange(B, device=labels.device) // self.num_generations
+        pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
         logps, loss_sum = [], torch.zeros((), device=labels.device)
         with prm.prm_context(trainable=True), torch.enable_grad():
             if a.prm_loss == "ce":
@@ -740,13 +780,10 @@ class PrimeMixin:
                     logps.append(lp.detach())
             else:
                 lp = completion_logps(prm.model, input_ids, attention_mask, T, micro_batch_size=mb)
-                share = valid.sum().item() / n_global
-                loss = F.implicit_prm_loss(
-                    prm_logps=lp, ref_logps=ref_logps, mask=completion_mask, labels=labels, beta=a.prm_beta,
-                    loss_type=a.prm_loss, group_ids=group_ids,
-                ) * share
+                loss, pair_info = self._prime_global_batch_loss(lp, ref_logps, completion_mask, labels)
                 self._prime_backward(loss)
-                loss_sum = loss.detach()
+                # the loss is the global one on every rank: the reduce-sum below must count it once
+                loss_sum = loss.detach() / self.accelerator.num_processes
                 logps.append(lp.detach())
         grad_norm = self._prime_optimizer_step()
         self._prime_num_updates += 1
@@ -759,7 +796,8 @@ class PrimeMixin:
         self._prime_dispatch(
             "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,
             num_updates=self._prime_num_updates, labels=labels, row_weights=valid.float() / n_global,
-            prm_model=self.prm_model, prm_update=a.prm_update,
+            prm_model=self.prm_model, prm_update=a.prm_update, loss_group_ids=pair_info["group_ids"],
+            loss_labels=pair_info["global_labels"],
         )
         return prm_logps, stats
 

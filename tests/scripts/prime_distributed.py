@@ -9,7 +9,8 @@ adapter on the policy's base (its gradients all-reduced by hand). ``--mode zero3
 ``stage3_param_persistence_threshold: 0`` so the tiny model really is partitioned).
 
 Every rank asserts ``num_processes == 2``, that the PRM and the policy changed, and that both are identical on the
-two ranks; it writes its local PRIME payloads (token rewards, masks, outcomes, advantages per step) to
+two ranks (``--prm_loss dpo|nca|kto``: also that the PRM loss groups the global batch by prompt, the group split
+across the ranks included); it writes its local PRIME payloads (token rewards, masks, outcomes, advantages per step) to
 ``DIR/rank{r}.pt`` for the test to recompute the advantages in one process; rank 0 writes ``DIR/summary.json``.
 """
 
@@ -30,6 +31,7 @@ def main():
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--max_steps", type=int, default=2)
+    parser.add_argument("--prm_loss", default="ce", choices=["ce", "dpo", "nca", "kto"])
     cli = parser.parse_args()
 
     import time
@@ -76,13 +78,20 @@ def main():
     class Dump(PrimeCallback):
         def __init__(self):
             self.steps = []
+            self.prm_steps = []
 
         def on_rollouts_scored(self, args, state, control, **kw):
             self.steps.append({
                 k: (v.detach().cpu() if torch.is_tensor(v) else v)
                 for k, v in kw.items()
                 if k in ("token_rewards", "completion_mask", "outcome_rewards", "kept_mask", "advantages",
-                         "completion_ids", "sequence_rewards")
+                         "completion_ids", "sequence_rewards", "prompt_ids", "prompt_mask", "prompts")
+            })
+
+        def on_prm_step(self, args, state, control, **kw):
+            self.prm_steps.append({
+                k: (v.detach().cpu() if torch.is_tensor(v) else v)
+                for k, v in kw.items() if k in ("loss", "grad_norm", "loss_group_ids", "loss_labels")
             })
 
     def split_reward(completions, **kwargs):
@@ -109,6 +118,7 @@ def main():
         filter_lower=0.0,
         filter_upper=1.0,
         prm_micro_batch_size=2,
+        prm_loss=cli.prm_loss,
         **extra,
     )
     mark("config")
@@ -177,9 +187,24 @@ def main():
         assert torch.equal(ref0, ref1), "the PRM reference changed"
         same_on_both_ranks(prm1, "PRM weights")
         same_on_both_ranks(pol1, "policy weights")
+    if cli.prm_loss in ("dpo", "nca", "kto"):
+        # the pairwise / KTO loss sees the global batch: global group ids, every rank the same, and a group id
+        # always names one prompt (the group split across the ranks included)
+        for step, prm_step in zip(dump.steps, dump.prm_steps):
+            prompts = [None, None]
+            dist.all_gather_object(prompts, step["prompts"])
+            prompts = prompts[0] + prompts[1]
+            gids = prm_step["loss_group_ids"]
+            assert gids.tolist() == [i // 2 for i in range(len(prompts))], gids
+            same_on_both_ranks(gids, "PRM loss group ids")
+            for i in range(len(prompts)):
+                for j in range(len(prompts)):
+                    if gids[i] == gids[j]:
+                        assert prompts[i] == prompts[j], f"rows {i} and {j} share a PRM loss group but not a prompt"
     if zero_stage:
         assert trainer._prime_engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
-    torch.save({"steps": dump.steps, "options": trainer._prime_advantage_options()}, os.path.join(cli.out, f"rank{rank}.pt"))
+    torch.save({"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._prime_advantage_options()},
+               os.path.join(cli.out, f"rank{rank}.pt"))
     if acc.is_main_process:
         logs = [h for h in trainer.state.log_history if "prm/loss" in h]
         ckpt = os.path.join(cli.out, f"checkpoint-{cli.max_steps}")

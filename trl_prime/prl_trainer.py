@@ -1,0 +1,308 @@
+"""PRL: process reward learning from KL-regularised reward-to-go, on TRL's ``GRPOTrainer`` (arXiv 2601.10201).
+
+Each step (SPEC section 3; PRL Algorithm 1):
+
+1. TRL generates ``K`` completions per prompt and scores them (outcome rewards, gathered over processes).
+2. Log-probs of the sampled tokens under the rollout policy ``pi_old`` (TRL's own when it computed them, else one
+   no-grad forward) and under the frozen reference ``pi_ref`` (see *Reference* below), both through TRL's
+   ``_get_per_token_logps_and_entropies`` (same temperature and LM head: a reference equal to the policy gives
+   ``k_t = 0`` exactly).
+3. Step ends (:func:`trl_prime.functional.step_end_mask`): every ``prl_step_len`` tokens (``"length"``), at ``"\\n"`` /
+   ``"\\n\\n"`` found in the decoded text (``"newline"`` / ``"double_newline"``: robust to a BOS token and to newlines
+   merged into other tokens), or every token (``"token"``).
+4. Per-token weights ``rho_t = A - S_t / eta`` (:func:`trl_prime.functional.prl_advantages`) over the global batch
+   (padded, gathered, sliced back per process), fed to TRL's token-level PPO-clip loss as ``(B, T)`` advantages.
+
+All the arithmetic is :func:`trl_prime.functional.prl_advantages`; this module is plumbing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from accelerate.utils import is_peft_model
+from torch import nn
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import get_config_model_id
+
+from trl_prime import functional as F
+from trl_prime._reference import copy_adapter, load_model_copy, prepare_frozen, reference_logps
+from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
+from trl_prime.implicit_prm import eval_mode
+
+PRL_STEP_SPLITS = ("length", "newline", "double_newline", "token")
+PRL_ORDERS = ("advantage_first", "process_first")
+PRL_REF_ADAPTER = "ref"  # TRL's name for the frozen copy of a pre-trained adapter
+# TRL's multimodal inputs of `_get_per_token_logps_and_entropies`, passed through from the generation output
+_MM_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+@dataclass
+class PRLConfig(GRPOConfig):
+    """Configuration of :class:`~trl_prime.PRLGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRL options (SPEC section 3).
+
+    Defaults are the paper's: ``eta`` 200 (range 100-300), segments of 256 tokens, the GRPO outcome advantage first
+    (group mean and unbiased std, eps 1e-6), no KL loss term (TRL's ``beta`` 0: the KL regularisation is inside the
+    weights, with coefficient ``1/eta``) and token-mean aggregation (TRL's ``loss_type="dapo"``). TRL's
+    ``scale_rewards`` (``"group"`` or ``"none"``) chooses whether ``A`` is divided by the group std. The paper uses
+    ``num_generations`` 5 (set it with a generation batch size divisible by 5).
+
+    Raises:
+        ValueError: an invalid PRL option (the message names the field and the fix).
+    """
+
+    prl_eta: float = field(
+        default=200.0,
+        metadata={"help": "eta > 0 of rho_t = A - S_t / eta: the KL coefficient is 1/eta (paper: 200, range 100-300)."},
+    )
+    prl_step_split: str = field(
+        default="length",
+        metadata={
+            "help": "Segmentation of the KL-to-go: 'length' (every prl_step_len tokens, paper default), 'newline' or "
+            "'double_newline' (at '\\n' / '\\n\\n' in the decoded text) or 'token' (every token its own step). Each "
+            "token takes the value at its step's end; the last token always ends a step. Used with "
+            "prl_order='advantage_first' ('process_first' is per token)."
+        },
+    )
+    prl_step_len: int = field(
+        default=256, metadata={"help": "Tokens per step with prl_step_split='length' (paper: 256)."}
+    )
+    prl_order: str = field(
+        default="advantage_first",
+        metadata={
+            "help": "'advantage_first' (normalise the outcome within the group, then subtract the segmented KL-to-go) "
+            "or 'process_first' (raw outcome minus the per-token KL-to-go, no normalisation; the released code's "
+            "prm_adv='prm')."
+        },
+    )
+    zero_fill_compat: bool = field(
+        default=False,
+        metadata={
+            "help": "Reproduce the released code's fill of step values by the next NON-ZERO value (a step-end weight of "
+            "exactly 0 is then overwritten by the next step's). Default False: an explicit step-end mask."
+        },
+    )
+    prl_eps: float = field(default=1e-6, metadata={"help": "eps added to the group std of the outcome advantage."})
+
+    def __post_init__(self):
+        def one_of(name, allowed):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}`={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
+
+        one_of("prl_step_split", PRL_STEP_SPLITS)
+        one_of("prl_order", PRL_ORDERS)
+        if not self.prl_eta > 0:
+            raise ValueError(
+                f"`prl_eta`={self.prl_eta} must be > 0: the KL coefficient is 1/prl_eta (paper: 100-300; a very large "
+                "prl_eta gives plain GRPO)."
+            )
+        if isinstance(self.prl_step_len, bool) or not isinstance(self.prl_step_len, int) or self.prl_step_len < 1:
+            raise ValueError(f"`prl_step_len`={self.prl_step_len!r} must be a positive int (paper: 256).")
+        if not self.prl_eps >= 0:
+            raise ValueError(f"`prl_eps`={self.prl_eps} must be >= 0.")
+        super().__post_init__()
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(
+                f"`scale_rewards`={self.scale_rewards!r}: PRL's outcome advantage is normalised within each group; use "
+                "'group' (divide by the group std) or 'none' (subtract the group mean only)."
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"`multi_objective_aggregation`={self.multi_objective_aggregation!r}: PRL's outcome is the weighted "
+                "sum of the reward functions; use 'sum_then_normalize'."
+            )
+        if self.loss_type in ("luspo", "vespo"):
+            raise ValueError(
+                f"`loss_type`={self.loss_type!r} is sequence-level; PRL feeds token-level (B, T) weights. Use 'dapo' "
+                "(default, token mean as the paper), 'bnpo', 'grpo', 'dr_grpo', 'cispo' or 'sapo'."
+            )
+
+
+class PRLGRPOTrainer(GRPOTrainer):
+    """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
+
+    Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,
+    ``processing_class``, ``callbacks``, ``peft_config``, ...).
+
+    Reference ``pi_ref`` (SPEC section 3), needed even with ``beta=0`` (TRL then loads none):
+
+    - TRL's ``beta > 0``: TRL's own reference and its log-probs (no extra model, no extra forward);
+    - PEFT with a fresh adapter (``peft_config``): the base model with adapters disabled;
+    - a ``PeftModel`` with a pre-trained adapter: a frozen copy of that adapter (``"ref"``, as TRL makes for ``beta>0``);
+    - otherwise a frozen copy of the policy's initial checkpoint, owned by the trainer (``self.prl_ref_model``),
+      placed like TRL's reference (DeepSpeed / FSDP / device).
+
+    Rows whose outcome is unscorable (every reward function returned ``None``) get weight 0 and loss weight 0.
+
+    Metrics, each generation round: ``prl/kl_to_go_mean``, ``prl/kl_to_go_min``, ``prl/kl_to_go_max`` (``S_t`` in
+    nats over the scorable completion tokens of the global batch), ``prl/sign_flip_fraction`` (fraction of those tokens
+    whose weight has the opposite sign of the row's outcome advantage ``A``), ``prl/steps_per_completion`` (mean number
+    of steps per non-empty completion); plus TRL's.
+
+    Example::
+
+        from trl_prime import PRLConfig, PRLGRPOTrainer
+        from trl_prime.rewards import math_reward
+
+        args = PRLConfig("out", num_generations=5, prl_eta=200, prl_step_split="length", prl_step_len=256)
+        PRLGRPOTrainer(model="Qwen/Qwen2.5-Math-1.5B", reward_funcs=math_reward, args=args,
+                       train_dataset=dataset).train()
+    """
+
+    _tag_names = ["trl", "grpo", "prl", "trl-prime"]
+    _name = "PRL"
+
+    def __init__(self, model, reward_funcs=None, args: PRLConfig | None = None, *trainer_args, **trainer_kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = PRLConfig(f"{name.split('/')[-1]}-PRL")
+        if not isinstance(args, PRLConfig):
+            raise TypeError(
+                f"PRLGRPOTrainer needs `args` to be a PRLConfig (got {type(args).__name__}); build it with "
+                "PRLConfig(output_dir=..., ...) to get the PRL options."
+            )
+        # `peft_config` is the 8th argument after `args` of GRPOTrainer
+        peft_config = trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+        self._prl_pretrained_adapter = isinstance(model, nn.Module) and is_peft_model(model)
+        owns_copy = args.beta == 0.0 and peft_config is None and not self._prl_pretrained_adapter
+        # the copy is made before TRL loads, patches or wraps the policy
+        ref = load_model_copy(model, args) if owns_copy else None
+        self._prl_capture: dict | None = None
+        super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        self.prl_ref_model = None
+        self._prl_ref_adapter = None
+        if ref is not None:
+            from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+            add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+            if args.disable_dropout:
+                disable_dropout_in_model(ref)
+            self.prl_ref_model = prepare_frozen(ref, self)
+        elif args.beta == 0.0 and self._prl_pretrained_adapter:
+            copy_adapter(self.model, PRL_REF_ADAPTER)
+            self._prl_ref_adapter = PRL_REF_ADAPTER
+
+    @property
+    def prl_reference(self) -> str:
+        """Where ``pi_ref`` comes from: ``"trl"``, ``"model"``, ``"adapter"`` or ``"adapters_disabled"``."""
+        if self.beta != 0.0:
+            return "trl"
+        if self.prl_ref_model is not None:
+            return "model"
+        return "adapter" if self._prl_ref_adapter is not None else "adapters_disabled"
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Hooks into TRL
+    # ----------------------------------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._prl_capture is not None:
+            self._prl_capture["rewards_per_func"] = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._prl_capture = {}
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            capture = self._prl_capture
+        finally:
+            self._prl_capture = None
+        return self._prl_step(output, capture)
+
+    def _prl_step_ends(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor | None:
+        """``(B, T)`` bool step ends of the local completions (``None``: every token is its own step)."""
+        a = self.args
+        if a.prl_order == "process_first" or a.prl_step_split == "token":
+            return None
+        return F.step_end_mask(
+            completion_ids, completion_mask, self._tokenizer, split=a.prl_step_split,
+            step_len=a.prl_step_len if a.prl_step_split == "length" else None,
+        )
+
+    def _prl_logps(self, output: dict, input_ids, attention_mask, T: int, mode: str):
+        """Rollout-policy and reference log-probs ``(B, T)`` of the local completions."""
+        bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        mm = {k: output.get(k) for k in _MM_KEYS if output.get(k) is not None}
+        old = output.get("old_per_token_logps")
+        if old is None:  # TRL skips them when generation and optimisation are aligned: pi_old = the current policy
+            from trl.models.utils import disable_gradient_checkpointing
+
+            with torch.no_grad(), eval_mode(self.model), disable_gradient_checkpointing(
+                self.model, self.args.gradient_checkpointing_kwargs
+            ):
+                old = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, T, batch_size=bs, **mm
+                )[0]
+        ref = output.get("ref_per_token_logps")
+        if ref is None:
+            ref = reference_logps(
+                self, input_ids, attention_mask, T, ref_model=self.prl_ref_model, adapter_name=self._prl_ref_adapter,
+                batch_size=bs, **mm,
+            )
+        return old.detach(), ref.detach()
+
+    def _prl_step(self, output: dict, cap: dict) -> dict:
+        a = self.args
+        mode = "train" if self.model.training else "eval"
+        K = self.num_generations if mode == "train" else self.num_generations_eval
+        acc = self.accelerator
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        B, T = completion_ids.shape
+        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+        local = slice(acc.process_index * B, (acc.process_index + 1) * B)
+
+        outcome = outcome_rewards(self, cap["rewards_per_func"])  # (B_g,)
+        scorable = ~torch.isnan(outcome)
+        old, ref = self._prl_logps(output, input_ids, attention_mask, T, mode)
+        ends = self._prl_step_ends(completion_ids, completion_mask)
+
+        # advantages over the global batch (pad, gather, compute, slice)
+        old_g, ref_g = gather_padded(acc, old), gather_padded(acc, ref)
+        mask_g = gather_padded(acc, completion_mask).bool()
+        ends_g = gather_padded(acc, ends.long()).bool() if ends is not None else None
+        group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
+        adv_inputs = dict(
+            outcome_rewards=outcome, old_logps=old_g, ref_logps=ref_g, mask=mask_g, group_ids=group_ids,
+            eta=a.prl_eta, step_ends=ends_g, order=a.prl_order, scale_rewards=a.scale_rewards != "none",
+            eps=a.prl_eps, zero_fill_compat=a.zero_fill_compat,
+        )
+        advantages_g = F.prl_advantages(**adv_inputs)
+        output["advantages"] = advantages_g[local, :T]
+        if not bool(scorable.all()):  # SPEC 0: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
+            mask_loss_rows(acc, output, scorable[local])
+        replace_logged_advantages(self, advantages_g[:, 0])
+        self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)
+        self._prl_last = dict(adv_inputs, advantages=advantages_g, process_slice=local)  # for tests and debugging
+        return output
+
+    def _prl_log_metrics(self, mode, adv_inputs, advantages_g, ends_g) -> None:
+        a = self.args
+        outcome, mask = adv_inputs["outcome_rewards"], adv_inputs["mask"]
+        scorable = ~torch.isnan(outcome)
+        old, ref = adv_inputs["old_logps"], adv_inputs["ref_logps"]
+        k = torch.where(mask, old - ref, torch.zeros_like(old))
+        kl_to_go = F.discounted_cumsum(k, 1.0)
+        if a.prl_order == "advantage_first":
+            A = F.grpo_advantages(
+                outcome, adv_inputs["group_ids"], scale_rewards=a.scale_rewards != "none", eps=a.prl_eps
+            )
+        else:
+            A = torch.where(scorable, outcome, torch.zeros_like(outcome))
+        tok = mask & scorable[:, None]
+        s = kl_to_go[tok]
+        flips = (torch.sign(advantages_g) * torch.sign(A)[:, None] < 0) & tok
+        nonempty = mask.any(-1)
+        ends = mask if ends_g is None else (ends_g.bool() & mask) | F.last_token_mask(mask)
+        steps = ends.sum(-1)[nonempty].float()
+        m = self._metrics[mode]
+        nan = float("nan")
+        m["prl/kl_to_go_mean"].append(s.mean().item() if s.numel() else nan)
+        m["prl/kl_to_go_min"].append(s.min().item() if s.numel() else nan)
+        m["prl/kl_to_go_max"].append(s.max().item() if s.numel() else nan)
+        m["prl/sign_flip_fraction"].append(flips.sum().item() / max(int(tok.sum().item()), 1))
+        m["prl/steps_per_completion"].append(steps.mean().item() if steps.numel() else nan)
