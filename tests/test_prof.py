@@ -194,11 +194,13 @@ def test_external_token_classification_prm(step_prm_path, tmp_path):
             p = model(**one).logits[0].softmax(-1)[:, 1]
         expected = p[one["input_ids"][0] == sep]
         torch.testing.assert_close(scores[i, smask[i]], expected, atol=1e-5, rtol=1e-5)
-    # right truncation: a max_length that ends inside the first completion's last step keeps its first 2 steps
+    # right truncation: a max_length that ends inside the first completion's last step scores its first 2 steps; the
+    # third still counts as a step (true H = 3) but is unscored (NaN)
     full = len(tok(prm.texts(prompts[:1], completions[:1])[0], add_special_tokens=False)["input_ids"])
     short = TokenClassificationStepPRM(model, tok, max_length=full - 8)
-    _, m_short = short.step_scores(StepBatch(prompts[:1], completions[:1], ids[:1], torch.ones_like(ids[:1])))
-    assert m_short.sum().item() == 2
+    s_short, m_short = short.step_scores(StepBatch(prompts[:1], completions[:1], ids[:1], torch.ones_like(ids[:1])))
+    assert m_short.sum().item() == 3 and torch.isnan(s_short[0]).tolist() == [False, False, True]
+    torch.testing.assert_close(s_short[0, :2], scores[0, :2], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="one token"):
         TokenClassificationStepPRM(model, tok, separator="<no_such_sep>")
 
@@ -435,3 +437,118 @@ def test_saved_implicit_prm_folder_and_prof_pos_in_prof_grpo(tiny_model_path, tm
         n_keep_pos = int((kept[pos]).sum())
         top = pos[critic[pos].argsort(descending=True, stable=True)][:n_keep_pos]
         assert set(top.tolist()) == set(pos[kept[pos]].tolist())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# review fixes
+# ----------------------------------------------------------------------------------------------------------------
+def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_prm_path):
+    """Right truncation of the external PRM's input: H is the completion's true number of steps (so a long completion
+    cannot dodge the > prof_max_steps penalty, and a truncated one is not taken for a 0-step one), the cut-off steps are
+    unscored, the row's consistency is NaN (least consistent of its class in prof_select), the fraction is logged as
+    prof/prm_truncated_fraction and a warning is given once."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    model = AutoModelForTokenClassification.from_pretrained(step_prm_path).eval()
+    tok = AutoTokenizer.from_pretrained(step_prm_path)
+    long = "\n\n".join(f"Step {i}." for i in range(40))  # 40 steps: penalised (> 30) whatever is truncated
+    short = "One.\n\nTwo.\n\nThree."
+    completions = [long, short, short, short]
+    prompts = ["What is 2 + 2?"] * 4
+    ids = torch.zeros(4, 2, dtype=torch.long)
+    batch = StepBatch(prompts, completions, ids, torch.ones_like(ids))
+    full = TokenClassificationStepPRM(model, tok)
+    s_full, m_full = full.step_scores(batch)
+    assert m_full.sum(-1).tolist() == [40, 3, 3, 3] and not torch.isnan(s_full[m_full]).any()
+    n_short = len(tok(full.texts(prompts[1:2], [short])[0], add_special_tokens=False)["input_ids"])
+    prm = TokenClassificationStepPRM(model, tok, max_length=n_short)  # the short rows fit, the long one does not
+    scores, smask = prm.step_scores(batch)
+    assert smask.sum(-1).tolist() == [40, 3, 3, 3]  # true steps, not the separators that survived truncation
+    assert torch.isnan(scores[0][smask[0]]).any() and not torch.isnan(scores[1:][smask[1:]]).any()
+    torch.testing.assert_close(scores[1:, :3], s_full[1:, :3], atol=1e-5, rtol=1e-5)
+
+    f = ProfFilter(prm, num_keep=2, max_steps=50)  # no step penalty: the NaN alone ranks the truncated row
+    outcome = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    sel = f.select(torch.zeros(4, dtype=torch.long), scores, smask, outcome)
+    assert sel["num_steps"].tolist() == [40, 3, 3, 3] and sel["truncated"].tolist() == [True, False, False, False]
+    assert math.isnan(sel["consistency"][0]) and not torch.isnan(sel["consistency"][1:]).any()
+    # 3 correct + 1 incorrect, keep 2 -> 1 + 1: the truncated correct row is the least consistent, never kept
+    assert sel["kept"].tolist()[0] is False and int(sel["kept"].sum()) == 2
+    m = ProfFilter.metrics(sel)
+    assert m["prof/prm_truncated_fraction"] == 0.25 and math.isfinite(m["prof/consistency_dropped_mean"])
+    # through __call__: the metric reaches the trainer's logs and the warning comes once
+    trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), _metrics={"train": defaultdict(list)},
+                              state=SimpleNamespace(global_step=0))
+    output = {"completion_ids": ids, "completion_mask": torch.ones_like(ids), "prompt_ids": ids,
+              "prompt_mask": torch.ones_like(ids)}
+    call = dict(outcome=outcome, eligible=torch.ones(4, dtype=torch.bool), output=output,
+                capture={"prompts": prompts, "completions": completions}, num_generations=4)
+    with pytest.warns(UserWarning, match="prof_prm_max_length"):
+        f(trainer, **call)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(trainer, **call)
+    assert trainer._metrics["train"]["prof/prm_truncated_fraction"] == [0.25, 0.25]
+
+
+def test_step_delimiter_escapes_and_prof_prm_path_checked_early(tmp_path):
+    r"""'\n\n' typed on a command line arrives as backslash-n: decoded in __post_init__ (delimiter and separator); a
+    missing local prof_prm fails at config time naming `prof_prm`; a folder that is not a PRM fails naming it too."""
+    from types import SimpleNamespace
+
+    cfg = ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="org/prm", prof_step_delimiter="\\n\\n",
+                                   prof_prm_separator="\\u00b6"))
+    assert cfg.prof_step_delimiter == "\n\n" and cfg.prof_prm_separator == "\u00b6"
+    assert PrimeGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True,
+                           prof_step_delimiter="\\n").prof_step_delimiter == "\n"
+    assert ProfGRPOConfig(**_kwargs(tmp_path, prof_step_delimiter="\n\n")).prof_step_delimiter == "\n\n"
+    for missing in (str(tmp_path / "no_prm"), "./no_prm_here", "~/no_prm_here_xyz", "models/step/prm"):
+        with pytest.raises(ValueError, match=r"`prof_prm`=.*does not exist"):
+            ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=missing))
+    ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="Qwen/Qwen2.5-Math-PRM-7B"))  # a Hub id: not checked here
+    ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=str(tmp_path / "no_prm"), prof_mode="off"))  # off: unused
+    empty = tmp_path / "not_a_prm"
+    empty.mkdir()
+    cfg = ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=str(empty)))
+    with pytest.raises(ValueError, match=r"`prof_prm`=.*could not be loaded"):
+        ProfFilter.from_trainer(SimpleNamespace(args=cfg, _tokenizer=None))
+
+
+def test_prof_rounding_help_matches_prof_select():
+    """half_up removes one more correct row on a .5 tie (k+ = floor(m/2)), half_down one fewer (k+ = ceil(m/2)),
+    half_even rounds the removed count to even (n=8, m=3: 5/3 -> 1 correct kept, 4/4 -> 2), as the help text says."""
+    help_text = ProfGRPOConfig.__dataclass_fields__["prof_rounding"].metadata["help"]
+    assert "k+ = floor(m/2)" in help_text and "k+ = ceil(m/2)" in help_text
+
+    def kept_correct(n_pos, rounding):
+        outcome = torch.tensor([1.0] * n_pos + [0.0] * (8 - n_pos))
+        idx = F.prof_select(None, torch.rand(8), torch.full((8,), 3), outcome, num_keep=3, rounding=rounding,
+                            num_generations=8)
+        return int((outcome[idx] == 1).sum())
+
+    assert [kept_correct(5, r) for r in ("half_up", "half_down", "half_even")] == [1, 2, 1]
+    assert [kept_correct(4, r) for r in ("half_up", "half_down", "half_even")] == [1, 2, 2]
+
+
+def test_in_memory_prm_is_frozen_and_placed(tiny_model_path, step_prm_path, tmp_path):
+    """prof_prm passed as an object (a TokenClassificationStepPRM) is frozen (no grad, eval) and on the trainer's
+    device after construction, like a prof_prm path."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    model = AutoModelForTokenClassification.from_pretrained(step_prm_path).train()
+    assert all(p.requires_grad for p in model.parameters())
+    prm = TokenClassificationStepPRM(model, AutoTokenizer.from_pretrained(step_prm_path))
+    tr = ProfGRPOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"),
+                         train_dataset=tiny_prompt_dataset(8),
+                         args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="Qwen/Qwen2.5-Math-PRM-7B", max_steps=1)),
+                         prof_prm=prm)
+    assert tr.prof_filter.prm is prm
+    frozen = tr.prof_filter.prm.model
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
+    assert {p.device for p in frozen.parameters()} == {tr.accelerator.device}

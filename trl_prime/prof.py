@@ -24,8 +24,10 @@ Pieces (the algorithm is :func:`trl_prime.functional.prof_consistency_scores` / 
 
 from __future__ import annotations
 
+import codecs
 import copy
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -38,7 +40,7 @@ from trl_prime import functional as F
 from trl_prime._reference import prepare_frozen
 from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
 from trl_prime.implicit_prm import CONFIG_NAME as IMPLICIT_PRM_CONFIG_NAME
-from trl_prime.implicit_prm import ImplicitPRM, eval_mode, position_ids_from_mask
+from trl_prime.implicit_prm import ImplicitPRM, eval_mode, position_ids_from_mask, unwrap
 
 PROF_MODES = ("both", "correct", "off")
 PROF_PENALTY_POSITIONS = ("reference", "paper")
@@ -53,9 +55,45 @@ QWEN_PRM_SYSTEM_PROMPT = "Please reason step by step, and put your final answer 
 PRM_MAX_SCORED_STEPS = 100
 
 
+#: string options whose escape sequences are decoded (``--prof_step_delimiter '\\n\\n'`` on a command line)
+PROF_ESCAPED_FIELDS = ("prof_step_delimiter", "prof_prm_separator")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------------------------------
+def decode_escapes(value):
+    """Decode backslash escape sequences (``'\\n'`` -> newline, ``'\\t'``, ``'\\u2029'``...) of a string holding a
+    backslash; other strings (and non-strings) are returned unchanged. Non-ASCII characters survive."""
+    if not isinstance(value, str) or "\\" not in value:
+        return value
+    try:
+        return codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{value!r}: invalid escape sequence ({e.reason}); write a literal backslash as '\\\\'."
+        ) from e
+
+
+def _looks_local(path: str) -> bool:
+    """``path`` is meant as a local path, not a Hub id (``org/name``: one slash, no leading ``/``, ``.``, ``~``)."""
+    seps = {os.sep, os.altsep} - {None}
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or any(s in path for s in seps - {"/"})
+
+
+def check_prof_prm_path(prof_prm) -> None:
+    """Raise a ValueError naming ``prof_prm`` when it is a local path that does not exist (checked before any model is
+    loaded; a Hub id such as ``Qwen/Qwen2.5-Math-PRM-7B`` is not checked here)."""
+    if not isinstance(prof_prm, str) or prof_prm == "implicit" or not _looks_local(prof_prm):
+        return
+    if not os.path.exists(os.path.expanduser(prof_prm)):
+        raise ValueError(
+            f"`prof_prm`={prof_prm!r} looks like a local path but does not exist: give an existing folder (a "
+            "token-classification step PRM, or one saved by ImplicitPRM.save_pretrained), a Hub id such as "
+            "'Qwen/Qwen2.5-Math-PRM-7B', or 'implicit' (PRIME trainers)."
+        )
+
+
 @dataclass
 class ProfOptions:
     """The PROF options (SPEC section 4), shared by every trainer that can filter with PROF.
@@ -96,8 +134,13 @@ class ProfOptions:
     prof_rounding: str = field(
         default="half_even",
         metadata={
-            "help": "Tie between the two balanced (k+, k-) splits for odd m: 'half_even' (released code, banker's "
-            "rounding), 'half_up' (one fewer correct row kept) or 'half_down' (one more)."
+            "help": "Rounding of the number of correct rows removed per prompt, r+ = round((n+ - n- + r)/2) with "
+            "r = n - m removed; it only matters when that is x.5 (odd m with both classes large enough: two equally "
+            "balanced (k+, k-) splits). 'half_up' rounds x.5 up: one more correct row removed, i.e. k+ = floor(m/2) "
+            "correct and ceil(m/2) incorrect kept. 'half_down' rounds x.5 down: k+ = ceil(m/2), one more correct row "
+            "kept. 'half_even' (default, the released code's Python round) rounds x.5 to the even integer, so it "
+            "matches half_up or half_down depending on the counts (e.g. n=8, m=3: 5 correct/3 incorrect -> 1 correct "
+            "kept; 4/4 -> 2 correct kept)."
         },
     )
     prof_prm: str | None = field(
@@ -115,20 +158,29 @@ class ProfOptions:
     prof_correct_threshold: float = field(
         default=1.0, metadata={"help": "A completion is correct when its outcome reward is >= this."}
     )
-    prof_step_delimiter: str = field(default="\n\n", metadata={"help": "Delimiter of reasoning steps."})
+    prof_step_delimiter: str = field(
+        default="\n\n",
+        metadata={"help": "Delimiter of reasoning steps. Escape sequences are decoded, so '\\n\\n' typed on the "
+                          "command line means two newlines."},
+    )
     prof_implicit_temperature: float = field(
         default=1.0,
         metadata={"help": "Implicit PRM step scores: sigmoid(step reward / temperature) (> 0; monotone, keeps ranks)."},
     )
     prof_prm_separator: str = field(
-        default="<extra_0>", metadata={"help": "External PRM: the step-separator token placed after every step."}
+        default="<extra_0>",
+        metadata={"help": "External PRM: the step-separator token placed after every step (escape sequences are "
+                          "decoded)."},
     )
     prof_prm_system_prompt: str | None = field(
         default=QWEN_PRM_SYSTEM_PROMPT,
         metadata={"help": "External PRM: system message (None: no system message); removed from the user text."},
     )
     prof_prm_max_length: int = field(
-        default=4096, metadata={"help": "External PRM: max tokens per input (right truncation drops trailing steps)."}
+        default=4096,
+        metadata={"help": "External PRM: max tokens per input. A completion whose trailing steps are cut off by right "
+                          "truncation still counts all its steps (H) but is unscored: its consistency is NaN, the "
+                          "least consistent of its class (logged as prof/prm_truncated_fraction)."},
     )
     prof_prm_micro_batch_size: int | None = field(
         default=None, metadata={"help": "External PRM: rows per forward. Default: per_device_train_batch_size."}
@@ -144,6 +196,9 @@ class ProfOptions:
         return max(1, K // 2)
 
     def _validate_prof(self) -> None:
+        for name in PROF_ESCAPED_FIELDS:  # '\\n\\n' from a command line -> two newlines
+            setattr(self, name, decode_escapes(getattr(self, name)))
+
         def one_of(name, allowed):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`{name}`={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
@@ -186,6 +241,7 @@ class ProfOptions:
                 "`prof_prm` is empty: set it to 'implicit' (PRIME trainers), an ImplicitPRM folder, or a step PRM path "
                 "such as 'Qwen/Qwen2.5-Math-PRM-7B'."
             )
+        check_prof_prm_path(self.prof_prm)
         loss_type = getattr(self, "loss_type", None)
         if loss_type is not None and loss_type not in PROF_LOSS_TYPES:
             raise ValueError(
@@ -258,7 +314,9 @@ class StepBatch:
 @runtime_checkable
 class StepPRM(Protocol):
     """A step PRM: ``step_scores(batch) -> (scores (B, S) in [0, 1], step_mask (B, S) bool)``, one row per completion,
-    steps left to right. Implementations: :class:`TokenClassificationStepPRM`, :class:`ImplicitStepPRM`."""
+    steps left to right. A NaN score at a valid step marks a step the PRM could not score (its input was truncated):
+    :class:`ProfFilter` then gives the row a NaN consistency. Implementations: :class:`TokenClassificationStepPRM`,
+    :class:`ImplicitStepPRM`."""
 
     def step_scores(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -290,10 +348,16 @@ class TokenClassificationStepPRM:
     Each completion is split into steps at ``delimiter`` (:func:`trl_prime.functional.split_steps`: stripped, empty
     steps dropped), the steps are joined with ``separator`` after every step (:func:`~trl_prime.functional.join_steps`),
     put in a conversation ``[system?, user: question, assistant: steps]`` rendered with the PRM's chat template, and
-    tokenized (left padding, right truncation at ``max_length``: trailing steps are dropped). The model runs with the
-    attention mask (and position ids from it); the score of step k is ``softmax(logits)[label positive_label]`` at the
-    k-th separator token (:func:`~trl_prime.functional.prof_step_scores_from_logits`), at most
-    :data:`PRM_MAX_SCORED_STEPS` steps.
+    tokenized (left padding, right truncation at ``max_length``). The model runs with the attention mask (and position
+    ids from it); the score of step k is ``softmax(logits)[label positive_label]`` at the k-th separator token
+    (:func:`~trl_prime.functional.prof_step_scores_from_logits`), at most :data:`PRM_MAX_SCORED_STEPS` steps.
+
+    Truncation: a row's steps (``step_mask``) are the steps of its text (``split_steps``, capped at
+    :data:`PRM_MAX_SCORED_STEPS`), not the separators left after truncation, so the step-count penalty sees the true
+    number of steps. A step whose separator was cut off is *unscored*: its score is NaN (with ``step_mask`` true).
+    :class:`ProfFilter` gives a row with an unscored step a NaN consistency (its mean would cover only the leading
+    steps), which ``functional.prof_select`` ranks as the least consistent of its class; ``prof/prm_truncated_fraction``
+    logs how often that happens (raise ``max_length`` when it is not ~0).
 
     Args:
         model: a token-classification model (``logits`` ``(B, L, C)``), e.g. ``AutoModelForTokenClassification`` or
@@ -367,6 +431,10 @@ class TokenClassificationStepPRM:
         texts = self.texts(batch.prompts, batch.completions)
         B = len(texts)
         S = PRM_MAX_SCORED_STEPS
+        num_steps = torch.tensor(  # the true number of steps (a truncated input holds fewer separators)
+            [min(len(F.split_steps(_text(c), delimiter=self.delimiter)), S) for c in batch.completions],
+            dtype=torch.long, device=device,
+        )
         scores = torch.zeros(B, S, dtype=torch.float32, device=device)
         smask = torch.zeros(B, S, dtype=torch.bool, device=device)
         mb = self.micro_batch_size or max(B, 1)
@@ -382,8 +450,11 @@ class TokenClassificationStepPRM:
                 sep = (ids == self.separator_id) & am.bool()
                 s, m = F.prof_step_scores_from_logits(logits.float(), sep, S, positive_label=self.positive_label)
                 scores[start : start + mb], smask[start : start + mb] = s, m
-        width = int(smask.sum(-1).max().item()) if B else 0
-        return scores[:, :width], smask[:, :width]
+        steps = torch.arange(S, device=device) < num_steps[:, None]
+        unscored = steps & ~smask  # separators cut off by right truncation
+        scores = torch.where(unscored, torch.full_like(scores, float("nan")), scores)
+        width = int(num_steps.max().item()) if B else 0
+        return scores[:, :width], steps[:, :width]
 
 
 class ImplicitStepPRM:
@@ -512,6 +583,7 @@ class ProfFilter:
         self.correct_threshold = correct_threshold
         self.seed = seed
         self.last: dict[str, Any] = {}
+        self._warned_truncation = False
 
     @classmethod
     def from_trainer(cls, trainer, prm: StepPRM | ImplicitPRM | str | None = None) -> ProfFilter | None:
@@ -536,15 +608,30 @@ class ProfFilter:
         elif isinstance(source, ImplicitPRM):
             step_prm = ImplicitStepPRM(tokenizer, source, **step_kw)
         elif isinstance(source, str):
-            step_prm = load_step_prm(source, args, tokenizer=tokenizer)
+            check_prof_prm_path(source)
+            try:
+                step_prm = load_step_prm(source, args, tokenizer=tokenizer)
+            except Exception as e:  # the Hub client's / transformers' message alone does not say which option failed
+                raise ValueError(
+                    f"`prof_prm`={source!r} could not be loaded as a step PRM ({type(e).__name__}: {e}). Set "
+                    "`prof_prm` to an existing local folder (a token-classification step PRM, or one saved by "
+                    "ImplicitPRM.save_pretrained) or a reachable Hub id such as 'Qwen/Qwen2.5-Math-PRM-7B'."
+                ) from e
         elif isinstance(source, StepPRM):
             step_prm = source
         else:
             raise TypeError(f"prof_prm must be 'implicit', a path, an ImplicitPRM or a StepPRM; got {type(source)}.")
-        if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(source, str):
+        # the PRM only ranks: frozen (no grad, eval) and placed like the reference model, whether loaded from a path or
+        # passed in memory (a TokenClassificationStepPRM / ImplicitStepPRM / ImplicitPRM object)
+        if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(step_prm.model, nn.Module):
             step_prm.model = prepare_frozen(step_prm.model, trainer)
-        if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None and isinstance(source, str):
+        if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None:
             ip = step_prm.implicit_prm
+            if unwrap(ip.model) is unwrap(trainer.model):
+                raise ValueError(
+                    "`prof_prm`: the ImplicitPRM shares the policy's model (e.g. a PEFT adapter on it); PROF here "
+                    "needs a frozen, separate implicit PRM (or use PrimeGRPOTrainer with prof_prm='implicit')."
+                )
             ip.model = prepare_frozen(ip.model, trainer)
             if ip.ref_model is not None:
                 ip.ref_model = prepare_frozen(ip.ref_model, trainer)
@@ -567,10 +654,23 @@ class ProfFilter:
     ) -> dict[str, torch.Tensor]:
         """Pure selection over a whole (global) batch; rows with a NaN outcome are never kept.
 
-        Returns a dict: ``kept`` ``(B,)`` bool, ``consistency`` ``(B,)`` (unsigned), ``num_steps`` ``(B,)``, ``correct``
-        ``(B,)`` bool, ``eligible`` ``(B,)`` bool (non-NaN outcome).
+        A NaN step score at a valid step is an unscored step (the external PRM's input was truncated before its
+        separator): the step counts in ``num_steps`` (the step-count penalty), and the row's consistency is NaN, which
+        ``functional.prof_select`` ranks as the least consistent of its class (removed first among correct rows and
+        among incorrect rows alike), as a mean over the leading steps only would be biased.
+
+        Returns a dict: ``kept`` ``(B,)`` bool, ``consistency`` ``(B,)`` (unsigned; NaN on truncated rows),
+        ``num_steps`` ``(B,)``, ``correct`` ``(B,)`` bool, ``eligible`` ``(B,)`` bool (non-NaN outcome),
+        ``truncated`` ``(B,)`` bool (rows with an unscored step).
         """
-        c, H = F.prof_consistency_scores(step_scores, step_mask, center=self.center)
+        step_mask = step_mask.bool()
+        unscored = step_mask & torch.isnan(step_scores)
+        truncated = unscored.any(-1)
+        c, _ = F.prof_consistency_scores(
+            torch.where(unscored, torch.zeros_like(step_scores), step_scores), step_mask & ~unscored, center=self.center
+        )
+        H = step_mask.sum(-1)
+        c = torch.where(truncated, torch.full_like(c, float("nan")), c)
         gen = None
         if self.mode == "correct":
             gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(step))
@@ -583,7 +683,8 @@ class ProfFilter:
         kept[idx] = True
         eligible = ~torch.isnan(outcome_rewards)
         correct = eligible & (outcome_rewards >= self.correct_threshold)
-        return {"kept": kept, "consistency": c, "num_steps": H, "correct": correct, "eligible": eligible}
+        return {"kept": kept, "consistency": c, "num_steps": H, "correct": correct, "eligible": eligible,
+                "truncated": truncated}
 
     @staticmethod
     def metrics(sel: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -592,13 +693,18 @@ class ProfFilter:
         ``kept_fraction``: kept / generated completions; ``kept_correct`` / ``kept_incorrect``: counts of kept correct /
         incorrect completions; ``consistency_kept_mean`` / ``consistency_dropped_mean``: mean unsigned consistency of
         the kept / dropped eligible completions; ``dropped_correct_fraction``: the fraction of the eligible correct
-        completions that were dropped; ``num_steps_mean``: mean number of PRM steps of the eligible completions.
+        completions that were dropped; ``num_steps_mean``: mean number of PRM steps of the eligible completions;
+        ``prm_truncated_fraction``: the fraction of the generated completions the external PRM could not score in full
+        (input truncated at ``prof_prm_max_length``; their consistency is NaN, left out of the consistency means).
         """
         kept, c, H, correct, eligible = (sel[k] for k in ("kept", "consistency", "num_steps", "correct", "eligible"))
+        truncated = sel.get("truncated", torch.zeros_like(kept))
         dropped = eligible & ~kept
         nan = float("nan")
 
         def mean(x, m):
+            if x.is_floating_point():
+                m = m & ~torch.isnan(x)
             return x[m].float().mean().item() if bool(m.any()) else nan
 
         n_correct = int(correct.sum().item())
@@ -610,6 +716,7 @@ class ProfFilter:
             "prof/consistency_dropped_mean": mean(c, dropped),
             "prof/dropped_correct_fraction": (dropped & correct).sum().item() / n_correct if n_correct else nan,
             "prof/num_steps_mean": mean(H, eligible),
+            "prof/prm_truncated_fraction": truncated.float().mean().item() if kept.numel() else nan,
         }
 
     def __call__(
@@ -647,6 +754,16 @@ class ProfFilter:
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // num_generations
         masked_outcome = torch.where(eligible, outcome, torch.full_like(outcome, torch.nan))
         sel = self.select(group_ids, scores_g, smask_g, masked_outcome, step=trainer.state.global_step)
+        if not self._warned_truncation and bool(sel["truncated"].any()):
+            self._warned_truncation = True
+            if acc.is_main_process:
+                warnings.warn(
+                    f"PROF: the step PRM's input was truncated for {int(sel['truncated'].sum())} of "
+                    f"{sel['truncated'].numel()} completions (prof_prm_max_length): their trailing steps are unscored, "
+                    "so they rank as the least consistent of their class. Raise `prof_prm_max_length` (the fraction "
+                    "is logged as prof/prm_truncated_fraction). Warned once.",
+                    stacklevel=2,
+                )
         for k, v in self.metrics(sel).items():
             trainer._metrics[mode][k].append(v)
         self.last = dict(sel, step_scores=scores_g, step_mask=smask_g, outcome=outcome, group_ids=group_ids)

@@ -1,0 +1,894 @@
+"""Prompt datasets for trl-prime: embedded reasoning-gym problems, local files and the Eurus-2-RL-Data format.
+
+Every loader returns a :class:`datasets.Dataset` with the same columns (:data:`FEATURES`), which are the
+columns the outcome verifiers read (TRL passes every dataset column to reward functions as a keyword):
+
+* ``id`` (``str``): stable row id -- the same row gets the same id on every load.
+* ``data_source`` (``str``): where the row comes from (``numina_olympiads``, ``taco``,
+  ``reasoning_gym/basic_arithmetic``, ...).
+* ``ability`` (``str``): ``"math"`` or ``"code"`` -- which verifier scores the row.
+* ``prompt`` (``list[{"role": str, "content": str}]``): the conversational prompt (TRL's conversational format).
+* ``solution`` (``str | None``): math gold answer, parsed by :func:`~trl_prime.rewards.math_reward`; None on
+  code rows.
+* ``tests`` (``str | None``): code test cases as a JSON string, read by :func:`~trl_prime.rewards.code_reward`;
+  None on math rows.
+
+Sources
+-------
+* ``embedded:<name>`` (:data:`EMBEDDED_DATASETS`): problems generated offline by the ``reasoning-gym`` package
+  (Apache-2.0; ``pip install reasoning-gym``) -- real task families with gold answers: ``basic_arithmetic``,
+  ``chain_sum``, ``gsm_symbolic`` (built from GSM8K templates), ... See :func:`load_reasoning_gym`.
+* a local ``.json`` / ``.jsonl`` / ``.parquet`` file, or a folder of them (``train.jsonl``, ``test.jsonl``, ...).
+* a Hugging Face Hub dataset id (e.g. ``PRIME-RL/Eurus-2-RL-Data``), loaded with :func:`datasets.load_dataset`.
+
+Files and Hub datasets are read in the **Eurus-2-RL-Data format** (PRIME's prompt set)::
+
+    {"data_source": "numina_olympiads",              # or "taco", "apps", "codecontests", "codeforces", ...
+     "prompt": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
+     "ability": "math",                              # or "code"
+     "reward_model": {"style": "rule", "ground_truth": "\\\\frac{1}{2}"},   # code: JSON string of test cases
+     "extra_info": {"split": "train", "index": 17}}
+
+Simpler rows are accepted too: ``prompt`` may be a plain string (it becomes one user message); the gold answer
+may be in a ``solution`` or ``answer`` column (math) or a ``tests`` column (code, a dict or its JSON string);
+``ability`` may be missing when ``data_source`` names a known source (:func:`route_of`). Columns other than
+those above are dropped.
+
+Bad input
+---------
+* **Dataset-level problems raise** :class:`ValueError` naming the column and the fix: no prompt column, no
+  gold column at all (``reward_model`` / ``solution`` / ``answer`` / ``tests``), a file that does not exist or
+  has an unknown extension, no usable row, or more than ``max_bad_fraction`` of the rows malformed (a format
+  mismatch, not a few bad rows).
+* **Row-level problems drop the row with a warning and a count** (``on_bad_rows="drop"``, the default): an
+  empty prompt or one that is not a string / list of chat messages, a missing gold answer, code tests that are
+  not a JSON object, an ability that is neither math nor code and a data source that does not say which, a
+  line of a JSONL file that is not JSON. One :class:`UserWarning` per load lists the count of each reason and
+  the first row numbers; ``return_report=True`` also returns them as a :class:`LoadReport`. With
+  ``on_bad_rows="error"`` the first malformed row raises instead. A run therefore never dies on one bad row,
+  and never loses rows silently.
+
+Routing rewards
+---------------
+:func:`make_routed_reward` (default instance :data:`outcome_reward`) is a TRL reward function that sends each
+row to :func:`~trl_prime.rewards.math_reward` or :func:`~trl_prime.rewards.code_reward` by its ``ability``
+(falling back to ``data_source``), and returns ``None`` (counted in ``last_counts["unrouted"]``) for rows it
+cannot route.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import re
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "COLUMNS",
+    "EMBEDDED_DATASETS",
+    "EMBEDDED_PREFIX",
+    "FEATURES",
+    "EmbeddedDataset",
+    "LoadReport",
+    "load_prompt_dataset",
+    "load_reasoning_gym",
+    "make_routed_reward",
+    "normalize_rows",
+    "outcome_reward",
+    "route_of",
+]
+
+EMBEDDED_PREFIX = "embedded:"
+
+#: appended to every reasoning-gym question (one blank line after it)
+BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."
+
+#: the columns of every dataset this module returns, in order
+COLUMNS: tuple[str, ...] = ("id", "data_source", "ability", "prompt", "solution", "tests")
+
+#: fraction of the question space (by hash of the question text) reserved for the held-out split
+TEST_FRACTION = 0.125
+# the test split draws reasoning-gym items from a seed range far from the train split's
+_TEST_SEED_OFFSET = 1_000_000_007
+
+
+def _features():
+    from datasets import Features, List, Value
+
+    return Features(
+        {
+            "id": Value("string"),
+            "data_source": Value("string"),
+            "ability": Value("string"),
+            "prompt": List({"role": Value("string"), "content": Value("string")}),
+            "solution": Value("string"),
+            "tests": Value("string"),
+        }
+    )
+
+
+def __getattr__(name):
+    if name == "FEATURES":
+        return _features()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ====================================================================================================== routing
+
+#: data sources of Eurus-2-RL-Data (and a few common ones) whose ability is known
+_MATH_SOURCES = {
+    "numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
+    "numina_olympiads", "openai/gsm8k", "gsm8k", "lighteval/math", "digitallearninggmbh/math-lighteval",
+    "huggingfaceh4/math-500", "math", "math_dapo",
+}
+_MATH_PREFIXES = ("numina_", "reasoning_gym/")
+_CODE_SOURCES = {
+    "taco", "apps", "codecontests", "codeforces", "leetcode", "humaneval", "openai_humaneval", "mbpp",
+    "livecodebench", "code",
+}
+_ABILITIES = ("math", "code")
+
+
+def route_of(ability: Any = None, data_source: Any = None) -> str | None:
+    """Which verifier scores a row: ``"math"``, ``"code"`` or ``None`` (unknown).
+
+    ``ability`` decides when it is ``"math"`` or ``"code"`` (case-insensitive); otherwise ``data_source`` does:
+    the Eurus-2-RL-Data sources (``numina_*`` are math; ``taco``, ``apps``, ``codecontests``, ``codeforces``
+    are code), ``gsm8k`` / MATH variants, ``reasoning_gym/*`` (math), and ``humaneval`` / ``mbpp`` /
+    ``livecodebench`` / ``leetcode`` (code).
+    """
+    if isinstance(ability, str) and ability.strip().lower() in _ABILITIES:
+        return ability.strip().lower()
+    if isinstance(data_source, str):
+        s = data_source.strip().lower()
+        if s in _MATH_SOURCES or s.startswith(_MATH_PREFIXES):
+            return "math"
+        if s in _CODE_SOURCES:
+            return "code"
+    return None
+
+
+def make_routed_reward(
+    math_fn: Callable[..., list] | None = None,
+    code_fn: Callable[..., list] | None = None,
+    *,
+    name: str = "outcome_reward",
+) -> Callable[..., list[float | None]]:
+    """A TRL reward function that scores each row with the math or the code verifier, by its route.
+
+    Args:
+        math_fn: reward function for math rows, called as ``math_fn(completions, solution=[...])``
+            (default :func:`trl_prime.rewards.math_reward`).
+        code_fn: reward function for code rows, called as ``code_fn(completions, tests=[...])``
+            (default :func:`trl_prime.rewards.code_reward`).
+        name: the function's ``__name__`` (TRL logs ``rewards/<name>/mean``).
+
+    Returns:
+        ``reward(completions, *, ability=None, data_source=None, solution=None, tests=None, **kwargs)``
+        returning one ``float | None`` per completion. Each row is routed with :func:`route_of`; rows routed
+        nowhere get ``None`` (NaN in TRL: excluded from means and baselines) and are counted. After each call,
+        ``reward.last_counts == {"math": m, "code": c, "unrouted": u}``; when TRL passes ``log_metric``, the
+        three counts are logged as ``route/<key>`` and the verifiers log their own reason counts.
+
+    Raises:
+        ValueError: (when called) there are math rows but no ``solution`` column, or code rows but no
+            ``tests`` column, or a column's length differs from ``completions``.
+    """
+
+    def reward(completions, ability=None, data_source=None, solution=None, tests=None, **kwargs):
+        n = len(completions)
+        for col, values in (("ability", ability), ("data_source", data_source), ("solution", solution),
+                            ("tests", tests)):
+            if values is not None and len(values) != n:
+                raise ValueError(f"{reward.__name__}: column {col!r} has {len(values)} values for {n} completions")
+        routes = [route_of(ability[i] if ability is not None else None,
+                           data_source[i] if data_source is not None else None) for i in range(n)]
+        out: list[float | None] = [None] * n
+        extra = {"log_metric": kwargs["log_metric"]} if callable(kwargs.get("log_metric")) else {}
+        counts = {"math": 0, "code": 0, "unrouted": 0}
+        for route, column, values in (("math", "solution", solution), ("code", "tests", tests)):
+            idx = [i for i, r in enumerate(routes) if r == route]
+            counts[route] = len(idx)
+            if not idx:
+                continue
+            if values is None:
+                raise ValueError(
+                    f"{reward.__name__}: {len(idx)} rows are routed to the {route} verifier but the dataset has no "
+                    f"{column!r} column; load the data with trl_prime.data.load_prompt_dataset, or add the column"
+                )
+            if route == "math":
+                fn = math_fn
+                if fn is None:
+                    from trl_prime.rewards import math_reward as fn
+                scores = fn([completions[i] for i in idx], solution=[values[i] for i in idx], **extra)
+            else:
+                fn = code_fn
+                if fn is None:
+                    from trl_prime.rewards import code_reward as fn
+                scores = fn([completions[i] for i in idx], tests=[values[i] for i in idx], **extra)
+            for i, s in zip(idx, scores):
+                out[i] = s
+        counts["unrouted"] = n - counts["math"] - counts["code"]
+        if counts["unrouted"]:
+            first = next(i for i, r in enumerate(routes) if r is None)
+            logger.warning(
+                "%s: %d of %d rows have no route (ability %r, data_source %r for row %d); they get reward None. "
+                "Set the 'ability' column to 'math' or 'code'.", reward.__name__, counts["unrouted"], n,
+                ability[first] if ability is not None else None,
+                data_source[first] if data_source is not None else None, first)
+        reward.last_counts = counts
+        if extra:
+            for key, value in counts.items():
+                extra["log_metric"](f"route/{key}", float(value))
+        return out
+
+    reward.__name__ = reward.__qualname__ = name
+    reward.last_counts = {"math": 0, "code": 0, "unrouted": 0}
+    return reward
+
+
+#: the default routed reward: ``math_reward`` for math rows, ``code_reward`` for code rows, None otherwise
+outcome_reward = make_routed_reward()
+
+
+# ====================================================================================================== reasoning-gym
+
+
+@dataclass(frozen=True)
+class EmbeddedDataset:
+    """A named reasoning-gym mixture: the tasks and their generator settings."""
+
+    tasks: tuple[str, ...]
+    task_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    description: str = ""
+    few_shot: int = 1
+
+
+#: settings of the offline demo's problems: one addition, subtraction or multiplication of two 1-2 digit
+#: numbers (reasoning-gym's simple mode: operands 0..10 or 0..100, no parentheses, no negative operands).
+#: reasoning-gym draws the operator uniformly from the list, so ``+`` comes 1 time in 5 and ``-`` and ``*``
+#: 2 times in 5 each: one-shot and sampled at temperature 1, SmolLM2-135M-Instruct solves ~38% of the additions
+#: but only ~7-12% of the subtractions and multiplications, and this mix puts it in the demo's target range.
+DEMO_ARITHMETIC = {
+    "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+    "operators": ("+", "-", "-", "*", "*"), "allow_parentheses": False, "allow_negation": False,
+}
+
+_CHAIN_SUM_EASY = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
+
+#: names accepted as ``embedded:<name>`` by :func:`load_prompt_dataset`
+EMBEDDED_DATASETS: dict[str, EmbeddedDataset] = {
+    "arithmetic": EmbeddedDataset(
+        ("basic_arithmetic",), {"basic_arithmetic": DEMO_ARITHMETIC},
+        "a + b, a - b or a * b with 1-2 digit operands; the offline demo's problems (one-shot)"),
+    "chain_sum": EmbeddedDataset(
+        ("chain_sum",), {"chain_sum": _CHAIN_SUM_EASY}, "sums/differences of 2-3 numbers of 1-2 digits"),
+    "gsm_symbolic": EmbeddedDataset(("gsm_symbolic",), {}, "GSM8K-style word problems from GSM-Symbolic templates"),
+    "mixed": EmbeddedDataset(
+        ("basic_arithmetic", "chain_sum", "gsm_symbolic"),
+        {"basic_arithmetic": DEMO_ARITHMETIC, "chain_sum": _CHAIN_SUM_EASY},
+        "the three above, interleaved"),
+}
+
+
+def _question_hash(task: str, question: str) -> float:
+    digest = hashlib.sha256(f"{task}\n{' '.join(question.split())}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+_ALLOWED_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+                   ast.Div: lambda a, b: a / b}
+
+
+def _exact_value(expression: str) -> Fraction | None:
+    """Exact value of an integer + - * / expression (true division); None if it is not such an expression."""
+    try:
+        tree = ast.parse(expression.strip().rstrip("="), mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in _ALLOWED_BINOPS:
+            return _ALLOWED_BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("unsupported")
+
+    try:
+        return ev(tree)
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def _gold_is_exact(item: Mapping[str, Any]) -> bool:
+    """For arithmetic tasks, check the gold answer against the exact value of the expression.
+
+    reasoning-gym's ``basic_arithmetic`` evaluates ``/`` as floor division; a row whose expression does not
+    divide exactly would teach a wrong answer, so such rows are skipped.
+    """
+    expression = (item.get("metadata") or {}).get("expression")
+    if not isinstance(expression, str):
+        return True
+    value = _exact_value(expression)
+    if value is None:
+        return True  # not a plain arithmetic expression: trust the generator
+    try:
+        return Fraction(str(item["answer"]).strip()) == value
+    except (ValueError, ZeroDivisionError):
+        return False
+
+
+# the solved examples of few-shot prompts come from this seed's stream, restricted to the train partition
+_SHOT_SEED = 2_718_281_828
+
+
+def _demonstration(item: Mapping[str, Any]) -> str:
+    """A worked answer for a solved example: the task's own chain of thought or expression, then the box."""
+    answer = str(item["answer"]).strip()
+    meta = item.get("metadata") or {}
+    cot = meta.get("answer_cot")
+    if isinstance(cot, str) and cot.strip():
+        lines = [line for line in cot.strip().splitlines() if not line.strip().startswith("####")]
+        return "\n".join(lines + [f"The final answer is \\boxed{{{answer}}}."])
+    expression = meta.get("expression")
+    if isinstance(expression, str) and expression.strip():
+        return f"{expression.strip()} = {answer}. The final answer is \\boxed{{{answer}}}."
+    return f"The final answer is \\boxed{{{answer}}}."
+
+
+def _user_content(question: str, instruction: str) -> str:
+    return f"{question}\n\n{instruction}" if instruction else question
+
+
+def _shots(rg, task: str, config: Mapping[str, Any], k: int, test_fraction: float,
+           instruction: str) -> tuple[list[dict[str, str]], set[str]]:
+    """``k`` solved train-partition examples as alternating user/assistant messages, and their questions."""
+    if k <= 0:
+        return [], set()
+    gen = rg.create_dataset(task, seed=_SHOT_SEED, size=1000 + 50 * k, **dict(config))
+    messages: list[dict[str, str]] = []
+    questions: set[str] = set()
+    for idx in range(1000 + 50 * k):
+        item = gen[idx]
+        question = str(item["question"]).strip()
+        key = " ".join(question.split())
+        answer = str(item["answer"]).strip()
+        if (_question_hash(task, question) < test_fraction or key in questions or not answer
+                or not _gold_is_exact(item)):
+            continue
+        if answer in re.findall(r"-?\d+(?:\.\d+)?", question):
+            continue  # a degenerate example (0 * 7 = 0, 9 - 0 = 9) teaches copying a number
+        questions.add(key)
+        messages += [{"role": "user", "content": _user_content(question, instruction)},
+                     {"role": "assistant", "content": _demonstration(item)}]
+        if len(questions) == k:
+            return messages, questions
+    raise ValueError(f"reasoning-gym task {task!r}: could not find {k} distinct solved examples for the few-shot "
+                     "prompt; lower few_shot")
+
+
+def _require_reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError as e:  # pragma: no cover - exercised only without the package
+        raise ImportError(
+            "the embedded problems need the `reasoning-gym` package: `pip install reasoning-gym` "
+            "(or `pip install -e '.[demo]'`)"
+        ) from e
+    return reasoning_gym
+
+
+def _task_rows(rg, task: str, config: Mapping[str, Any], size: int, seed: int, split: str,
+               test_fraction: float, instruction: str, few_shot: int) -> tuple[list[dict], Counter]:
+    shots, shot_questions = _shots(rg, task, config, few_shot, test_fraction, instruction)
+    base_seed = seed if split == "train" else seed + _TEST_SEED_OFFSET
+    budget = 50 * size + 1000
+    try:
+        gen = rg.create_dataset(task, seed=base_seed, size=budget, **dict(config))
+    except (ValueError, TypeError, AssertionError) as e:
+        raise ValueError(f"reasoning-gym task {task!r} rejected task_configs[{task!r}] = {dict(config)!r}: {e}") from e
+    rows: list[dict] = []
+    seen: set[str] = set()
+    skipped: Counter = Counter()
+    for idx in range(budget):
+        if len(rows) >= size:
+            break
+        item = gen[idx]
+        question = str(item["question"]).strip()
+        answer = str(item["answer"]).strip()
+        key = " ".join(question.split())
+        if (_question_hash(task, question) < test_fraction) != (split == "test"):
+            continue  # belongs to the other split
+        if key in seen:
+            skipped["duplicate"] += 1
+            continue
+        if key in shot_questions:
+            skipped["few_shot_example"] += 1
+            continue
+        if not answer:
+            skipped["empty_answer"] += 1
+            continue
+        if not _gold_is_exact(item):
+            skipped["inexact_gold"] += 1
+            continue
+        seen.add(key)
+        rows.append({
+            "id": f"{task}/{split}/{seed}/{idx}",
+            "data_source": f"reasoning_gym/{task}",
+            "ability": "math",
+            "prompt": shots + [{"role": "user", "content": _user_content(question, instruction)}],
+            "solution": answer,
+            "tests": None,
+        })
+    if len(rows) < size:
+        warnings.warn(
+            f"reasoning-gym task {task!r} ({split} split) yielded only {len(rows)} distinct questions of the "
+            f"{size} requested in {budget} draws; its question space is too small for this size (widen "
+            f"task_configs[{task!r}], e.g. more digits or terms, or ask for fewer rows)",
+            UserWarning, stacklevel=3)
+    return rows, skipped
+
+
+def load_reasoning_gym(
+    tasks: str | Sequence[str] = ("basic_arithmetic",),
+    size: int = 1000,
+    seed: int = 0,
+    split: str = "train",
+    task_configs: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    instruction: str = BOXED_INSTRUCTION,
+    few_shot: int = 0,
+    test_fraction: float = TEST_FRACTION,
+):
+    """Generate reasoning-gym problems offline as a prompt dataset with gold answers.
+
+    Args:
+        tasks: reasoning-gym task names (``"basic_arithmetic"``, ``"chain_sum"``, ``"gsm_symbolic"``, ... any
+            task whose answer is a number or expression ``math_reward`` can check).
+        size: total rows, split as evenly as possible across ``tasks`` (earlier tasks get the remainder); the
+            tasks are interleaved round-robin, so any prefix of the dataset mixes them.
+        seed: generator seed; the same arguments always give the same rows (and ids).
+        split: ``"train"`` or ``"test"``. The two never share a question: each question belongs to exactly one
+            split by a hash of its (whitespace-normalised) text (``test_fraction`` of the question space is
+            held out), and the test split also draws from a different seed range. Within a split, duplicate
+            questions are skipped.
+        task_configs: per task, keyword arguments of its reasoning-gym config (difficulty), e.g.
+            ``{"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}}``;
+            unspecified fields keep reasoning-gym's defaults. :data:`DEMO_ARITHMETIC` is the demo's setting.
+        instruction: appended to each question after a blank line (default :data:`BOXED_INSTRUCTION`).
+        few_shot: solved examples put before the question as earlier user/assistant turns of the conversation
+            (the same ones for every row of a task, in both splits; drawn from the train side of the question
+            space, and never also a row). An example's answer is the task's own chain of thought (GSM-Symbolic)
+            or ``"<expression> = <answer>."``, then ``"The final answer is \\boxed{<answer>}."``. Small models
+            rarely use ``\\boxed{}`` from the instruction alone: SmolLM2-135M-Instruct boxes 0 of 50 greedy
+            answers zero-shot and 48 of 50 one-shot.
+        test_fraction: share of the question space held out; keep the default so train and test loads agree.
+
+    Returns:
+        A :class:`datasets.Dataset` with the :data:`COLUMNS`: ``id`` = ``"<task>/<split>/<seed>/<index>"``,
+        ``data_source`` = ``"reasoning_gym/<task>"``, ``ability`` = ``"math"``, ``prompt`` = the ``few_shot``
+        example turns and one user message (question + instruction),
+        ``solution`` = the gold answer string, ``tests`` = None. Arithmetic rows whose gold answer is not the
+        exact value of their expression (reasoning-gym floors ``/``) are skipped.
+
+    Raises:
+        ValueError: unknown task, bad ``split`` / ``size`` / ``test_fraction``, or a config reasoning-gym rejects.
+        ImportError: ``reasoning-gym`` is not installed (the message gives the pip command).
+
+    Warns:
+        UserWarning: a task's question space is too small to give its share of ``size`` distinct questions.
+    """
+    from datasets import Dataset
+
+    rg = _require_reasoning_gym()
+    if isinstance(tasks, str):
+        tasks = (tasks,)
+    tasks = tuple(tasks)
+    if not tasks:
+        raise ValueError("tasks is empty; name at least one reasoning-gym task, e.g. tasks=('basic_arithmetic',)")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not (isinstance(size, int) and size >= 1):
+        raise ValueError(f"size must be a positive integer, got {size!r}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    if not (isinstance(few_shot, int) and few_shot >= 0):
+        raise ValueError(f"few_shot must be an integer >= 0, got {few_shot!r}")
+    from reasoning_gym.factory import DATASETS
+
+    unknown = [t for t in tasks if t not in DATASETS]
+    if unknown:
+        raise ValueError(f"unknown reasoning-gym task(s) {unknown}; known tasks include "
+                         f"{sorted(DATASETS)[:40]}...")
+    task_configs = dict(task_configs or {})
+    extra = sorted(set(task_configs) - set(tasks))
+    if extra:
+        raise ValueError(f"task_configs has entries {extra} for tasks not in tasks={list(tasks)}")
+    shares = [size // len(tasks) + (i < size % len(tasks)) for i in range(len(tasks))]
+    per_task = []
+    for task, share in zip(tasks, shares):
+        if share == 0:
+            per_task.append([])
+            continue
+        rows, skipped = _task_rows(rg, task, task_configs.get(task, {}), share, seed, split, test_fraction,
+                                   instruction, few_shot)
+        if skipped:
+            logger.info("reasoning-gym %s (%s): skipped %s", task, split, dict(skipped))
+        per_task.append(rows)
+    mixed = [rows[i] for i in range(max(map(len, per_task))) for rows in per_task if i < len(rows)]
+    return Dataset.from_list(mixed, features=_features())
+
+
+# ====================================================================================================== files / Hub
+
+
+@dataclass
+class LoadReport:
+    """What :func:`normalize_rows` kept and dropped.
+
+    Attributes:
+        source: the dataset name or path.
+        total: rows read (including malformed lines of a JSONL file).
+        kept: rows in the returned dataset.
+        dropped: ``{reason: count}``; reasons: ``bad_json``, ``empty_prompt``, ``bad_prompt``, ``missing_gold``,
+            ``bad_tests``, ``unknown_ability``.
+        examples: ``{reason: [row numbers]}`` (0-based, at most 5 per reason).
+    """
+
+    source: str
+    total: int = 0
+    kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[int]] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        parts = [f"{k}={v} (rows {', '.join(map(str, self.examples.get(k, [])))})" for k, v in self.dropped.items()]
+        return "; ".join(parts)
+
+
+class _BadRow(ValueError):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+_GOLD_COLUMNS = ("reward_model", "solution", "answer", "tests")
+
+
+def _prompt_messages(value: Any) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise _BadRow("empty_prompt", "the prompt is an empty string")
+        return [{"role": "user", "content": value}]
+    if isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _BadRow("bad_prompt" if value not in (None, [], ()) else "empty_prompt",
+                      f"the prompt must be a string or a non-empty list of {{'role', 'content'}} messages, "
+                      f"got {type(value).__name__}")
+    messages = []
+    for j, m in enumerate(value):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise _BadRow("bad_prompt", f"prompt message {j} must be a dict with a string 'role' and 'content'")
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):  # content parts
+            content = "".join(p.get("text", "") if isinstance(p, Mapping) else str(p) for p in content)
+        if not isinstance(content, str):
+            raise _BadRow("bad_prompt", f"prompt message {j} has content of type {type(content).__name__}; "
+                                        "use a string")
+        messages.append({"role": m["role"], "content": content})
+    if not any(m["role"] != "system" and m["content"].strip() for m in messages):
+        raise _BadRow("empty_prompt", "the prompt has no non-empty user message")
+    return messages
+
+
+def _gold_of(row: Mapping[str, Any], route: str) -> Any:
+    rm = row.get("reward_model")
+    if isinstance(rm, str):
+        try:
+            rm = json.loads(rm)
+        except ValueError:
+            rm = None
+    if isinstance(rm, Mapping) and rm.get("ground_truth") not in (None, ""):
+        return rm["ground_truth"]
+    keys = ("solution", "answer") if route == "math" else ("tests",)
+    for k in keys:
+        if row.get(k) not in (None, ""):
+            return row[k]
+    return None
+
+
+def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prompt_column: str) -> dict:
+    prompt = _prompt_messages(row.get(prompt_column))
+    data_source = row.get("data_source")
+    data_source = data_source.strip() if isinstance(data_source, str) and data_source.strip() else source
+    route = route_of(row.get("ability"), data_source)
+    if route is None:
+        raise _BadRow("unknown_ability", f"ability {row.get('ability')!r} and data_source {data_source!r} do not say "
+                                         "whether the row is math or code; set 'ability' to 'math' or 'code'")
+    gold = _gold_of(row, route)
+    solution = tests = None
+    if route == "math":
+        if gold is None or isinstance(gold, bool) or not isinstance(gold, (str, int, float)) or not str(gold).strip():
+            raise _BadRow("missing_gold", "math row without a gold answer (reward_model.ground_truth, 'solution' "
+                                          "or 'answer' must be a non-empty string or number)")
+        solution = str(gold).strip()
+    else:
+        if isinstance(gold, (bytes, bytearray)):
+            gold = gold.decode("utf-8", "replace")
+        if isinstance(gold, str):
+            try:
+                parsed = json.loads(gold)
+            except ValueError:
+                raise _BadRow("bad_tests", "code tests are a string but not JSON; store them as a JSON object "
+                                           "such as {\"inputs\": [...], \"outputs\": [...]}") from None
+        else:
+            parsed = gold
+        if gold is None:
+            raise _BadRow("missing_gold", "code row without test cases (reward_model.ground_truth or 'tests')")
+        if not isinstance(parsed, Mapping) or not parsed:
+            raise _BadRow("bad_tests", f"code tests must be a non-empty JSON object, got {type(parsed).__name__}")
+        tests = gold if isinstance(gold, str) else json.dumps(parsed)
+    rid = row.get("id")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or str(rid) == "":
+        extra = row.get("extra_info")
+        index = extra.get("index") if isinstance(extra, Mapping) else None
+        rid = f"{data_source}/{index}" if isinstance(index, (int, str)) and not isinstance(index, bool) \
+            else f"{source}/{split}/{i}"
+    return {"id": str(rid), "data_source": data_source, "ability": route, "prompt": prompt,
+            "solution": solution, "tests": tests}
+
+
+def _check_columns(columns: Iterable[str], source: str, prompt_column: str) -> None:
+    columns = list(columns)
+    if prompt_column not in columns:
+        hint = next((c for c in ("prompt", "problem", "question", "messages", "query") if c in columns), None)
+        fix = (f"pass prompt_column={hint!r} (recipes: --prompt_column {hint})" if hint else
+               f"add a {prompt_column!r} column (a string or a list of {{'role', 'content'}} chat messages)")
+        raise ValueError(f"{source}: no prompt column {prompt_column!r} (columns: {columns}); {fix}")
+    if not any(c in columns for c in _GOLD_COLUMNS):
+        raise ValueError(
+            f"{source}: no gold-answer column (columns: {columns}); add 'reward_model' "
+            "({'style': 'rule', 'ground_truth': ...}, the Eurus-2-RL-Data format), 'solution' or 'answer' "
+            "(math gold answers) or 'tests' (code test cases)")
+
+
+def normalize_rows(
+    rows: Iterable[Mapping[str, Any] | Exception],
+    *,
+    source: str,
+    split: str = "train",
+    prompt_column: str = "prompt",
+    columns: Iterable[str] | None = None,
+    on_bad_rows: str = "drop",
+    max_bad_fraction: float = 0.5,
+    return_report: bool = False,
+):
+    """Normalise rows in the Eurus-2-RL-Data format (or the simpler variants above) to :data:`COLUMNS`.
+
+    Args:
+        rows: dicts (an ``Exception`` item stands for an unreadable row, e.g. a JSONL line that is not JSON).
+        source: name used in ids of rows without one, as the default ``data_source``, and in messages.
+        split: used in fallback ids.
+        prompt_column: the column holding the prompt.
+        columns: the dataset's column names, checked up front (default: the keys of the first row).
+        on_bad_rows: ``"drop"`` (default: drop malformed rows, warn once with counts) or ``"error"``.
+        max_bad_fraction: raise when more than this share of the rows is malformed.
+        return_report: also return the :class:`LoadReport`.
+
+    Returns:
+        A :class:`datasets.Dataset` (and the :class:`LoadReport` when ``return_report``).
+
+    Raises:
+        ValueError: a missing prompt or gold column, no usable row, too many malformed rows, or (with
+            ``on_bad_rows="error"``) the first malformed row; each message names the column and the fix.
+    """
+    from datasets import Dataset
+
+    if on_bad_rows not in ("drop", "error"):
+        raise ValueError(f"on_bad_rows must be 'drop' or 'error', got {on_bad_rows!r}")
+    report = LoadReport(source=source)
+    out: list[dict] = []
+    columns = list(columns) if columns is not None else []
+    checked = bool(columns)
+    if checked:
+        _check_columns(columns, source, prompt_column)
+    for i, row in enumerate(rows):
+        report.total += 1
+        try:
+            if isinstance(row, Exception):
+                raise _BadRow("bad_json", f"unreadable row: {row}")
+            if not isinstance(row, Mapping):
+                raise _BadRow("bad_json", f"row is a {type(row).__name__}, not an object")
+            if not checked:
+                _check_columns(row.keys(), source, prompt_column)
+                checked = True
+            out.append(_normalize_row(row, i, source, split, prompt_column))
+        except _BadRow as e:
+            if on_bad_rows == "error":
+                raise ValueError(f"{source}: row {i} is malformed ({e.reason}): {e}; fix the row, or pass "
+                                 "on_bad_rows='drop' to skip malformed rows") from None
+            report.dropped[e.reason] = report.dropped.get(e.reason, 0) + 1
+            ex = report.examples.setdefault(e.reason, [])
+            if len(ex) < 5:
+                ex.append(i)
+    report.kept = len(out)
+    if report.total == 0:
+        raise ValueError(f"{source}: the dataset is empty")
+    bad = report.total - report.kept
+    if not out:
+        raise ValueError(f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
+                         "not look like the Eurus-2-RL-Data format (see trl_prime.data)")
+    if bad > max_bad_fraction * report.total:
+        raise ValueError(f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
+                         f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction")
+    if bad:
+        warnings.warn(f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}",
+                      UserWarning, stacklevel=2)
+    ids = [r["id"] for r in out]
+    if len(set(ids)) != len(ids):  # ids from the data collide: fall back to positions, which are stable
+        for r, i in zip(out, range(len(out))):
+            r["id"] = f"{source}/{split}/{i}"
+    ds = Dataset.from_list(out, features=_features())
+    return (ds, report) if return_report else ds
+
+
+def _read_json_rows(path: Path) -> tuple[list, list[str]]:
+    """Rows of a .json (array, or {"data": [...]}) or .jsonl file, and the union of their keys.
+
+    Unreadable JSONL lines become exception items (dropped and counted by :func:`normalize_rows`).
+    """
+    rows, _ = _read_json_items(path)
+    columns: dict[str, None] = {}
+    for row in rows:
+        if isinstance(row, Mapping):
+            columns.update(dict.fromkeys(row))
+    return rows, list(columns)
+
+
+def _read_json_items(path: Path) -> tuple[list, None]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None  # maybe JSON Lines with a .json extension
+        if data is not None:
+            if isinstance(data, Mapping):
+                lists = [v for v in data.values() if isinstance(v, list)]
+                if len(lists) != 1:
+                    raise ValueError(f"{path}: a JSON object must hold exactly one list of rows; store a JSON array "
+                                     "of row objects or JSON Lines")
+                data = lists[0]
+            if not isinstance(data, list):
+                raise ValueError(f"{path}: expected a JSON array of row objects, got {type(data).__name__}")
+            return data, None
+    rows: list = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            rows.append(ValueError(f"{path.name} line {n} is not JSON ({e})"))
+    return rows, None
+
+
+_EXTENSIONS = (".json", ".jsonl", ".parquet")
+
+
+def _split_file(folder: Path, split: str) -> Path:
+    names = [split] + (["validation", "val", "dev"] if split == "test" else [])
+    for name in names:
+        for ext in _EXTENSIONS:
+            for candidate in sorted(folder.glob(f"{name}{ext}")) + sorted(folder.glob(f"{name}-*{ext}")):
+                return candidate
+    raise ValueError(f"{folder}: no file for split {split!r}; name it {split}.jsonl / {split}.json / "
+                     f"{split}.parquet (found {sorted(p.name for p in folder.iterdir())})")
+
+
+def load_prompt_dataset(
+    name_or_path: str,
+    split: str = "train",
+    *,
+    size: int | None = None,
+    seed: int = 0,
+    prompt_column: str = "prompt",
+    on_bad_rows: str = "drop",
+    max_bad_fraction: float = 0.5,
+    return_report: bool = False,
+    **kwargs: Any,
+):
+    """Load a prompt dataset by the names the recipes accept, normalised to :data:`COLUMNS`.
+
+    Args:
+        name_or_path: ``embedded:<name>`` (:data:`EMBEDDED_DATASETS`: ``arithmetic`` -- the demo's --,
+            ``chain_sum``, ``gsm_symbolic``, ``mixed``); a ``.json`` / ``.jsonl`` / ``.parquet`` file; a folder
+            holding ``<split>.jsonl`` (or ``.json`` / ``.parquet``; ``test`` falls back to ``validation``); or a
+            Hub dataset id (``PRIME-RL/Eurus-2-RL-Data``; ``split="test"`` falls back to ``"validation"`` when
+            the dataset has no test split). Files and Hub data are read in the Eurus-2-RL-Data format.
+        split: ``"train"`` or ``"test"`` (a single file is the split you asked for).
+        size: embedded: number of rows (default 1000 train / 200 test); others: keep the first ``size`` rows.
+        seed: embedded only: generator seed.
+        prompt_column, on_bad_rows, max_bad_fraction, return_report: see :func:`normalize_rows` (not used for
+            embedded data, which is always well formed; the report is then None).
+        **kwargs: embedded: passed to :func:`load_reasoning_gym` (``task_configs``, ``instruction``, ...);
+            Hub: passed to :func:`datasets.load_dataset` (``revision``, ``data_dir``, ...).
+
+    Returns:
+        A :class:`datasets.Dataset` with :data:`COLUMNS` (and a :class:`LoadReport` when ``return_report``).
+
+    Raises:
+        ValueError: unknown embedded name, missing file or split, unsupported extension, and every dataset-level
+            problem of :func:`normalize_rows`.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
+    if name_or_path.startswith(EMBEDDED_PREFIX):
+        key = name_or_path[len(EMBEDDED_PREFIX):]
+        if key not in EMBEDDED_DATASETS:
+            known = ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_DATASETS)
+            raise ValueError(f"unknown embedded dataset {name_or_path!r}; known: {known}")
+        spec = EMBEDDED_DATASETS[key]
+        kwargs.setdefault("task_configs", spec.task_configs)
+        kwargs.setdefault("few_shot", spec.few_shot)
+        ds = load_reasoning_gym(spec.tasks, size=size or (1000 if split == "train" else 200), seed=seed,
+                                split=split, **kwargs)
+        return (ds, None) if return_report else ds
+
+    common = dict(split=split, prompt_column=prompt_column, on_bad_rows=on_bad_rows,
+                  max_bad_fraction=max_bad_fraction, return_report=True)
+    path = Path(os.path.expanduser(name_or_path))
+    looks_local = path.exists() or path.suffix in _EXTENSIONS or name_or_path.startswith((".", "/", "~"))
+    if looks_local:
+        if not path.exists():
+            raise ValueError(f"no such file or folder: {path}")
+        if path.is_dir():
+            path = _split_file(path, split)
+        if path.suffix not in _EXTENSIONS:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .json, .jsonl or .parquet")
+        if path.suffix == ".parquet":
+            from datasets import Dataset
+
+            table = Dataset.from_parquet(str(path), keep_in_memory=True)
+            columns, rows = table.column_names, iter(table)
+            if size is not None:
+                rows = (table[i] for i in range(min(size, len(table))))
+        else:
+            rows, columns = _read_json_rows(path)
+            rows = rows[:size] if size is not None else rows
+        ds, report = normalize_rows(rows, source=path.stem if path.stem not in ("train", "test") else str(path),
+                                    columns=columns, **common)
+    else:
+        from datasets import load_dataset
+
+        try:
+            dd = load_dataset(name_or_path, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised with what to do
+            raise ValueError(f"could not load {name_or_path!r} as a local file or a Hub dataset ({type(e).__name__}: "
+                             f"{e}); pass an existing .json/.jsonl/.parquet path or a Hub dataset id") from e
+        chosen = split if split in dd else ("validation" if split == "test" and "validation" in dd else None)
+        if chosen is None:
+            raise ValueError(f"{name_or_path}: no split {split!r} (splits: {list(dd)})")
+        table = dd[chosen]
+        if size is not None:
+            table = table.select(range(min(size, len(table))))
+        ds, report = normalize_rows(iter(table), source=name_or_path, columns=table.column_names, **common)
+    return (ds, report) if return_report else ds
