@@ -14,6 +14,9 @@ __version__ = "0.1.0.dev0"
 # public name -> submodule that defines it
 _LAZY = {
     "ImplicitPRM": "trl_prime.implicit_prm",
+    "ImplicitPRMConfig": "trl_prime.implicit_prm_trainer",
+    "ImplicitPRMTrainer": "trl_prime.implicit_prm_trainer",
+    "best_of_n": "trl_prime.implicit_prm_trainer",
     "PrimeRLOOConfig": "trl_prime.prime_config",
     "PrimeGRPOConfig": "trl_prime.prime_config",
     "PrimeRLOOTrainer": "trl_prime.prime_trainer",
