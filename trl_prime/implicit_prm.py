@@ -249,6 +249,43 @@ def delimiter_step_ends(
 # ----------------------------------------------------------------------------------------------------------------
 # ImplicitPRM
 # ----------------------------------------------------------------------------------------------------------------
+def tokenize_prompt_completion(
+    prompt: Any,
+    completion: Any,
+    tokenizer,
+    *,
+    max_length: int | None = None,
+    max_prompt_length: int | None = None,
+) -> dict[str, list[int]]:
+    """``{"prompt_ids", "completion_ids"}`` of one row: the tokenisation shared by scoring and training.
+
+    A prompt is a string or a conversation (rendered with the chat template and the generation prompt); an empty
+    prompt becomes one BOS (or EOS) token. The completion (a string, or a conversation whose last message is
+    used) is tokenized without special tokens and EOS is appended when the tokenizer has one. Optional
+    truncation: the prompt keeps its last ``max_prompt_length`` tokens, the completion its first
+    ``max_length - len(prompt)`` (at least one).
+    """
+    if isinstance(prompt, str):
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    else:
+        p = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+    if isinstance(completion, list):  # conversational completion [{"role": "assistant", "content": ...}]
+        completion = completion[-1]["content"]
+    c = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        c = c + [tokenizer.eos_token_id]
+    p = list(p)
+    if len(p) == 0:
+        p = [tokenizer.eos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id]
+    if max_prompt_length is not None and len(p) > max_prompt_length:
+        p = p[-max_prompt_length:]
+    if max_length is not None:
+        c = c[: max(max_length - len(p), 1)]
+    return {"prompt_ids": p, "completion_ids": list(c)}
+
+
 class ImplicitPRM:
     """An implicit PRM: a causal LM ``pi_phi`` and its reference ``pi_ref`` (SPEC section 1; PRIME Eq. 3).
 
@@ -478,21 +515,9 @@ class ImplicitPRM:
             raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; pass one prompt each.")
         p_ids, c_ids = [], []
         for prompt, completion in zip(prompts, completions):
-            if isinstance(prompt, str):
-                ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            else:
-                ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
-                    "input_ids"
-                ]
-            if isinstance(completion, list):  # conversational completion [{"role": "assistant", "content": ...}]
-                completion = completion[-1]["content"]
-            cids = tok(completion, add_special_tokens=False)["input_ids"]
-            if tok.eos_token_id is not None:
-                cids = cids + [tok.eos_token_id]
-            if len(ids) == 0:
-                ids = [tok.eos_token_id if tok.bos_token_id is None else tok.bos_token_id]
-            p_ids.append(list(ids))
-            c_ids.append(cids)
+            row = tokenize_prompt_completion(prompt, completion, tok)
+            p_ids.append(row["prompt_ids"])
+            c_ids.append(row["completion_ids"])
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         P, T = max(map(len, p_ids)), max(map(len, c_ids))
         B = len(p_ids)

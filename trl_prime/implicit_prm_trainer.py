@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from trl_prime import functional as F
-from trl_prime.implicit_prm import ImplicitPRM, completion_logps, eval_mode, unwrap
+from trl_prime.implicit_prm import ImplicitPRM, completion_logps, eval_mode, tokenize_prompt_completion, unwrap
 
 LOSS_TYPES = ("ce", "dpo", "kto", "nca")
 REQUIRED_COLUMNS = ("prompt", "completion", "label")
@@ -113,39 +113,6 @@ class ImplicitPRMConfig(TrainingArguments):
 # ----------------------------------------------------------------------------------------------------------------
 def _prompt_key(prompt: Any) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
-
-
-def tokenize_row(
-    prompt: Any,
-    completion: Any,
-    tokenizer,
-    *,
-    max_length: int | None = None,
-    max_prompt_length: int | None = None,
-) -> dict[str, list[int]]:
-    """``{"prompt_ids", "completion_ids"}`` of one row, tokenised like :meth:`ImplicitPRM.encode`, then truncated.
-
-    The prompt keeps its last ``max_prompt_length`` tokens; the completion its first ``max_length - len(prompt)``.
-    """
-    if isinstance(prompt, str):
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    else:
-        p = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
-            "input_ids"
-        ]
-    if isinstance(completion, list):  # conversational completion [{"role": "assistant", "content": ...}]
-        completion = completion[-1]["content"]
-    c = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    if tokenizer.eos_token_id is not None:
-        c = c + [tokenizer.eos_token_id]
-    p = list(p)
-    if len(p) == 0:
-        p = [tokenizer.eos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id]
-    if max_prompt_length is not None and len(p) > max_prompt_length:
-        p = p[-max_prompt_length:]
-    if max_length is not None:
-        c = c[: max(max_length - len(p), 1)]
-    return {"prompt_ids": p, "completion_ids": list(c)}
 
 
 class ImplicitPRMCollator:
@@ -362,7 +329,7 @@ class ImplicitPRMTrainer(Trainer):
             dataset = dataset.remove_columns("label").add_column("label", labels)
 
         def tok(row):
-            return tokenize_row(
+            return tokenize_prompt_completion(
                 row["prompt"], row["completion"], tokenizer,
                 max_length=args.max_length, max_prompt_length=args.max_prompt_length,
             )
