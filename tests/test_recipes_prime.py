@@ -1,0 +1,346 @@
+"""The PRIME recipes, run as a user runs them: ``recipes/prime_qwen7b.py`` with its real YAML (the paper's setup)
+and ``recipes/prime_lora.py`` (policy and PRM as two LoRA adapters on one base).
+
+Only what a CPU needs is overridden: model and data (a tiny offline model, a few Eurus-2-RL-Data rows), steps, batch
+and lengths, ``use_vllm``/``bf16``/``gradient_checkpointing`` off, ``use_cpu``. Everything else (K=4, filter 0.2-0.8,
+the released code's advantage options, learning rates, PRM beta) comes from the YAML, and the tests check it did.
+
+The tiny model is first taught (a few seconds of SFT on the rows' own prompts) to answer every prompt with
+``\\boxed{d}`` and a ``print(d)`` program, d = 1 or 2 at even odds: math rows (gold 1) and code rows (tests expect
+1) are then right half of the time, so groups of 4 pass the 0.2-0.8 filter, the PRM sees both labels, and both
+verifiers (math_reward and code_reward, routed by each row's ability) score real completions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(ROOT, "recipes")
+LAUNCHER = os.path.join(ROOT, "tests", "scripts", "recipe_launch.py")
+ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
+SYSTEM = "Think step by step."  # Eurus-2-RL-Data rows carry a (longer) system prompt
+CODE_TESTS = json.dumps({"inputs": ["\n"], "outputs": ["1\n"]})
+
+
+def write_eurus_jsonl(path) -> str:
+    """Two math rows (gold 1) and two code rows (stdin/stdout tests expecting 1) in the Eurus-2-RL-Data format."""
+    rows = []
+    for i in range(2):
+        rows.append({
+            "data_source": "numina_synthetic_math", "ability": "math",
+            "prompt": [{"role": "system", "content": SYSTEM},
+                       {"role": "user", "content": f"What is {i} + {1 - i}? Answer in \\boxed{{}}."}],
+            "reward_model": {"style": "rule", "ground_truth": "1"},
+            "extra_info": {"split": "train", "index": i},
+        })
+        rows.append({
+            "data_source": "taco", "ability": "code",
+            "prompt": [{"role": "system", "content": SYSTEM},
+                       {"role": "user", "content": f"Write Python code that prints 1 (task {i})."}],
+            "reward_model": {"style": "rule", "ground_truth": CODE_TESTS},
+            "extra_info": {"split": "train", "index": 10 + i},
+        })
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def build_coin_model(path, data_path, steps: int = 120) -> str:
+    """A tiny model (tests/tiny.py) SFT'd to answer each prompt of ``data_path`` with d = 1 or 2 at even odds."""
+    import torch
+    from tiny import build_tiny_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model(path, seed=0)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with open(data_path) as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    seqs = []
+    for p in prompts:
+        pid = tok(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+        for d in "12":
+            cid = tok(f"\\boxed{{{d}}}\n```python\nprint({d})\n```", add_special_tokens=False)["input_ids"]
+            seqs.append((pid["input_ids"], cid + [tok.eos_token_id]))
+    L = max(len(p) + len(c) for p, c in seqs)
+    ids = torch.full((len(seqs), L), tok.pad_token_id)
+    labels = torch.full((len(seqs), L), -100)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, (p, c) in enumerate(seqs):
+        n = len(p) + len(c)
+        ids[i, :n] = torch.tensor(p + c)
+        mask[i, :n] = 1
+        labels[i, len(p):n] = torch.tensor(c)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared machine
+    try:
+        for _ in range(steps):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    # the only uncertainty left is the digit (two coin flips of the ~30 completion tokens): loss ~ 2 ln 2 / 30
+    assert loss.item() < 0.2, loss.item()
+    model.save_pretrained(path)
+    return path
+
+
+def _recipe(name):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(RECIPES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def _same(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def eurus_jsonl(tmp_path_factory) -> str:
+    return write_eurus_jsonl(tmp_path_factory.mktemp("eurus") / "train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def coin_model(tmp_path_factory, eurus_jsonl) -> str:
+    return build_coin_model(tmp_path_factory.mktemp("coin_model"), eurus_jsonl)
+
+
+def _overrides(model: str, data: str, out: str, *, batch: int, ddp: bool = False, zero3: bool = False) -> list[str]:
+    """Model, data, steps, and what a CPU needs; no ``--config``: the recipe must default to its own YAML."""
+    return [
+        "--model_name_or_path", model, "--dataset_name", data, "--output_dir", out, "--max_steps", "2",
+        "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps", "1",
+        "--max_completion_length", "32", "--save_strategy", "no", "--dtype", "float32",
+        "--use_vllm", "false", "--bf16", "false", "--gradient_checkpointing", "false",
+        "--use_cpu", "false" if zero3 else "true",
+    ]
+
+
+# the YAML's values the tests check survived the overrides (SPEC section 7 and the released code's options)
+PAPER_OPTIONS = {
+    "num_generations": 4, "filter_lower": 0.2, "filter_upper": 0.8, "prm_beta": 0.05, "prm_learning_rate": 1e-6,
+    "learning_rate": 5e-7, "prm_update": "double", "prime_baseline": "reference", "process_reward_norm": "batch_norm",
+    "process_coef": 5.0, "outcome_coef": 5.0, "whiten_advantages": True, "include_last_token": False, "beta": 0.0,
+    "epsilon": 0.2, "num_iterations": 1, "vllm_mode": "colocate",
+}
+
+
+def _check_logs(logs: list[dict], prm_lr: float = 1e-6) -> None:
+    """Two PRIME steps: the PRM was updated each step, on a mixed batch of math and code rows."""
+    assert len(logs) == 2
+    for h in logs:
+        for k in ("loss", "prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "prm/token_reward_std",
+                  "filter/kept_fraction", "prm/grad_norm"):
+            assert h[k] is not None and math.isfinite(h[k]), (k, h.get(k))
+        assert 0.0 <= h["prm/pair_accuracy"] <= 1.0 and 0.0 < h["filter/kept_fraction"] <= 1.0
+        assert h["prm/grad_norm"] > 0 and h["prm/learning_rate"] == pytest.approx(prm_lr)
+    # prm_update "double" (the YAML's): the PRM is updated before it scores, so even step 1's token rewards are not 0
+    # (with "single" they are exactly 0 at step 1, where the PRM equals its reference)
+    assert logs[0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert logs[0]["prm/token_reward_std"] > 0
+    # both verifiers scored completions: the rows are routed by ability, none left unrouted
+    assert sum(h["route/math"] for h in logs) > 0 and sum(h["route/code"] for h in logs) > 0
+    assert all(h["route/unrouted"] == 0 for h in logs)
+    assert sum(h["math/correct"] for h in logs) > 0 and sum(h["math/wrong"] for h in logs) > 0
+    assert sum(h["code/passed"] for h in logs) > 0 and sum(h["code/failed"] for h in logs) > 0
+
+
+def _check_saved(out: str, model: str) -> None:
+    """Policy and PRM saved, both trained; the PRM reference saved unchanged (= the initial SFT weights)."""
+    init = _weights(os.path.join(model, "model.safetensors"))
+    policy = _weights(os.path.join(out, "model.safetensors"))
+    prm = _weights(os.path.join(out, "prm", "model.safetensors"))
+    ref = _weights(os.path.join(out, "prm", "reference", "model.safetensors"))
+    assert os.path.isfile(os.path.join(out, "prm", "implicit_prm_config.json"))
+    with open(os.path.join(out, "prm", "implicit_prm_config.json")) as f:
+        assert json.load(f)["beta"] == pytest.approx(0.05)
+    assert _same(ref, init)
+    assert not _same(prm, init) and not _same(policy, init) and not _same(prm, policy)
+
+
+# ----------------------------------------------------------------------------------------------------- CLI / YAML
+def test_without_config_the_recipes_read_their_own_yaml():
+    for name in ("prime_qwen7b", "prime_lora"):
+        mod = _recipe(name)
+        yaml_path = os.path.join(RECIPES, "configs", f"{name}.yaml")
+        assert os.path.samefile(mod.DEFAULT_CONFIG, yaml_path)
+        assert mod.with_default_config(["--max_steps", "3"]) == ["--config", mod.DEFAULT_CONFIG, "--max_steps", "3"]
+        assert mod.with_default_config(["--config", "x.yaml"]) == ["--config", "x.yaml"]
+        assert mod.with_default_config(["--config=x.yaml", "--seed", "1"]) == ["--config=x.yaml", "--seed", "1"]
+
+
+def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
+    import yaml
+
+    from trl_prime import PrimeRLOOConfig
+
+    with open(os.path.join(RECIPES, "configs", "prime_qwen7b.yaml")) as f:
+        raw = yaml.safe_load(f)
+    # GPU-only keys (a CPU cannot parse bf16=True): checked in the file
+    assert (raw["bf16"], raw["use_vllm"], raw["vllm_mode"], raw["dtype"]) == (True, True, "colocate", "bfloat16")
+    mod = _recipe("prime_qwen7b")
+    data, args, model = mod.parse(PrimeRLOOConfig, mod.with_default_config(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]))
+    assert model.model_name_or_path == "PRIME-RL/Eurus-2-7B-SFT" and args.prm_model is None
+    assert data.dataset_name == ["PRIME-RL/Eurus-2-RL-Data"] and data.reward == "outcome"
+    for k, v in PAPER_OPTIONS.items():
+        assert getattr(args, k) == pytest.approx(v) if isinstance(v, float) else getattr(args, k) == v, k
+    assert (args.max_completion_length, args.prm_reference, args.prm_loss, args.prime_estimator) == (
+        3072, "sft", "ce", "rloo")
+    # 256 prompts per step on 8 GPUs: 8 x 8 completions x 16 accumulation steps / K
+    assert 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations == 256
+    assert args.use_vllm is True  # the YAML's (only bf16 was overridden)
+
+
+# ------------------------------------------------------------------------------------------------- prime_qwen7b
+def test_prime_qwen7b_one_process(coin_model, eurus_jsonl, tmp_path):
+    from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
+
+    mod = _recipe("prime_qwen7b")
+    out = str(tmp_path / "out")
+    argv = mod.with_default_config(_overrides(coin_model, eurus_jsonl, out, batch=8))
+    trainer = mod.main(*mod.parse(PrimeRLOOConfig, argv))
+    assert isinstance(trainer, PrimeRLOOTrainer) and trainer.accelerator.num_processes == 1
+    for k, v in PAPER_OPTIONS.items():
+        assert getattr(trainer.args, k) == v, k
+    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.implicit_prm.ref_model is not None and trainer.ref_model is None  # beta 0: PRIME owns the ref
+    _check_logs([h for h in trainer.state.log_history if "prm/loss" in h])
+    _check_saved(out, coin_model)
+
+
+def _launch(config: str, summary: str, recipe_argv: list[str], timeout: int = 600) -> dict:
+    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "accelerate_configs", config),
+           "--main_process_port", str(_free_port()), LAUNCHER, "--recipe", "prime_qwen7b", "--summary", summary,
+           "--", *recipe_argv]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, f"{config} launch failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    with open(summary) as f:
+        return json.load(f)
+
+
+def _check_summary(s: dict, model: str, data: str) -> None:
+    assert s["num_processes"] == 2 and s["global_step"] == 2 and s["num_prm_updates"] == 2
+    assert s["model_name_or_path"] == model and s["dataset_name"] == [data]
+    for k, v in PAPER_OPTIONS.items():
+        assert s["args"][k] == v, k
+    _check_logs(s["logs"])
+    r0, r1 = s["checksums"]
+    assert r0 == r1, "PRM, policy or PRM reference differ between the two ranks"
+    assert r0["prm"] != r0["prm_ref"] and r0["policy"] != r0["prm_ref"]
+
+
+@pytest.mark.slow
+def test_prime_qwen7b_ddp_two_processes(coin_model, eurus_jsonl, tmp_path):
+    out = str(tmp_path / "ddp")
+    s = _launch("cpu_ddp.yaml", str(tmp_path / "summary.json"), _overrides(coin_model, eurus_jsonl, out, batch=4))
+    assert s["distributed_type"] == "DistributedType.MULTI_CPU" and s["zero_stage"] is None
+    _check_summary(s, coin_model, eurus_jsonl)
+    _check_saved(out, coin_model)
+
+
+@pytest.mark.slow
+def test_prime_qwen7b_zero3_two_processes(coin_model, eurus_jsonl, tmp_path):
+    """DeepSpeed ZeRO-3 over gloo (accelerate_configs/cpu_zero3.yaml: every parameter partitioned); the PRM is its
+    own DeepSpeed engine; weights are gathered for the checksums and for saving."""
+    pytest.importorskip("deepspeed")
+    out = str(tmp_path / "zero3")
+    s = _launch("cpu_zero3.yaml", str(tmp_path / "summary.json"),
+                _overrides(coin_model, eurus_jsonl, out, batch=4, zero3=True))
+    assert s["distributed_type"] == "DistributedType.DEEPSPEED" and s["zero_stage"] == 3
+    assert s["prm_engine"] == "DeepSpeedEngine"
+    _check_summary(s, coin_model, eurus_jsonl)
+    _check_saved(out, coin_model)
+
+
+# --------------------------------------------------------------------------------------------------- prime_lora
+def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl, tmp_path):
+    import torch
+
+    from trl_prime import PrimeRLOOConfig
+    from trl_prime.implicit_prm import unwrap
+
+    mod = _recipe("prime_lora")
+    out = str(tmp_path / "lora")
+    argv = mod.with_default_config(_overrides(coin_model, eurus_jsonl, out, batch=8))
+    data, args, model_args = mod.parse(PrimeRLOOConfig, argv)
+    assert (model_args.use_peft, model_args.load_in_4bit, model_args.lora_r, args.prm_learning_rate) == (
+        True, False, 32, 1e-5)
+    trainer = mod.main(data, args, model_args)
+    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
+
+    peft_model = unwrap(trainer.model)
+    # the PRM is adapter "prm" on the policy's PeftModel; its reference is that base with adapters disabled
+    assert unwrap(trainer.implicit_prm.model) is peft_model
+    assert trainer.implicit_prm.adapter_name == "prm" and trainer.implicit_prm.ref_model is None
+    assert set(peft_model.peft_config) == {"default", "prm"} and trainer.ref_model is None
+    # one base model: its weights appear once, unchanged
+    init = _weights(os.path.join(coin_model, "model.safetensors"))
+    base = {n: p for n, p in peft_model.named_parameters() if "lora_" not in n}
+    assert sum(p.numel() for p in base.values()) == sum(t.numel() for t in init.values())
+    assert all(not p.requires_grad for p in base.values())
+    base_now = {n.replace("base_model.model.", "").replace(".base_layer", ""): p for n, p in base.items()}
+    assert all(torch.equal(base_now[k], init[k]) for k in init)
+    # both adapters trained: LoRA B starts at 0
+    for adapter in ("default", "prm"):
+        b = [p for n, p in peft_model.named_parameters() if f"lora_B.{adapter}." in n]
+        assert b and all(p.abs().sum() > 0 for p in b), f"adapter {adapter!r} did not train"
+    pol_b = torch.cat([p.flatten() for n, p in peft_model.named_parameters() if "lora_B.default." in n])
+    prm_b = torch.cat([p.flatten() for n, p in peft_model.named_parameters() if "lora_B.prm." in n])
+    assert not torch.equal(pol_b, prm_b)
+    # saved: the policy adapter in output_dir, the PRM adapter in output_dir/prm
+    for folder in (out, os.path.join(out, "prm")):
+        assert os.path.isfile(os.path.join(folder, "adapter_model.safetensors"))
+    assert os.path.isfile(os.path.join(out, "prm", "implicit_prm_config.json"))
+    saved_prm = _weights(os.path.join(out, "prm", "adapter_model.safetensors"))
+    assert saved_prm and all(t.abs().sum() > 0 for k, t in saved_prm.items() if "lora_B" in k)
+
+
+def test_prime_lora_4bit_without_cuda_is_a_clear_error(tmp_path):
+    import torch
+
+    from trl_prime import PrimeRLOOConfig
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: 4-bit is allowed")
+    mod = _recipe("prime_lora")
+    data, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--load_in_4bit", "true"]))
+    with pytest.raises(ValueError, match=r"`load_in_4bit`=true .*CUDA.*--load_in_4bit false"):
+        mod.main(data, args, model_args)
+    _, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--use_peft", "false"]))
+    with pytest.raises(ValueError, match=r"use_peft: true"):
+        mod.check_args(args, model_args)
