@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
+from trl_prime._guards import GuardOptions
 from trl_prime.prof import ProfOptions
 
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
@@ -28,7 +29,8 @@ PRM_SCHEDULERS = (
 
 
 @dataclass
-class PrimeOptions(ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof.py; prof_mode="off" by default)
+class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof.py; prof_mode="off" by default)
+    # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/_guards.py)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (SPEC section 2).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
@@ -201,6 +203,7 @@ class PrimeOptions(ProfOptions):  # + the PROF filter's `prof_*` fields (trl_pri
         if self.process_coef == 0 and self.outcome_coef == 0:
             raise ValueError("`process_coef` and `outcome_coef` are both 0: every advantage would be 0. Set one > 0.")
         self._validate_prof()
+        self._validate_guards()
 
 
 @dataclass

@@ -20,6 +20,7 @@ algorithms are the pure functions of :mod:`trl_prime.functional`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -36,12 +37,14 @@ from trl import GRPOTrainer, RLOOTrainer
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from trl_prime import functional as F
+from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
 from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_frozen
 from trl_prime._rollout import outcome_rewards
 from trl_prime.implicit_prm import (
     ImplicitPRM,
     add_fused_head,
     completion_logps,
+    eval_mode,
     position_ids_from_mask,
     unwrap,
 )
@@ -103,7 +106,7 @@ def _load_weights(model: nn.Module, folder: str) -> None:
         load_sharded_checkpoint(model, folder, strict=False)
 
 
-class PrimeMixin:
+class PrimeMixin(GuardsMixin):
     """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
 
     It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimizer and scheduler
@@ -180,6 +183,9 @@ class PrimeMixin:
             prm_model = args.prm_model
         if prm_ref_model is None:
             prm_ref_model = args.prm_ref_model
+        check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
+        check_causal_lm_source(prm_model, "prm_model")
+        check_causal_lm_source(prm_ref_model, "prm_ref_model")
         if isinstance(prm_ref_model, nn.Module) and args.prm_reference == "policy":
             raise ValueError("`prm_ref_model` was given but `prm_reference`='policy' uses the rollout log-probs.")
 
@@ -271,6 +277,10 @@ class PrimeMixin:
                 fused_head=False,
                 trained_reference="policy" if args.prm_reference == "policy" else None,
             )
+            # TRL's KL reference (beta != 0) is the same base with adapters disabled: its log-probs are reused
+            self._prime_shares_trl_ref = (
+                args.beta != 0.0 and args.prm_reference == "sft" and ref_adapter is None and self.temperature == 1.0
+            )
         else:
             prm, ref = spec["prm"], spec["ref"]
             prm.requires_grad_(True)
@@ -289,6 +299,7 @@ class PrimeMixin:
             )
         del self._prime_spec
         self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof.py); None when prof_mode="off"
+        self._guard_setup()  # start-up dataset checks; non-finite / verifier guards (trl_prime/_guards.py)
 
     # ----------------------------------------------------------------------------------------------------------
     # Optimizer, DeepSpeed engine, checkpoints
@@ -329,9 +340,15 @@ class PrimeMixin:
             return
         a = self.args
         params = self.implicit_prm.trainable_parameters()
+        # the fused AdamW kernel when the policy's optimizer uses it too (TRL's default "adamw_torch_fused"): about 4x
+        # faster than the for-loop AdamW on CPU; not under DeepSpeed (its engine wraps the optimizer)
+        fused = (
+            "fused" in str(getattr(a.optim, "value", a.optim)) and not self.is_deepspeed_enabled
+            and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+        )
         optimizer = torch.optim.AdamW(
             params, lr=a.prm_learning_rate, betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon,
-            weight_decay=a.prm_weight_decay,
+            weight_decay=a.prm_weight_decay, **({"fused": True} if fused else {}),
         )
         total = self._prime_total_updates(max_steps)
 
@@ -371,6 +388,12 @@ class PrimeMixin:
         return None
 
     def _save_checkpoint(self, model, trial):
+        # atomic: everything below (policy, PRM, optimizers, RNG, states) lands in a staging folder that is renamed to
+        # checkpoint-N once complete (trl_prime/_guards.py)
+        with self._guard_atomic_checkpoint(trial):
+            self._prime_save_checkpoint(model, trial)
+
+    def _prime_save_checkpoint(self, model, trial):
         self._prime_saving_checkpoint = True  # Trainer._save_checkpoint calls save_model: the PRM is saved below
         try:
             super()._save_checkpoint(model, trial)
@@ -443,16 +466,34 @@ class PrimeMixin:
     # Hooks into TRL
     # ----------------------------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        cap = self._prime_capture
+        trl_ref = cap is not None and not torch.is_grad_enabled() and self._prime_is_trl_ref_call(model)
+        if (cap is not None and not torch.is_grad_enabled() and model is self.model and not trl_ref
+                and "policy_logps" not in cap and self._prime_skip_old_logps()):
+            cap["policy_logps"] = None  # on-policy: no rollout log-prob forward (the loss uses its own, detached)
+            return input_ids.new_zeros((input_ids.size(0), logits_to_keep), dtype=torch.float32), None, None
         text_only = all(kwargs.get(k) is None for k in _MM_KEYS)
         call_model = _PositionIdsFromMask(model) if text_only else model
-        out = super()._get_per_token_logps_and_entropies(call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        cap = self._prime_capture
+        # a reference shared with the implicit PRM is scored as the PRM's: eval mode (no dropout)
+        with eval_mode(model) if trl_ref and self._prime_shares_trl_ref else contextlib.nullcontext():
+            out = super()._get_per_token_logps_and_entropies(call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if cap is not None and not torch.is_grad_enabled():
             if self._prime_is_trl_ref_call(model):
                 cap["trl_ref_logps"] = out[0]
             elif model is self.model and "policy_logps" not in cap:
                 cap["policy_logps"] = out[0]
         return out
+
+    def _prime_skip_old_logps(self) -> bool:
+        """Whether TRL's rollout (old) log-prob forward is wasted and skipped: TRL's RLOO runs it every generation
+        round, but PRIME's token-level loss falls back to its own detached log-probs (ratio 1), which are equal when
+        the policy does not move between generation and optimisation (GRPO's rule: ``gradient_accumulation_steps``
+        a multiple of ``steps_per_generation * num_iterations``). Kept for TRL's KL-in-reward (``beta != 0``) and
+        ``prm_reference="policy"`` (they need the values)."""
+        a = self.args
+        if not isinstance(self, RLOOTrainer) or self.beta != 0.0 or a.prm_reference == "policy":
+            return False
+        return a.gradient_accumulation_steps % (a.steps_per_generation * self.num_iterations) == 0
 
     def _prime_is_trl_ref_call(self, model) -> bool:
         """Whether TRL is computing its (KL) reference log-probs with this call."""
@@ -517,6 +558,9 @@ class PrimeMixin:
 
         # 1. outcome rewards (global) and labels
         outcome = self._prime_outcome_rewards(cap["rewards_per_func"])  # (B_g,)
+        # an inf reward poisons the batch (no PRM or policy step; trl_prime/_guards.py); NaN = unscorable, excluded
+        self._guard_inspect(mode, global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)})
+        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
         scorable = ~torch.isnan(outcome)
         if bool(((outcome[scorable] < 0) | (outcome[scorable] > 1)).any()):
             lo, hi = outcome[scorable].min().item(), outcome[scorable].max().item()
@@ -558,6 +602,9 @@ class PrimeMixin:
         else:
             ref_logps = self.implicit_prm.ref_logps(input_ids, attention_mask, T)
 
+        self._guard_inspect(mode, local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
+                            masks={"ref_logps": completion_mask, "policy_logps": completion_mask})
+
         # 4. implicit PRM: forward (+ update in training)
         labels_l = outcome[local].clone()
         labels_l[~kept_l | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
@@ -569,6 +616,10 @@ class PrimeMixin:
         token_rewards = F.implicit_token_rewards(
             prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=a.prm_beta
         )  # (B, T), every token (the last one is dropped from the advantages if include_last_token=False)
+        bad = self._guard_inspect(mode, local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
+                                  masks={"prm_logps": completion_mask, "token_rewards": completion_mask})
+        if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
+            token_rewards = torch.nan_to_num(token_rewards, nan=0.0, posinf=0.0, neginf=0.0)
         seq_rewards = gather(token_rewards.sum(-1))
         # PROF (trl_prime/prof.py): the policy trains on m of the n completions of each prompt (= kept when it is off)
         policy_kept = prime_prof_rows(
@@ -594,6 +645,9 @@ class PrimeMixin:
             advantages_g = F.prime_advantages(**adv_inputs)
         else:
             advantages_g = torch.zeros_like(rewards_g)
+        self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
+        self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K,
+                                       kept=kept if mode == "train" else None, completion_lengths=lengths)
         advantages = advantages_g[local, :T]
         loss_mask = completion_mask * (policy_kept[local] & scorable[local]).unsqueeze(1).to(completion_mask.dtype)
 
@@ -689,8 +743,9 @@ class PrimeMixin:
         else:
             loss.backward()
 
-    def _prime_optimizer_step(self) -> float:
-        """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed)."""
+    def _prime_optimizer_step(self, loss_finite: bool = True) -> float | None:
+        """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed), or
+        ``None`` when the step was skipped because the (global) loss or gradient norm is not finite."""
         if self._prime_engine is not None:
             norm = self._prime_engine.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
@@ -711,6 +766,9 @@ class PrimeMixin:
             norm = torch.linalg.vector_norm(
                 torch.stack([p.grad.norm() for p in params if p.grad is not None])
             ).item()
+        if not (loss_finite and math.isfinite(norm)):  # same on every rank: loss reduced, gradients all-reduced
+            self.prm_optimizer.zero_grad(set_to_none=True)  # skipped: weights, moments and schedule unchanged
+            return None
         self.prm_optimizer.step()
         self.prm_lr_scheduler.step()
         self.prm_optimizer.zero_grad(set_to_none=True)
@@ -762,6 +820,8 @@ class PrimeMixin:
         n_global = counts.item()
         if n_global == 0:  # every group filtered out: no update anywhere (same decision on every rank)
             return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
+        if self.guard_poisoned:  # non-finite rewards / log-probs in this batch (global decision): no PRM step
+            return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
         mb = prm.micro_batch_size
         pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
         logps, loss_sum = [], torch.zeros((), device=labels.device)
@@ -785,13 +845,16 @@ class PrimeMixin:
                 # the loss is the global one on every rank: the reduce-sum below must count it once
                 loss_sum = loss.detach() / self.accelerator.num_processes
                 logps.append(lp.detach())
-        grad_norm = self._prime_optimizer_step()
+        loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
+        grad_norm = self._prime_optimizer_step(loss_finite=math.isfinite(loss_value))
+        prm_logps = torch.cat(logps, dim=0)
+        if grad_norm is None:  # non-finite PRM loss or gradient: step skipped (weights unchanged), batch poisoned
+            self._guard_poison_batch("train", "non-finite PRM loss/gradient")
+            return prm_logps, {"loss": loss_value}
         self._prime_num_updates += 1
         lr = self.prm_lr_scheduler.get_last_lr()[0] if self.prm_lr_scheduler is not None else a.prm_learning_rate
-        prm_logps = torch.cat(logps, dim=0)
         if a.prm_update == "double":
             prm_logps = prm.prm_logps(input_ids, attention_mask, T)
-        loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
         stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr}
         self._prime_dispatch(
             "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,

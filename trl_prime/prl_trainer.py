@@ -27,6 +27,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
+from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
 from trl_prime._reference import copy_adapter, load_model_copy, prepare_frozen, reference_logps
 from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
 from trl_prime.implicit_prm import eval_mode
@@ -42,7 +43,7 @@ _MM_KEYS = (
 
 
 @dataclass
-class PRLConfig(GRPOConfig):
+class PRLConfig(GuardOptions, GRPOConfig):
     """Configuration of :class:`~trl_prime.PRLGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRL options (SPEC section 3).
 
     Defaults are the paper's: ``eta`` 200 (range 100-300), segments of 256 tokens, the GRPO outcome advantage first
@@ -93,6 +94,7 @@ class PRLConfig(GRPOConfig):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`{name}`={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
 
+        self._validate_guards()
         one_of("prl_step_split", PRL_STEP_SPLITS)
         one_of("prl_order", PRL_ORDERS)
         if not self.prl_eta > 0:
@@ -122,7 +124,7 @@ class PRLConfig(GRPOConfig):
             )
 
 
-class PRLGRPOTrainer(GRPOTrainer):
+class PRLGRPOTrainer(GuardsMixin, GRPOTrainer):
     """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
 
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,
@@ -170,9 +172,11 @@ class PRLGRPOTrainer(GRPOTrainer):
         self._prl_pretrained_adapter = isinstance(model, nn.Module) and is_peft_model(model)
         owns_copy = args.beta == 0.0 and peft_config is None and not self._prl_pretrained_adapter
         # the copy is made before TRL loads, patches or wraps the policy
+        check_peft_config(peft_config, model)
         ref = load_model_copy(model, args) if owns_copy else None
         self._prl_capture: dict | None = None
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/_guards.py)
         self.prl_ref_model = None
         self._prl_ref_adapter = None
         if ref is not None:
@@ -257,8 +261,16 @@ class PRLGRPOTrainer(GRPOTrainer):
         local = slice(acc.process_index * B, (acc.process_index + 1) * B)
 
         outcome = outcome_rewards(self, cap["rewards_per_func"])  # (B_g,)
-        scorable = ~torch.isnan(outcome)
         old, ref = self._prl_logps(output, input_ids, attention_mask, T, mode)
+        # inf rewards / non-finite log-probs poison the batch (its step is skipped); NaN rewards are unscorable rows
+        bad = self._guard_inspect(
+            mode, global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
+            local_rows={"old_logps": old, "ref_logps": ref}, masks={"old_logps": completion_mask, "ref_logps": completion_mask},
+        )
+        if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
+            old, ref = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (old, ref))
+        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
+        scorable = ~torch.isnan(outcome)
         ends = self._prl_step_ends(completion_ids, completion_mask)
 
         # advantages over the global batch (pad, gather, compute, slice)
@@ -272,6 +284,8 @@ class PRLGRPOTrainer(GRPOTrainer):
             eps=a.prl_eps, zero_fill_compat=a.zero_fill_compat,
         )
         advantages_g = F.prl_advantages(**adv_inputs)
+        self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
+        self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
         output["advantages"] = advantages_g[local, :T]
         if not bool(scorable.all()):  # SPEC 0: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
             mask_loss_rows(acc, output, scorable[local])

@@ -37,6 +37,7 @@ from torch import nn
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_prime import functional as F
+from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
 from trl_prime._reference import prepare_frozen
 from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
 from trl_prime.implicit_prm import CONFIG_NAME as IMPLICIT_PRM_CONFIG_NAME
@@ -252,7 +253,7 @@ class ProfOptions:
 
 
 @dataclass
-class ProfGRPOConfig(ProfOptions, GRPOConfig):
+class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
     """Configuration of :class:`ProfGRPOTrainer`: TRL's ``GRPOConfig`` plus the PROF options.
 
     PROF defaults here: ``prof_mode="both"``, ``num_generations`` 8 with ``m = 4`` kept, the step PRM
@@ -272,6 +273,7 @@ class ProfGRPOConfig(ProfOptions, GRPOConfig):
 
     def __post_init__(self):
         self._validate_prof()
+        self._validate_guards()
         super().__post_init__()
         if self.prof_mode != "off" and self.prof_prm == "implicit":
             raise ValueError(
@@ -773,7 +775,7 @@ class ProfFilter:
 # ----------------------------------------------------------------------------------------------------------------
 # PROF on plain GRPO
 # ----------------------------------------------------------------------------------------------------------------
-class ProfGRPOTrainer(GRPOTrainer):
+class ProfGRPOTrainer(GuardsMixin, GRPOTrainer):
     """PROF on TRL's ``GRPOTrainer`` (PROF-BOTH / PROF-POS): a step PRM filters each prompt's completions to ``m``.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`ProfGRPOConfig`), plus, by keyword, ``prof_prm``: a
@@ -812,8 +814,10 @@ class ProfGRPOTrainer(GRPOTrainer):
                 "ProfGRPOConfig(output_dir=..., ...) to get the PROF options."
             )
         self._prof_capture: dict | None = None
+        check_peft_config(trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config"), model)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self.prof_filter = ProfFilter.from_trainer(self, prm=prof_prm)
+        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/_guards.py)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -828,11 +832,22 @@ class ProfGRPOTrainer(GRPOTrainer):
             capture = self._prof_capture
         finally:
             self._prof_capture = None
-        if self.prof_filter is None or not self.model.training:
+        if not self.model.training:
             return output
         acc = self.accelerator
         K = self.num_generations
         outcome = outcome_rewards(self, capture["rewards_per_func"])
+        # inf rewards poison the batch (its step is skipped); NaN rewards are unscorable rows (never kept)
+        self._guard_inspect("train", global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
+                            local_rows={"old_logps": output.get("old_per_token_logps")},
+                            masks={"old_logps": output["completion_mask"]})
+        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
+        B = output["completion_ids"].size(0)
+        mask_g = gather_padded(acc, output["completion_mask"])
+        if self.prof_filter is None:
+            self._guard_inspect("train", local_rows={"advantages": output["advantages"]})
+            self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K)
+            return output
         kept = self.prof_filter(
             self, outcome=outcome, eligible=~torch.isnan(outcome), output=output, capture=capture, num_generations=K
         )
@@ -841,7 +856,9 @@ class ProfGRPOTrainer(GRPOTrainer):
             torch.where(kept, outcome, torch.full_like(outcome, torch.nan)), group_ids,
             scale_rewards=self.args.scale_rewards != "none",
         )
-        B = output["completion_ids"].size(0)
+        self._guard_inspect("train", global_rows={"advantages": advantages_g})
+        self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K,
+                                       kept=kept)
         local = slice(acc.process_index * B, (acc.process_index + 1) * B)
         output["advantages"] = advantages_g[local]
         mask_loss_rows(acc, output, kept[local])

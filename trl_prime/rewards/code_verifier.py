@@ -557,6 +557,7 @@ def make_code_reward(
         return [r.reward for r in results]
 
     code_reward.last_counts = {}
+    code_reward.required_columns = (tests_column,)  # checked by the trl-prime trainers at start-up
     code_reward.last_results = []
     code_reward.config = cfg
     code_reward.__doc__ = _CODE_REWARD_DOC
@@ -598,4 +599,5 @@ def code_reward(completions: Sequence[Any], tests: Sequence[Any], **kwargs: Any)
 
 _CODE_REWARD_DOC = code_reward.__doc__
 code_reward.last_counts = {}  # type: ignore[attr-defined]
+code_reward.required_columns = ("tests",)  # type: ignore[attr-defined]  # checked at trainer start-up
 code_reward.last_results = []  # type: ignore[attr-defined]

@@ -1277,6 +1277,7 @@ def make_math_reward(
         "(see trl_prime.rewards.math_verifier.make_math_reward)."
     )
     reward.last_counts = LastCounts()
+    reward.required_columns = (answer_column,)  # checked by the trl-prime trainers at start-up
     reward.last_results = LastResults()
     return reward
 
@@ -1308,4 +1309,5 @@ _DEFAULT_OPTIONS = dict(
     timeout=DEFAULT_TIMEOUT, num_workers=None, extraction="boxed", memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB
 )
 math_reward.last_counts = LastCounts()
+math_reward.required_columns = ("solution",)  # type: ignore[attr-defined]  # checked at trainer start-up
 math_reward.last_results = LastResults()

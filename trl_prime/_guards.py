@@ -1,0 +1,553 @@
+"""Reliability guards shared by the PRIME, PRL and PROF trainers (start-up checks, non-finite steps, verifier
+failures, degenerate batches, atomic checkpoints).
+
+- :class:`GuardOptions`: the config fields ``max_nonfinite_skips`` and ``max_verifier_failure_rate``, mixed into
+  :class:`~trl_prime.PrimeRLOOConfig`, :class:`~trl_prime.PrimeGRPOConfig`, :class:`~trl_prime.PRLConfig` and
+  :class:`~trl_prime.ProfGRPOConfig`.
+- Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
+  missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
+  causal LM fail before training with a message naming the field and the fix.
+- :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
+
+  * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch
+    (outcome rewards, log-probs, token rewards, advantages) to :meth:`GuardsMixin._guard_inspect`; a row holding
+    ``inf`` / ``NaN`` (a ``NaN`` outcome is *unscorable*, excluded by design, not an error) poisons the generation
+    batch: its policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global
+    row index and sample id), and ``guard/skipped_steps`` counts them. The policy optimizer is wrapped so that a step
+    whose gradients are non-finite is skipped too (gradients zeroed, scheduler not advanced: accelerate's
+    ``step_was_skipped``). After ``max_nonfinite_skips`` consecutive skipped steps the run stops with a
+    ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``; there only the PRM step is
+    guarded.)
+  * **verifier infrastructure failures** (``math/error``: the math worker pool died; ``code/sandbox_error``: the
+    sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
+    batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
+    raises instead of training on bad rewards.
+  * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, completions
+    of length 0 or 1) log warning metrics ``guard/all_filtered``, ``guard/all_truncated``,
+    ``guard/all_rewards_equal``, ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
+  * **atomic checkpoints**: a checkpoint is written into ``<output_dir>/.staging-checkpoint-N/checkpoint-N`` and
+    renamed to ``<output_dir>/checkpoint-N`` only once every file of every process (policy, PRM, optimizers,
+    schedulers, RNG states, trainer and guard state) is on disk; older checkpoints are rotated only after that. A
+    process killed mid-save leaves the staging folder behind, which ``resume_from_checkpoint=True`` ignores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+#: ``log_metric`` names of verifier *infrastructure* failures (reward None, never a 0): the math worker pool could not
+#: score (``error``), the code sandbox could not run (``sandbox_error``).
+INFRASTRUCTURE_FAILURE_METRICS = ("math/error", "code/sandbox_error")
+GUARD_STATE_NAME = "guard_state.json"
+STAGING_PREFIX = ".staging-"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class GuardOptions:
+    """Reliability options shared by every trl-prime trainer config."""
+
+    max_nonfinite_skips: int = field(
+        default=3,
+        metadata={
+            "help": "A generation batch holding NaN/inf log-probs, rewards, advantages or PRM loss (or a non-finite "
+            "policy gradient) skips its optimizer steps (policy and PRM weights unchanged, offending sample ids "
+            "logged). After this many consecutive skipped steps the run stops with an error. >= 1."
+        },
+    )
+    max_verifier_failure_rate: float = field(
+        default=0.25,
+        metadata={
+            "help": "Largest tolerated fraction of a batch's completions whose verifier failed for infrastructure "
+            "reasons (math/error: math worker pool died; code/sandbox_error: sandbox could not run). Those rows get "
+            "reward None (excluded); above this fraction the step raises instead of training on bad rewards. In "
+            "[0, 1]; 1 never raises."
+        },
+    )
+
+    def _validate_guards(self) -> None:
+        v = self.max_nonfinite_skips
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"`max_nonfinite_skips`={v!r} must be an int >= 1 (default 3).")
+        r = self.max_verifier_failure_rate
+        if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
+            raise ValueError(f"`max_verifier_failure_rate`={r!r} must lie in [0, 1] (default 0.25; 1 never raises).")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Start-up checks
+# ----------------------------------------------------------------------------------------------------------------
+def check_peft_config(peft_config, model=None) -> None:
+    """A PEFT config (or a ready ``PeftModel``) must say ``task_type`` (``"CAUSAL_LM"``)."""
+    configs = []
+    if peft_config is not None:
+        configs.append(("peft_config", peft_config))
+    if model is not None and isinstance(model, nn.Module) and hasattr(model, "peft_config"):
+        pc = getattr(model, "peft_config")
+        if isinstance(pc, dict):
+            configs += [(f"model.peft_config[{k!r}]", c) for k, c in pc.items()]
+    for name, cfg in configs:
+        if getattr(cfg, "task_type", "missing") is None:
+            raise ValueError(
+                f"`{name}` has no `task_type`: PEFT then builds a generic PeftModel that cannot generate or compute "
+                "causal log-probs. Set task_type='CAUSAL_LM' (e.g. LoraConfig(..., task_type='CAUSAL_LM'))."
+            )
+
+
+def _is_causal_architecture(name: str) -> bool:
+    return name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+
+
+def check_causal_lm_source(source, field_name: str) -> None:
+    """``source`` (a path / Hub id or a module) must be a causal LM; raise a ValueError naming ``field_name``."""
+    if source is None:
+        return
+    if isinstance(source, str):
+        from transformers import AutoConfig
+
+        try:
+            cfg = AutoConfig.from_pretrained(source)
+        except Exception as e:  # noqa: BLE001 - transformers' message alone does not say which option failed
+            raise ValueError(
+                f"`{field_name}`={source!r} could not be loaded ({type(e).__name__}: {e}). Give the folder or Hub id of "
+                "a causal LM (AutoModelForCausalLM), e.g. the policy's SFT checkpoint."
+            ) from e
+        archs = list(getattr(cfg, "architectures", None) or [])
+        if archs and not any(_is_causal_architecture(a) for a in archs):
+            raise ValueError(
+                f"`{field_name}`={source!r} is a {archs[0]} checkpoint, not a causal LM: the implicit PRM needs "
+                "log-probs of the completion tokens (a *ForCausalLM model). Give a causal LM checkpoint (e.g. the "
+                "policy's SFT checkpoint); step-level PRMs such as Qwen2.5-Math-PRM belong in `prof_prm`."
+            )
+        return
+    if isinstance(source, nn.Module):
+        inner = getattr(source, "module", source)
+        get_out = getattr(inner, "get_output_embeddings", None)
+        if not callable(get_out) or get_out() is None:
+            raise ValueError(
+                f"`{field_name}` is a {type(inner).__name__}, not a causal LM (it has no LM head): the implicit PRM "
+                "needs log-probs of the completion tokens. Pass an AutoModelForCausalLM model or checkpoint path."
+            )
+
+
+def _prompt_is_empty(prompt) -> bool:
+    if prompt is None:
+        return True
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            return True
+        if all(isinstance(m, dict) for m in prompt):
+            return all(not str(m.get("content") or "").strip() for m in prompt)
+    return False
+
+
+def required_columns(reward_funcs) -> dict[str, tuple[str, ...]]:
+    """``{reward function name: dataset columns it needs}`` from the ``required_columns`` attribute of the verifiers
+    (:func:`trl_prime.rewards.math_reward` needs ``solution``, :func:`~trl_prime.rewards.code_reward` ``tests``)."""
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    out = {}
+    for f in funcs:
+        cols = getattr(f, "required_columns", None)
+        if cols:
+            out[getattr(f, "__name__", type(f).__name__)] = tuple(cols)
+    return out
+
+
+def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> None:
+    """The training dataset has a ``prompt`` column with non-empty prompts and every column a verifier needs.
+
+    Raises:
+        ValueError: naming the column and the fix.
+    """
+    if dataset is None:
+        return
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:  # an IterableDataset without known features, or a plain list: nothing to check cheaply
+        return
+    if isinstance(columns, dict):  # DatasetDict
+        return
+    if "prompt" not in columns:
+        raise ValueError(
+            f"The training dataset has no `prompt` column (columns: {sorted(columns)}). TRL's GRPO/RLOO trainers read "
+            "the prompts from `prompt`: rename your column, e.g. dataset.rename_column('question', 'prompt')."
+        )
+    for name, cols in required_columns(reward_funcs).items():
+        missing = [c for c in cols if c not in columns]
+        if missing:
+            raise ValueError(
+                f"The reward function {name!r} reads the gold answers from column(s) {missing}, which the training "
+                f"dataset lacks (columns: {sorted(columns)}). Rename your gold-answer column, e.g. "
+                f"dataset.rename_column('answer', {missing[0]!r}), or build the verifier for your column "
+                "(make_math_reward(answer_column=...) / make_code_reward(tests_column=...))."
+            )
+    n = len(dataset) if hasattr(dataset, "__len__") else 0
+    if n == 0:
+        raise ValueError("The training dataset is empty: give at least one prompt.")
+    if n <= max_scan:
+        empty = [i for i, p in enumerate(dataset["prompt"]) if _prompt_is_empty(p)]
+        if empty:
+            raise ValueError(
+                f"The training dataset has {len(empty)} empty prompt(s) in column `prompt` (rows {empty[:10]}"
+                f"{' ...' if len(empty) > 10 else ''}). Remove them, e.g. "
+                "dataset.filter(lambda x: bool(x['prompt'])), before training."
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Trainer mixin
+# ----------------------------------------------------------------------------------------------------------------
+def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN (on ``mask`` when given)."""
+    if x is None:
+        return None
+    bad = ~torch.isfinite(x.float())
+    if x.dim() == 1:
+        return bad
+    if mask is not None:
+        T = min(bad.size(1), mask.size(1))
+        bad = bad[:, :T] & mask[:, :T].bool()
+    return bad.any(-1)
+
+
+class GuardsMixin:
+    """Reliability machinery shared by the trl-prime trainers (see the module docstring). Place it before TRL's
+    trainer class in the bases; call :meth:`_guard_setup` at the end of ``__init__``."""
+
+    # --------------------------------------------------------------------------------------------------------
+    def _guard_setup(self) -> None:
+        self._guard_poison: dict | None = None
+        self._guard_consecutive_skips = 0
+        self._guard_total_skips = 0
+        self._guard_infra_failures = 0.0
+        self._guard_inputs = None
+        self._guard_saving = False
+        self._guard_staging_root: str | None = None
+        check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
+
+    def _guard_args(self, name, default):
+        return getattr(self.args, name, default)
+
+    # --------------------------------------------------------------------------------------------------------
+    # Rows, sample ids
+    # --------------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        self._guard_inputs = inputs
+        if self.model.training:
+            self._guard_poison = None  # a new generation batch: judged afresh
+        return super()._generate_and_score_completions(inputs)
+
+    def _guard_sample_ids(self, rows: list[int]) -> list[Any]:
+        """Sample ids (``id``/``idx``/``index`` column, else the prompt's first 60 characters) of global rows.
+        Collective."""
+        local = []
+        for x in self._guard_inputs or []:
+            sid = next((x[k] for k in ("id", "idx", "index") if isinstance(x, dict) and k in x), None)
+            if sid is None:
+                p = x.get("prompt") if isinstance(x, dict) else None
+                if isinstance(p, list) and p and isinstance(p[-1], dict):
+                    p = p[-1].get("content")
+                sid = str(p)[:60]
+            local.append(sid)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            everything = gather_object([local])
+            local = [s for part in everything for s in part]
+        return [local[i] if i < len(local) else None for i in rows]
+
+    def _guard_inspect(
+        self,
+        mode: str,
+        *,
+        global_rows: dict[str, torch.Tensor | None] | None = None,
+        local_rows: dict[str, torch.Tensor | None] | None = None,
+        masks: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Find rows with inf/NaN values; poison the generation batch (training) when there is one.
+
+        ``global_rows``: name -> ``(B_g,)`` or ``(B_g, T)`` tensor over the global batch; ``local_rows``: name ->
+        ``(B, T)`` local tensor (gathered here as a per-row flag). ``masks``: name -> mask of the same shape (only
+        masked positions count). Collective. Returns the ``(B_g,)`` bool mask of offending rows.
+        """
+        from accelerate.utils import gather
+
+        masks = masks or {}
+        bad_g, reasons = None, {}
+        for name, t in (global_rows or {}).items():
+            rows = _nonfinite_rows(t, masks.get(name))
+            if rows is None:
+                continue
+            bad_g = rows if bad_g is None else bad_g | rows
+            reasons[name] = rows
+        for name, t in (local_rows or {}).items():
+            rows = _nonfinite_rows(t, masks.get(name))
+            if rows is None:
+                continue
+            rows = gather(rows.to(torch.long)).bool()
+            bad_g = rows if bad_g is None else bad_g | rows
+            reasons[name] = rows
+        if bad_g is None:
+            return torch.zeros(0, dtype=torch.bool)
+        if bool(bad_g.any()):
+            rows = bad_g.nonzero().flatten().tolist()
+            what = sorted(k for k, r in reasons.items() if bool(r.any()))
+            self._guard_poison_batch(mode, f"non-finite {', '.join(what)}", rows)
+        return bad_g
+
+    def _guard_poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
+        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped."""
+        ids = self._guard_sample_ids(rows) if rows else []
+        if self.accelerator.is_main_process:
+            logger.warning(
+                "Non-finite values at step %d (%s): skipping the optimizer step. Offending rows of the global "
+                "generation batch: %s; sample ids: %s", self.state.global_step + 1, reason, rows, ids,
+            )
+        if mode != "train":
+            return
+        if self._guard_poison is None:
+            self._guard_poison = {"reason": reason, "rows": list(rows or []), "sample_ids": ids}
+        else:
+            self._guard_poison["reason"] += f"; {reason}"
+            self._guard_poison["rows"] = sorted(set(self._guard_poison["rows"]) | set(rows or []))
+
+    @property
+    def guard_poisoned(self) -> bool:
+        """Whether the current generation batch's optimizer steps will be skipped."""
+        return getattr(self, "_guard_poison", None) is not None
+
+    # --------------------------------------------------------------------------------------------------------
+    # Degenerate batches
+    # --------------------------------------------------------------------------------------------------------
+    def _guard_degenerate_metrics(self, mode: str, *, outcome: torch.Tensor, completion_mask_g: torch.Tensor,
+                                  num_generations: int, kept: torch.Tensor | None = None,
+                                  completion_lengths: torch.Tensor | None = None) -> None:
+        """Warning metrics of a degenerate generation batch (global tensors; every process the same)."""
+        m = self._metrics[mode]
+        scorable = torch.isfinite(outcome)
+        vals = outcome[scorable]
+        all_equal = float(vals.numel() == 0 or bool((vals == vals[0]).all()))
+        lengths = completion_mask_g.sum(-1) if completion_lengths is None else completion_lengths
+        max_len = getattr(self, "max_completion_length", None)
+        all_trunc = float(max_len is not None and lengths.numel() > 0 and bool((lengths >= max_len).all()))
+        short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
+        all_filtered = float(kept is not None and not bool(kept.any()))
+        m["guard/all_rewards_equal"].append(all_equal)
+        m["guard/all_truncated"].append(all_trunc)
+        m["guard/short_completion_fraction"].append(short)
+        m["guard/all_filtered"].append(all_filtered)
+        if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal):
+            which = [n for n, v in (("every group filtered out", all_filtered), ("every completion truncated",
+                                    all_trunc), ("every reward equal", all_equal)) if v]
+            logger.warning("Degenerate batch at step %d: %s (no learning signal from it).",
+                           self.state.global_step + 1, ", ".join(which))
+
+    # --------------------------------------------------------------------------------------------------------
+    # Verifier infrastructure failures
+    # --------------------------------------------------------------------------------------------------------
+    def _log_metric(self, name: str, value: float):
+        if name in INFRASTRUCTURE_FAILURE_METRICS:
+            self._guard_infra_failures += float(value)
+        return super()._log_metric(name, value)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._guard_infra_failures = 0.0
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        counts = torch.tensor([self._guard_infra_failures, float(len(prompts))], device=self.accelerator.device)
+        counts = self.accelerator.reduce(counts, reduction="sum")
+        failures, total = counts[0].item(), max(counts[1].item(), 1.0)
+        rate = failures / total
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["verifier/failure_rate"].append(rate)
+        limit = self._guard_args("max_verifier_failure_rate", 1.0)
+        if rate > limit:
+            raise RuntimeError(
+                f"{int(failures)} of {int(total)} completions ({rate:.0%}) could not be scored because the verifier "
+                f"infrastructure failed ({', '.join(INFRASTRUCTURE_FAILURE_METRICS)}: the math worker pool or the code "
+                f"sandbox died) at step {self.state.global_step + 1}, above `max_verifier_failure_rate`={limit}. "
+                "Stopping instead of training on bad rewards: check the verifier's workers / sandbox (memory, "
+                "processes, permissions), then resume from the last checkpoint."
+            )
+        return rewards_per_func
+
+    # --------------------------------------------------------------------------------------------------------
+    # Guarded policy optimizer step
+    # --------------------------------------------------------------------------------------------------------
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        self._guard_wrap_optimizer()
+        if resume_from_checkpoint is not None:
+            path = os.path.join(resume_from_checkpoint, GUARD_STATE_NAME)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    state = json.load(f)
+                self._guard_consecutive_skips = state.get("consecutive_skips", 0)
+                self._guard_total_skips = state.get("total_skips", 0)
+        return model, train_dataloader
+
+    def _guard_wrap_optimizer(self) -> None:
+        opt = self.optimizer
+        if opt is None or getattr(opt, "_guard_wrapped", False) or self.is_deepspeed_enabled:
+            return
+        original = opt.step
+
+        def guarded_step(*args, **kwargs):
+            reason = self._guard_step_problem(opt)
+            if reason is not None:
+                opt.zero_grad(set_to_none=True)
+                if hasattr(opt, "_is_overflow"):
+                    opt._is_overflow = True  # accelerate: the scheduler does not step, Trainer sees a skipped step
+                self._guard_record_skip(reason)
+                return None
+            if hasattr(opt, "_is_overflow") and getattr(opt, "scaler", None) is None:
+                opt._is_overflow = False
+            out = original(*args, **kwargs)
+            self._guard_consecutive_skips = 0
+            return out
+
+        for k, v in getattr(original, "__dict__", {}).items():  # keep torch's `_wrapped_by_lr_sched` marker
+            setattr(guarded_step, k, v)
+        opt.step = guarded_step
+        opt._guard_wrapped = True
+
+    def _guard_step_problem(self, opt) -> str | None:
+        """Why the policy step must be skipped (``None``: it may run). Collective."""
+        poisoned = self._guard_poison is not None
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        bad_grad = False
+        if grads:
+            norms = torch._foreach_norm(grads)
+            bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
+        flags = torch.tensor([float(poisoned), float(bad_grad)], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            flags = self.accelerator.reduce(flags, reduction="sum")
+        if flags[0] > 0:
+            reason = (self._guard_poison or {}).get("reason", "non-finite values on another process")
+            return reason
+        if flags[1] > 0:
+            return "non-finite policy gradient"
+        return None
+
+    def _guard_record_skip(self, reason: str) -> None:
+        self._guard_consecutive_skips += 1
+        self._guard_total_skips += 1
+        self._metrics["train"]["guard/skipped_steps"].append(1.0)
+        if self.accelerator.is_main_process:
+            logger.warning("Skipped optimizer step %d (%s); %d consecutive.", self.state.global_step + 1, reason,
+                           self._guard_consecutive_skips)
+        limit = self._guard_args("max_nonfinite_skips", 3)
+        if self._guard_consecutive_skips >= limit:
+            raise RuntimeError(
+                f"Stopping: {self._guard_consecutive_skips} consecutive optimizer steps were skipped because of "
+                f"non-finite values (last: {reason}; `max_nonfinite_skips`={limit}). Check the reward functions "
+                "(inf rewards), lower the learning rates (policy `learning_rate`, `prm_learning_rate`), or resume "
+                "from the last good checkpoint."
+            )
+
+    # --------------------------------------------------------------------------------------------------------
+    # Atomic checkpoints
+    # --------------------------------------------------------------------------------------------------------
+    def _get_output_dir(self, trial):
+        run_dir = super()._get_output_dir(trial)
+        if getattr(self, "_guard_staging_root", None) is not None:
+            return self._guard_staging_root
+        return run_dir
+
+    @contextlib.contextmanager
+    def _guard_atomic_checkpoint(self, trial):
+        """Redirect the checkpoint into a staging folder; publish it with one rename once complete. Reentrant."""
+        if getattr(self, "_guard_saving", False):
+            yield
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        run_dir = self._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = os.path.join(run_dir, f"{STAGING_PREFIX}{name}")
+        acc = self.accelerator
+        if self.args.should_save and os.path.exists(staging_root):
+            shutil.rmtree(staging_root)  # left over by a process killed mid-save
+        acc.wait_for_everyone()
+        limit = self.args.save_total_limit
+        self._guard_saving, self._guard_staging_root = True, staging_root
+        self.args.save_total_limit = None  # rotate only once the new checkpoint is published
+        try:
+            yield
+            if self.args.should_save:
+                with open(os.path.join(staging_root, name, GUARD_STATE_NAME), "w") as f:
+                    json.dump({"consecutive_skips": self._guard_consecutive_skips,
+                               "total_skips": self._guard_total_skips}, f)
+        finally:
+            self._guard_saving, self._guard_staging_root = False, None
+            self.args.save_total_limit = limit
+        acc.wait_for_everyone()
+        if self.args.should_save:
+            staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
+            _fsync_tree(staged)
+            old = None
+            if os.path.exists(final):  # a re-run of the same step: swap it out, then drop it
+                old = os.path.join(run_dir, f"{STAGING_PREFIX}old-{name}")
+                if os.path.exists(old):
+                    shutil.rmtree(old)
+                os.rename(final, old)
+            os.rename(staged, final)
+            _fsync_dir(run_dir)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            if self.state.best_model_checkpoint and self.state.best_model_checkpoint.startswith(staging_root):
+                self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(
+                    os.path.join(staging_root, ""), os.path.join(run_dir, ""))
+            from transformers.trainer_utils import rotate_checkpoints
+
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        acc.wait_for_everyone()
+
+    def _save_checkpoint(self, model, trial):
+        with self._guard_atomic_checkpoint(trial):
+            super()._save_checkpoint(model, trial)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """Flush every file and folder under ``root`` to disk (so a rename publishes complete files)."""
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    os.fsync(fh.fileno())
+            except OSError:
+                pass
+        _fsync_dir(dirpath)
+
+
+def finite_or_nan(x: float) -> float:
+    return x if math.isfinite(x) else float("nan")
