@@ -17,6 +17,7 @@ _LAZY = {
     "ImplicitPRMConfig": "trl_prime.implicit_prm_trainer",
     "ImplicitPRMTrainer": "trl_prime.implicit_prm_trainer",
     "best_of_n": "trl_prime.implicit_prm_trainer",
+    "build_outcome_dataset": "trl_prime.implicit_prm_trainer",
     "PrimeRLOOConfig": "trl_prime.prime_config",
     "PrimeGRPOConfig": "trl_prime.prime_config",
     "PrimeRLOOTrainer": "trl_prime.prime_trainer",

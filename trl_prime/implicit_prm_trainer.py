@@ -5,7 +5,10 @@ label}`` (labels 0/1 or fractional in [0, 1]) with :func:`trl_prime.functional.i
 
 - ``ce`` (default, unpaired): ``BCE(sigmoid(r(y)), label)``;
 - ``dpo`` / ``nca``: pairs (correct, incorrect) built *within each prompt*. Batches are made of whole prompt groups
-  (:class:`PromptGroupBatchSampler`), so all completions of a prompt are in the same batch, on the same process;
+  (:class:`PromptGroupBatchSampler`), so all completions of a prompt are in the same batch, on the same process:
+  under ``accelerate launch`` the prepared loader deals *whole* batches to the ranks round-robin, so N processes with
+  accumulation 1 see the same batches per optimizer step as one process with accumulation N (and, under DDP's
+  gradient averaging, compute the same update: tested with 2 CPU processes, full and LoRA);
 - ``kto`` (unpaired): reference points from the batch's rows of the other label.
 
 with ``r(y) = beta * sum_t (log pi_phi - log pi_ref)`` against a frozen reference: a separate model (default: a
@@ -17,6 +20,9 @@ the completion (a string, or a list of messages whose last content is used) is t
 EOS is appended. Batches are a left-padded prompt followed by a right-padded completion, as in TRL.
 
 :func:`best_of_n` reranks candidates with :meth:`ImplicitPRM.score` (``min`` over steps by default).
+:func:`build_outcome_dataset` turns a prompt set, a policy and a verifier into the training rows (K rollouts per
+prompt from :func:`sample_completions`, labels from :mod:`trl_prime.rewards`); :func:`score_candidates` scores many
+candidates of one prompt under every aggregation at once (``recipes/evaluate_best_of_n.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from trl_prime import functional as F
-from trl_prime.implicit_prm import ImplicitPRM, completion_logps, eval_mode, tokenize_prompt_completion, unwrap
+from trl_prime.implicit_prm import (
+    ImplicitPRM,
+    completion_logps,
+    eval_mode,
+    position_ids_from_mask,
+    tokenize_prompt_completion,
+    unwrap,
+)
 
 LOSS_TYPES = ("ce", "dpo", "kto", "nca")
 REQUIRED_COLUMNS = ("prompt", "completion", "label")
@@ -82,6 +95,13 @@ class ImplicitPRMConfig(TrainingArguments):
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the trainer tokenises and collates its own columns."}
     )
+    trainable_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train only the top N transformer blocks and the final norm of the PRM (embeddings / LM head and "
+            "lower blocks frozen; backward stops at block L-N). None: every parameter (the paper). Ignored under PEFT."
+        },
+    )
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
@@ -101,6 +121,8 @@ class ImplicitPRMConfig(TrainingArguments):
                 f"`max_prompt_length`={self.max_prompt_length} must be smaller than `max_length`={self.max_length} "
                 "to leave room for the completion."
             )
+        if self.trainable_layers is not None and self.trainable_layers < 1:
+            raise ValueError(f"`trainable_layers`={self.trainable_layers} must be >= 1 (or None: train everything).")
         if self.loss_type in ("dpo", "nca") and not self.group_by_prompt:
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} pairs completions of the same prompt: keep `group_by_prompt`=True."
@@ -191,6 +213,30 @@ class PromptGroupBatchSampler(Sampler[list[int]]):
             yield list(self.batches[i])
 
 
+def freeze_lower_layers(model: nn.Module, n: int) -> list[str]:
+    """Freeze every parameter of a causal LM except its top ``n`` transformer blocks and the final norm.
+
+    The blocks are the model's ``nn.ModuleList`` of ``config.num_hidden_layers`` modules (``model.model.layers`` for
+    Llama / Qwen / Mistral). Returns the names of the parameters left trainable.
+
+    Raises:
+        ValueError: no such block list is found, or ``n`` exceeds the number of blocks.
+    """
+    base = unwrap(model)
+    L = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+    blocks = next((m for m in base.modules() if isinstance(m, nn.ModuleList) and len(m) == L), None)
+    if blocks is None:
+        raise ValueError(f"trainable_layers: cannot find the {L} transformer blocks of {type(base).__name__}.")
+    if not 1 <= n <= L:
+        raise ValueError(f"trainable_layers={n} must be in [1, {L}] (the model has {L} blocks).")
+    base.requires_grad_(False)
+    blocks[L - n :].requires_grad_(True)
+    norm = getattr(getattr(base, "model", base), "norm", None)
+    if isinstance(norm, nn.Module):
+        norm.requires_grad_(True)
+    return [name for name, p in base.named_parameters() if p.requires_grad]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,6 +300,9 @@ class ImplicitPRMTrainer(Trainer):
 
             model = get_peft_model(model, peft_config)
             is_peft = True
+
+        if args.trainable_layers is not None and not is_peft:
+            freeze_lower_layers(model, args.trainable_layers)
 
         if isinstance(ref_model, str):
             ref_model = AutoModelForCausalLM.from_pretrained(ref_model)
@@ -504,3 +553,506 @@ def best_of_n(
         out.append(best)
         start += n
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling and the outcome-labelled dataset builder
+# ----------------------------------------------------------------------------------------------------------------
+def _render_prompt(prompt: Any, tokenizer) -> list[int]:
+    """Token ids the policy continues: :func:`tokenize_prompt_completion`'s prompt ids (chat template for messages)."""
+    return tokenize_prompt_completion(prompt, "", tokenizer)["prompt_ids"]
+
+
+@torch.no_grad()
+def sample_completions(
+    model: nn.Module,
+    tokenizer,
+    prompts: Sequence[Any],
+    num_generations: int,
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[list[list[str]], list[list[bool]]]:
+    """Sample ``num_generations`` completions per prompt with a KV-cached loop that drops finished rows.
+
+    Each prompt is prefilled once and its cache repeated ``num_generations`` times; rows that emit EOS (any of the
+    model's and tokenizer's EOS ids) or reach ``max_new_tokens`` leave the batch at once, so the cost is the sum of
+    the completion lengths, not ``batch x longest`` as with ``generate``. Sampling is ancestral at ``temperature``
+    with nucleus ``top_p`` (no top-k), from a ``torch.Generator`` seeded with ``seed`` per batch, so the output is
+    a deterministic function of (model, prompts, arguments) on one device. Prompts are tokenised like
+    :func:`tokenize_prompt_completion` (chat template + generation prompt for a conversation).
+
+    Args:
+        model: a causal LM (eval mode is set for the call).
+        tokenizer: its tokenizer.
+        prompts: ``P`` prompts (strings or lists of messages).
+        num_generations: ``K >= 1`` completions per prompt.
+        max_new_tokens: completion budget in tokens (EOS included).
+        temperature: ``> 0`` (use a small value for near-greedy decoding).
+        top_p: nucleus mass in ``(0, 1]``.
+        batch_size: rows decoded together (rounded to whole prompts, at least one prompt).
+        seed: sampling seed.
+        progress: print one line per batch.
+
+    Returns:
+        ``(texts, truncated)``: ``P`` lists of ``K`` decoded completions (special tokens skipped) and, for each, whether
+        it stopped at ``max_new_tokens`` without EOS.
+
+    Raises:
+        ValueError: ``num_generations < 1``, ``temperature <= 0``, ``top_p`` outside ``(0, 1]`` or ``max_new_tokens < 1``.
+    """
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}.")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    import time
+
+    model = unwrap(model)
+    device = next(model.parameters()).device
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    eos_t = torch.tensor(sorted(eos), device=device, dtype=torch.long)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    K = num_generations
+    per_batch = max(1, batch_size // K)
+    texts: list[list[str]] = [[] for _ in prompts]
+    truncated: list[list[bool]] = [[] for _ in prompts]
+    with eval_mode(model):
+        for b0 in range(0, len(prompts), per_batch):
+            t0 = time.perf_counter()
+            chunk = list(range(b0, min(b0 + per_batch, len(prompts))))
+            ids = [_render_prompt(prompts[i], tokenizer) for i in chunk]
+            L = max(map(len, ids))
+            input_ids = torch.full((len(ids), L), pad, dtype=torch.long)
+            am = torch.zeros((len(ids), L), dtype=torch.long)
+            for r, p in enumerate(ids):
+                input_ids[r, L - len(p) :] = torch.tensor(p)
+                am[r, L - len(p) :] = 1
+            input_ids, am = input_ids.to(device), am.to(device)
+            gen = torch.Generator(device=device).manual_seed(int(seed) + b0)
+            out = model(
+                input_ids=input_ids, attention_mask=am, position_ids=position_ids_from_mask(am), use_cache=True,
+                logits_to_keep=1,
+            )
+            rows = torch.arange(len(chunk), device=device).repeat_interleave(K)
+            cache = out.past_key_values
+            cache.batch_select_indices(rows)
+            logits = out.logits[:, -1].float()[rows]
+            am = am[rows]
+            owner = rows.tolist()  # chunk row of each active row
+            slot = [k for _ in chunk for k in range(K)]
+            tokens: dict[tuple[int, int], list[int]] = {(r, k): [] for r in range(len(chunk)) for k in range(K)}
+            for step in range(max_new_tokens):
+                probs = torch.softmax(logits / temperature, dim=-1)
+                if top_p < 1.0:
+                    sp, si = probs.sort(dim=-1, descending=True)
+                    drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix with mass >= top_p
+                    sp = sp.masked_fill(drop, 0.0)
+                    probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+                # inverse-CDF sampling (torch.multinomial is ~50x slower on CPU over a 50k vocabulary); right=True:
+                # the first index whose cdf exceeds u, so a token of probability 0 is never drawn
+                cdf = probs.cumsum(-1)
+                u = torch.rand((cdf.size(0), 1), generator=gen, device=device) * cdf[:, -1:]
+                nxt = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.size(-1) - 1)
+                done = torch.isin(nxt, eos_t)
+                for j, tok in enumerate(nxt.tolist()):
+                    tokens[(owner[j], slot[j])].append(tok)
+                if step == max_new_tokens - 1:
+                    for j in range(len(owner)):
+                        if not bool(done[j]):
+                            truncated_key = (owner[j], slot[j])
+                            tokens[truncated_key].append(-1)  # marker: stopped at the budget
+                    break
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                if keep.numel() < len(owner):
+                    cache.batch_select_indices(keep)
+                    am, nxt = am[keep], nxt[keep]
+                    kl = keep.tolist()
+                    owner, slot = [owner[j] for j in kl], [slot[j] for j in kl]
+                am = torch.cat([am, am.new_ones((am.size(0), 1))], dim=1)
+                out = model(
+                    input_ids=nxt[:, None], attention_mask=am, position_ids=(am.sum(-1, keepdim=True) - 1),
+                    past_key_values=cache, use_cache=True,
+                )
+                cache = out.past_key_values
+                logits = out.logits[:, -1].float()
+            n_tok = 0
+            for r, i in enumerate(chunk):
+                for k in range(K):
+                    seq = tokens[(r, k)]
+                    cut = bool(seq) and seq[-1] == -1
+                    seq = seq[:-1] if cut else seq
+                    n_tok += len(seq)
+                    texts[i].append(tokenizer.decode(seq, skip_special_tokens=True))
+                    truncated[i].append(cut)
+            if progress:
+                print(
+                    f"[sample] prompts {chunk[-1] + 1}/{len(prompts)}: {n_tok} tokens in "
+                    f"{time.perf_counter() - t0:.1f}s", flush=True,
+                )
+    return texts, truncated
+
+
+def _reasons_of(reward_func, rewards: list) -> list[str]:
+    """Reason of each reward: the verifier's own (``last_results[i].reason``) when it exposes them, else by value.
+
+    A routed reward (:func:`trl_prime.data.make_routed_reward`) that sent every row to the math verifier
+    (``last_counts["math"] == len(rewards)``) reads the reasons of :data:`trl_prime.rewards.math_reward`'s last call.
+    """
+    results = None
+    sources = [reward_func]
+    counts = getattr(reward_func, "last_counts", None)
+    if isinstance(counts, dict) and counts.get("math") == len(rewards):
+        from trl_prime.rewards import math_reward
+
+        sources.append(math_reward)
+    for src in sources:
+        res = getattr(src, "last_results", None)
+        try:
+            res = list(res) if res is not None else None
+        except TypeError:
+            res = None
+        if res is not None and len(res) == len(rewards) and all(hasattr(r, "reason") for r in res):
+            results = res
+            break
+    if results is not None:
+        return [str(r.reason) for r in results]
+    return [
+        "unscored" if r is None or (isinstance(r, float) and math.isnan(r)) else ("correct" if r >= 1.0 else
+                                                                                   ("wrong" if r <= 0 else "partial"))
+        for r in rewards
+    ]
+
+
+def build_outcome_dataset(
+    policy: str | nn.Module,
+    prompts_dataset,
+    *,
+    reward_func=None,
+    num_generations: int = 8,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    tokenizer=None,
+    prompt_column: str = "prompt",
+    progress: bool = False,
+    return_stats: bool = False,
+):
+    """Roll out a policy on a prompt set and label each completion with a verifier: the PRM's training data.
+
+    The first call of the two-call workflow (Implicit PRM arXiv 2412.01981, section 3: an implicit PRM is trained on
+    outcome labels of the policy's own samples)::
+
+        data = build_outcome_dataset("embedded:smollm2-135m-instruct", load_prompt_dataset("embedded:arithmetic"))
+        ImplicitPRMTrainer(model=path, args=ImplicitPRMConfig(...), train_dataset=data).train()
+
+    Args:
+        policy: the sampling policy: a causal LM, or a path / Hub id / ``embedded:<key>``
+            (:func:`trl_prime.models.resolve_model_path`).
+        prompts_dataset: a ``datasets.Dataset`` (or list of dicts) with ``prompt_column`` (string or messages) and
+            the columns the verifier needs (``solution`` for math; ``ability``/``data_source``/``tests`` for the
+            routed :data:`trl_prime.data.outcome_reward`).
+        reward_func: a TRL-style reward function ``f(prompts=, completions=, **columns) -> list[float | None]``
+            (default: :data:`trl_prime.data.outcome_reward`, math or code by each row's ability). Rewards must lie
+            in [0, 1]; ``None``/NaN (unscorable: bad gold, sandbox failure) rows are *dropped*, not zeroed, and
+            counted in the stats.
+        num_generations: ``K`` rollouts per prompt.
+        max_new_tokens / temperature / top_p / batch_size / seed: sampling (:func:`sample_completions`).
+        tokenizer: the policy's tokenizer (default: loaded from the policy's path).
+        prompt_column: the prompt column of ``prompts_dataset``.
+        progress: print sampling progress.
+        return_stats: also return the statistics dict.
+
+    Returns:
+        A ``datasets.Dataset`` with one row per scorable completion: ``prompt`` (as given), ``completion`` (a string
+        for a string prompt; ``[{"role": "assistant", "content": text}]`` for a conversational prompt, TRL's
+        convention), ``label`` (float reward in [0, 1]), ``prompt_id`` (int, index of the prompt in
+        ``prompts_dataset``; the ``id`` column's value is kept in ``source_id`` when present), ``reason`` (the
+        verifier's reason: ``correct``, ``wrong``, ``no_answer``, ...) and ``truncated`` (bool, hit
+        ``max_new_tokens``). With ``return_stats``: ``(dataset, stats)`` with ``n_prompts``, ``n_completions``,
+        ``n_rows``, ``n_unscored`` (dropped), ``reasons`` (counts), ``mean_label``, ``n_truncated``,
+        ``n_mixed_prompts`` (prompts with both a label > 0.5 and one < 0.5: the ones DPO/NCA can pair) and
+        ``sampling_s``.
+
+    Raises:
+        ValueError: ``prompt_column`` is missing, a reward is outside [0, 1], or the verifier returns the wrong
+            number of rewards.
+    """
+    import time
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(prompts_dataset, list):
+        prompts_dataset = Dataset.from_list(prompts_dataset)
+    cols = list(prompts_dataset.column_names)
+    if prompt_column not in cols:
+        raise ValueError(f"the prompts dataset has no column {prompt_column!r} (columns: {cols}).")
+    if isinstance(policy, str):
+        from trl_prime.models import resolve_model_path
+
+        path = resolve_model_path(policy)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+    else:
+        model = policy
+        if tokenizer is None:
+            src = getattr(unwrap(model).config, "_name_or_path", None)
+            if not src:
+                raise ValueError("Pass `tokenizer`: the policy records no path to load its tokenizer from.")
+            tokenizer = AutoTokenizer.from_pretrained(src)
+    if reward_func is None:
+        from trl_prime.data import outcome_reward as reward_func
+
+    prompts = list(prompts_dataset[prompt_column])
+    t0 = time.perf_counter()
+    texts, truncated = sample_completions(
+        model, tokenizer, prompts, num_generations, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=top_p, batch_size=batch_size, seed=seed, progress=progress,
+    )
+    sampling_s = time.perf_counter() - t0
+    K = num_generations
+    flat_prompts = [p for p in prompts for _ in range(K)]
+    flat_completions = [
+        c if isinstance(p, str) else [{"role": "assistant", "content": c}]
+        for p, cs in zip(prompts, texts) for c in cs
+    ]
+    extra = {c: [v for v in prompts_dataset[c] for _ in range(K)] for c in cols if c != prompt_column}
+    rewards = list(reward_func(prompts=flat_prompts, completions=flat_completions, **extra))
+    if len(rewards) != len(flat_completions):
+        raise ValueError(f"the reward function returned {len(rewards)} rewards for {len(flat_completions)} completions.")
+    reasons = _reasons_of(reward_func, rewards)
+    ids = list(prompts_dataset["id"]) if "id" in cols else None
+    rows = {"prompt": [], "completion": [], "label": [], "prompt_id": [], "reason": [], "truncated": []}
+    if ids is not None:
+        rows["source_id"] = []
+    n_unscored = 0
+    counts: dict[str, int] = defaultdict(int)
+    for j, (p, c, r, why) in enumerate(zip(flat_prompts, flat_completions, rewards, reasons)):
+        counts[why] += 1
+        if r is None or math.isnan(float(r)):
+            n_unscored += 1
+            continue
+        r = float(r)
+        if not -1e-9 <= r <= 1 + 1e-9:
+            raise ValueError(f"reward {r!r} of completion {j} is outside [0, 1]; labels must be in [0, 1].")
+        i = j // K
+        rows["prompt"].append(p)
+        rows["completion"].append(c)
+        rows["label"].append(min(max(r, 0.0), 1.0))
+        rows["prompt_id"].append(i)
+        rows["reason"].append(why)
+        rows["truncated"].append(bool(truncated[i][j % K]))
+        if ids is not None:
+            rows["source_id"].append(ids[i])
+    dataset = Dataset.from_dict(rows)
+    if not return_stats:
+        return dataset
+    by_prompt: dict[int, list[float]] = defaultdict(list)
+    for i, y in zip(rows["prompt_id"], rows["label"]):
+        by_prompt[i].append(y)
+    stats = {
+        "n_prompts": len(prompts),
+        "n_completions": len(flat_completions),
+        "n_rows": len(dataset),
+        "n_unscored": n_unscored,
+        "reasons": dict(counts),
+        "mean_label": (sum(rows["label"]) / len(rows["label"])) if rows["label"] else float("nan"),
+        "n_truncated": sum(sum(t) for t in truncated),
+        "n_mixed_prompts": sum(1 for ys in by_prompt.values() if max(ys) > 0.5 and min(ys) < 0.5),
+        "sampling_s": round(sampling_s, 1),
+    }
+    return dataset, stats
+
+
+def pairable_rows(dataset):
+    """Keep only the rows of prompts that have both a label > 0.5 and a label < 0.5 (the ones DPO/NCA can pair).
+
+    Args:
+        dataset: a ``datasets.Dataset`` with ``prompt`` and ``label`` columns.
+
+    Returns:
+        The filtered dataset (row order kept). Prompts whose completions are all correct or all wrong contribute no
+        (correct, incorrect) pair to ``dpo``/``nca`` but still cost a forward; dropping them saves that compute.
+    """
+    by_prompt: dict[str, set[bool]] = defaultdict(set)
+    keys = [_prompt_key(p) for p in dataset["prompt"]]
+    for k, y in zip(keys, dataset["label"]):
+        if y > 0.5:
+            by_prompt[k].add(True)
+        elif y < 0.5:
+            by_prompt[k].add(False)
+    keep = [i for i, k in enumerate(keys) if len(by_prompt[k]) == 2]
+    return dataset.select(keep)
+
+
+def question_prompt(prompt: Any) -> str:
+    """The content of the prompt's last user message as a plain string (no chat template, no system prompt).
+
+    The shortest PRM prompt (``prm_prompt="question"`` in the recipes): a forward costs a few tokens of context.
+    Train and score with the same choice.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    users = [m for m in prompt if m.get("role") == "user"]
+    return str((users or list(prompt))[-1]["content"])
+
+
+def last_turn_prompt(prompt: Any) -> Any:
+    """The prompt with earlier turns dropped: ``[system messages..., last user message]`` (a string stays as is).
+
+    Few-shot prompts (earlier user/assistant turns) make every PRM forward longer without changing what is being
+    judged; a recipe may train and score its PRM on this shorter prompt (``prm_prompt="last_turn"``). Train and score
+    with the same choice.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    msgs = list(prompt)
+    users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
+    if not users:
+        return msgs
+    return [m for m in msgs if m.get("role") == "system"] + [msgs[users[-1]]]
+
+
+@torch.no_grad()
+def _shared_prompt_logps(model: nn.Module, prompt_ids: list[int], completion_ids: list[list[int]], batch_size: int):
+    """``(B, T)`` log-probs of several completions of ONE prompt, the prompt run once (its KV cache is shared).
+
+    Numerically the same quantity as :func:`completion_logps` on ``prompt + completion`` rows (positions 0..P-1 for
+    the prompt, P.. for the completion; right padding after a completion cannot change it: attention is causal).
+    """
+    from trl.trainer.utils import selective_log_softmax
+
+    device = next(unwrap(model).parameters()).device
+    p = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    out = model(input_ids=p, use_cache=True)
+    cache0, first = out.past_key_values, out.logits[:, -1].float().log_softmax(-1)
+    P, T = len(prompt_ids), max(map(len, completion_ids))
+    pad = 0
+    res = torch.zeros((len(completion_ids), T), dtype=torch.float32)
+    for b0 in range(0, len(completion_ids), batch_size):
+        rows = completion_ids[b0 : b0 + batch_size]
+        B, Tb = len(rows), max(map(len, rows))
+        ids = torch.full((B, Tb), pad, dtype=torch.long, device=device)
+        am = torch.zeros((B, P + Tb), dtype=torch.long, device=device)
+        am[:, :P] = 1
+        for i, c in enumerate(rows):
+            ids[i, : len(c)] = torch.tensor(c, device=device)
+            am[i, P : P + len(c)] = 1
+        cache = copy.deepcopy(cache0)
+        cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))
+        pos = (P + torch.arange(Tb, device=device)).unsqueeze(0).expand(B, -1)
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        lp = torch.empty((B, Tb), dtype=torch.float32, device=device)
+        lp[:, 0] = first[0, ids[:, 0]]
+        if Tb > 1:
+            lp[:, 1:] = selective_log_softmax(logits[:, :-1].float(), ids[:, 1:])
+        res[b0 : b0 + B, :Tb] = lp.cpu()
+    return res
+
+
+@torch.no_grad()
+def score_candidates(
+    prm: ImplicitPRM,
+    prompt: Any,
+    completions: Sequence[Any],
+    *,
+    aggregations: Sequence[str] = ("min", "mean", "sum", "last"),
+    with_reference: Sequence[bool] = (True,),
+    delimiter: str | None = "\n\n",
+    step_len: int | None = None,
+    batch_size: int = 16,
+    same_weights: bool = False,
+    ref_logps: torch.Tensor | None = None,
+    return_logps: bool = False,
+):
+    """:meth:`ImplicitPRM.score` for many completions of one prompt and several aggregations at once.
+
+    The prompt is run once per model (shared KV cache) and each model's log-probs are computed once for all
+    ``aggregations`` x ``with_reference`` variants; the values equal :meth:`ImplicitPRM.score`'s (SPEC section 1:
+    ``r_t = beta (log pi_phi - log pi_ref)``, step rewards summed between step ends, then ``min``/``mean``/``sum``/
+    ``last``; without reference ``beta * log pi_phi``).
+
+    Args:
+        prm: the implicit PRM (its ``tokenizer`` is used; separate or adapter reference).
+        prompt: one prompt (string or messages).
+        completions: its ``N`` candidates (strings or ``[{"role": "assistant", "content": ...}]``).
+        aggregations / with_reference: the variants to return.
+        delimiter / step_len: step boundaries (see :func:`~trl_prime.implicit_prm.delimiter_step_ends`).
+        batch_size: completions per forward.
+        same_weights: ``pi_phi`` and ``pi_ref`` are known to hold the same weights (an untrained PRM): the reference
+            forward is skipped and its log-probs are the PRM's (every reward exactly 0).
+        ref_logps: precomputed ``(N, T')`` float reference log-probs of these completions (``T' >=`` the longest
+            completion incl. EOS; e.g. the untrained PRM's ``return_logps`` output, when the reference is that
+            checkpoint): the reference forward is skipped.
+        return_logps: also return the ``(N, T)`` float32 log-probs of ``pi_phi`` and of ``pi_ref`` (None if unused).
+
+    Returns:
+        ``{"<aggregation>" (with reference) or "<aggregation>/noref": [N floats]}``; with ``return_logps``
+        ``(scores, prm_logps, ref_logps)``.
+    """
+    from trl_prime.implicit_prm import delimiter_step_ends, peft_adapter
+
+    tok = prm.tokenizer
+    rows = [tokenize_prompt_completion(prompt, c, tok) for c in completions]
+    p_ids = rows[0]["prompt_ids"]
+    c_ids = [r["completion_ids"] for r in rows]
+    with prm.prm_context():
+        lp = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
+    ref = None
+    if any(with_reference):
+        if ref_logps is not None:
+            ref = ref_logps[:, : lp.size(1)].float()
+            if ref.shape != lp.shape:
+                raise ValueError(f"ref_logps has shape {tuple(ref_logps.shape)}; expected ({lp.size(0)}, >= {lp.size(1)}).")
+        elif same_weights:
+            ref = lp
+        elif prm.ref_model is not None:
+            with eval_mode(prm.ref_model):
+                ref = _shared_prompt_logps(prm.ref_model, p_ids, c_ids, batch_size)
+        elif prm.adapter_name is not None:
+            with eval_mode(prm.model), peft_adapter(prm.model, prm.ref_adapter_name):
+                ref = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
+        else:
+            raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
+    T = lp.size(1)
+    mask = torch.zeros((len(c_ids), T), dtype=torch.long)
+    cid = torch.full((len(c_ids), T), tok.pad_token_id if tok.pad_token_id is not None else 0, dtype=torch.long)
+    for i, c in enumerate(c_ids):
+        mask[i, : len(c)] = 1
+        cid[i, : len(c)] = torch.tensor(c)
+    ends = delimiter_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
+    out: dict[str, list[float]] = {}
+    for wr in with_reference:
+        r = F.implicit_token_rewards(
+            prm_logps=lp, ref_logps=ref if wr else torch.zeros_like(lp), mask=mask, beta=prm.beta,
+        )
+        values, smask = F.step_rewards(token_rewards=r, step_ends=ends)
+        for how in aggregations:
+            key = how if wr else f"{how}/noref"
+            out[key] = [float(x) for x in F.aggregate_step_rewards(step_values=values, step_mask=smask, how=how)]
+    return (out, lp, ref) if return_logps else out
+
+
+def argmax_first(scores: Sequence[float]) -> int:
+    """Index of the largest score, the first one on ties; NaN never wins over a number (best-of-N selection)."""
+    best, bv = 0, None
+    for j, x in enumerate(scores):
+        v = float("-inf") if x is None or math.isnan(float(x)) else float(x)
+        if bv is None or v > bv:
+            best, bv = j, v
+    return best
