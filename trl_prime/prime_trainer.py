@@ -184,8 +184,10 @@ class PrimeMixin(GuardsMixin):
         if prm_ref_model is None:
             prm_ref_model = args.prm_ref_model
         check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
-        check_causal_lm_source(prm_model, "prm_model")
-        check_causal_lm_source(prm_ref_model, "prm_ref_model")
+        init_kw = model_init_kwargs(args)  # a custom-code checkpoint is checked as it is loaded
+        load_kw = dict(trust_remote_code=init_kw.get("trust_remote_code", False), revision=init_kw.get("revision"))
+        check_causal_lm_source(prm_model, "prm_model", **load_kw)
+        check_causal_lm_source(prm_ref_model, "prm_ref_model", **load_kw)
         if isinstance(prm_ref_model, nn.Module) and args.prm_reference == "policy":
             raise ValueError("`prm_ref_model` was given but `prm_reference`='policy' uses the rollout log-probs.")
 
@@ -827,17 +829,33 @@ class PrimeMixin(GuardsMixin):
         logps, loss_sum = [], torch.zeros((), device=labels.device)
         with prm.prm_context(trainable=True), torch.enable_grad():
             if a.prm_loss == "ce":
-                for s in range(0, B, mb):
-                    sl = slice(s, s + mb)
-                    lp = completion_logps(prm.model, input_ids[sl], attention_mask[sl], T)
-                    share = valid[sl].sum().item() / n_global
+                # Rows that train nothing (filtered groups, unscorable or empty completions) only need their log-probs
+                # (token rewards, metrics): one no-grad forward, no activations kept, no backward. Same weights, so
+                # the same values. Under DeepSpeed every rank must run the same number of backward passes: all rows.
+                if self._prime_engine is None:
+                    grad_rows = valid.nonzero(as_tuple=True)[0]
+                    free_rows = (~valid).nonzero(as_tuple=True)[0]
+                else:
+                    grad_rows = torch.arange(B, device=valid.device)
+                    free_rows = grad_rows[:0]
+                all_logps = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+                for s in range(0, grad_rows.numel(), mb):
+                    rows = grad_rows[s : s + mb]
+                    lp = completion_logps(prm.model, input_ids[rows], attention_mask[rows], T)
+                    share = valid[rows].sum().item() / n_global
                     loss = F.implicit_prm_loss(
-                        prm_logps=lp, ref_logps=ref_logps[sl], mask=completion_mask[sl], labels=labels[sl],
+                        prm_logps=lp, ref_logps=ref_logps[rows], mask=completion_mask[rows], labels=labels[rows],
                         beta=a.prm_beta, loss_type="ce",
                     ) * share
                     self._prime_backward(loss)
                     loss_sum = loss_sum + loss.detach()
-                    logps.append(lp.detach())
+                    all_logps[rows] = lp.detach().float()
+                if free_rows.numel():
+                    with torch.no_grad():
+                        all_logps[free_rows] = completion_logps(
+                            prm.model, input_ids[free_rows], attention_mask[free_rows], T, micro_batch_size=mb
+                        ).float()
+                logps.append(all_logps)
             else:
                 lp = completion_logps(prm.model, input_ids, attention_mask, T, micro_batch_size=mb)
                 loss, pair_info = self._prime_global_batch_loss(lp, ref_logps, completion_mask, labels)

@@ -1,0 +1,178 @@
+"""Peak memory of GRPO-LoRA vs PRIME-LoRA (policy and PRM as two adapters on one base) vs PRIME with three full
+models (issue 7).
+
+Each configuration trains ``--steps`` steps in its own subprocess (same model, prompts, batch, seed and completion
+length as ``step_overhead.py``). On CPU the measure is the process's peak resident set size (``ru_maxrss``), also shown
+minus the RSS the process had after its imports (interpreter, torch, TRL: the same for every configuration); on a GPU
+it is ``torch.cuda.max_memory_allocated``.
+
+- ``grpo_lora``: TRL's ``GRPOTrainer`` with a LoRA ``peft_config`` (beta 0: no reference).
+- ``prime_lora``: ``PrimeGRPOTrainer`` with the same ``peft_config``: the PRM is a second adapter ``"prm"`` with its
+  own AdamW, the PRM's reference is the base with adapters disabled -- one base model.
+- ``prime_full``: ``PrimeGRPOTrainer`` without PEFT: policy, PRM and reference are three full models, policy and PRM
+  with full AdamW states.
+- ``grpo_full``: TRL's ``GRPOTrainer`` without PEFT, for scale.
+
+Examples::
+
+    python benchmarks/memory.py --quick        # embedded SmolLM2-135M, 128 tokens, 1 step each
+    python benchmarks/memory.py --model tiny --steps 1
+    python benchmarks/memory.py --device cuda --model Qwen/Qwen2.5-1.5B-Instruct --max-completion-length 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+CONFIGS = ("grpo_lora", "prime_lora", "prime_full", "grpo_full")
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _worker(opts) -> None:
+    import resource
+
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    import trl
+    from peft import LoraConfig
+
+    import trl_prime
+    from trl_prime.rewards import math_reward
+
+    base_rss = _rss_mib()
+    name = opts.worker
+    prime = name.startswith("prime")
+    cls = trl_prime.PrimeGRPOTrainer if prime else trl.GRPOTrainer
+    cfg_cls = trl_prime.PrimeGRPOConfig if prime else trl.GRPOConfig
+    on_gpu = opts.device != "cpu"
+    T = opts.max_completion_length
+    kw = dict(
+        output_dir=tempfile.mkdtemp(prefix=f"bench_mem_{name}_"), report_to=[], disable_tqdm=True,
+        save_strategy="no", logging_steps=1, seed=opts.seed, use_cpu=not on_gpu, bf16=on_gpu and opts.bf16,
+        gradient_checkpointing=False, per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
+        max_completion_length=T, max_steps=opts.steps, learning_rate=5e-7, beta=0.0,
+        generation_kwargs={"min_new_tokens": T},
+    )
+    if prime:
+        kw.update(filter_lower=0.0, filter_upper=1.0)  # the PRM is updated every step
+    extra = {}
+    if name.endswith("lora"):
+        extra["peft_config"] = LoraConfig(r=opts.lora_r, lora_alpha=2 * opts.lora_r, target_modules="all-linear",
+                                          task_type="CAUSAL_LM")
+    if opts.model_path.endswith("/tiny"):
+        from tiny import tiny_prompt_dataset
+
+        ds = tiny_prompt_dataset(64)
+    else:
+        from trl_prime.data import load_prompt_dataset
+
+        ds = load_prompt_dataset(opts.dataset, size=64, seed=opts.seed)
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=cfg_cls(**kw), train_dataset=ds, **extra)
+    trainer.train()
+    out = {
+        "config": name, "seconds": time.perf_counter() - t0, "base_rss_mib": base_rss,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }
+    if prime:
+        out["prm_trainable_params"] = sum(p.numel() for p in trainer.implicit_prm.trainable_parameters())
+        out["prm_reference"] = trainer.implicit_prm.reference
+    if on_gpu:
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    Path(opts.out).write_text(json.dumps(out))
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=_common.DEFAULT_MODEL)
+    p.add_argument("--dataset", default="embedded:arithmetic")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--max-completion-length", type=int, default=128)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="embedded default model, 128 tokens, batch 8, 1 step")
+    p.add_argument("--json", default=None)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    if opts.worker:
+        _worker(opts)
+        return {}
+    if opts.quick:
+        opts.model, opts.max_completion_length, opts.batch, opts.steps = _common.DEFAULT_MODEL, 128, 8, 1
+    configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
+    bad = set(configs) - set(CONFIGS)
+    if bad:
+        p.error(f"unknown configs {sorted(bad)}; known: {list(CONFIGS)}")
+    work = tempfile.mkdtemp(prefix="bench_mem_")
+    model_path = _common.resolve_model(opts.model, work)
+    results = {}
+    for name in configs:
+        out = os.path.join(work, f"{name}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-path", model_path, "--out", out,
+               "--device", opts.device, "--dataset", opts.dataset, "--batch", str(opts.batch), "--num-generations",
+               str(opts.num_generations), "--max-completion-length", str(opts.max_completion_length), "--steps",
+               str(opts.steps), "--lora-r", str(opts.lora_r), "--threads", str(opts.threads), "--seed", str(opts.seed)]
+        if opts.bf16:
+            cmd.append("--bf16")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+            raise SystemExit(f"worker {name} failed (exit {proc.returncode})")
+        r = json.loads(Path(out).read_text())
+        results[name] = r
+        gpu = f", CUDA max allocated {r['cuda_max_allocated_mib']:.0f} MiB" if "cuda_max_allocated_mib" in r else ""
+        print(f"{name:<11} peak RSS {r['peak_rss_mib']:7.0f} MiB (after imports {r['base_rss_mib']:5.0f} MiB, "
+              f"training {r['peak_rss_mib'] - r['base_rss_mib']:7.0f} MiB){gpu}  trainable {r['trainable_params']:,}"
+              + (f" + PRM {r['prm_trainable_params']:,} ({r['prm_reference']} reference)" if "prm_reference" in r else "")
+              + f"  [{r['seconds']:.0f} s]", flush=True)
+    key = "cuda_max_allocated_mib" if opts.device != "cpu" else "peak_rss_mib"
+    ratios = {}
+    for a, b in (("prime_lora", "grpo_lora"), ("prime_full", "grpo_lora"), ("prime_full", "grpo_full")):
+        if a in results and b in results:
+            ratios[f"{a}/{b}"] = results[a][key] / results[b][key]
+            if key == "peak_rss_mib":
+                inc = (results[a][key] - results[a]["base_rss_mib"]) / (results[b][key] - results[b]["base_rss_mib"])
+                ratios[f"{a}/{b} (training increment)"] = inc
+    print()
+    print(f"model {opts.model}  device {opts.device}  batch {opts.batch}  completion {opts.max_completion_length} "
+          f"tokens  {opts.steps} step(s)  LoRA r={opts.lora_r} all-linear")
+    for k, v in ratios.items():
+        print(f"memory ratio {k:<42} = {v:.2f}")
+    summary = {"options": vars(opts), "machine": _common.machine(), "results": results, "ratios": ratios}
+    _common.dump(summary, opts.json)
+    if "prime_lora/grpo_lora" in ratios:
+        print(f"memory: PRIME-LoRA/GRPO-LoRA = {ratios['prime_lora/grpo_lora']:.2f}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

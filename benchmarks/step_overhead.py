@@ -1,0 +1,314 @@
+"""PRIME's cost per step over plain RLOO / GRPO, phase by phase (issue 7).
+
+The same model, prompts, batch and seed go through TRL's ``RLOOTrainer``, ``PrimeRLOOTrainer`` (single and double
+forward, and with a smaller PRM), TRL's ``GRPOTrainer`` and ``PrimeGRPOTrainer``. Each configuration runs in its own
+subprocess (so peak memory is one configuration's, and no state leaks between them), ``--warmup`` untimed steps then
+``--steps`` timed ones; configurations are interleaved round-robin over ``--rounds`` rounds (the order rotates every
+round) so that machine noise hits all of them alike. Before every step the torch seed is reset to ``seed + step``, so
+that step ``i`` of every configuration samples the same completions; completions are forced to exactly
+``--max-completion-length`` tokens (``min_new_tokens``; ``--natural-length`` turns that off) so every configuration
+does the same work. Plain RLOO / GRPO run with ``beta=0`` (no KL, no reference model), as PRIME does. The online
+prompt filter is opened to [0, 1] so that the PRM is updated at every step (its cost does not depend on how many
+groups are kept, only on whether any is).
+
+Phases (seconds per step, median over timed steps): ``generation`` (TRL ``_generate``), ``verification``
+(``_calculate_rewards``: the math verifier), ``old_logps`` (TRL's rollout log-prob forward), ``reference`` (the PRM's
+reference forward), ``prm_update`` (PRM forward + backward + optimizer step; with ``"double"`` also the second
+forward, shown again as ``prm_second_forward``), ``rollout_other`` (the rest of TRL's rollout step: advantages,
+gathering, logging), ``policy_update`` (the policy's loss forward, backward and optimizer step: step time minus the
+rollout step), ``step`` (the whole optimizer step).
+
+The last line is ``overhead: PRIME/RLOO = X.XX``: the median over timed steps of (PRIME-RLOO step time / RLOO step
+time) for the same round and step.
+
+Examples::
+
+    python benchmarks/step_overhead.py --quick                     # embedded SmolLM2-135M, 128 tokens, CPU
+    python benchmarks/step_overhead.py                             # all six configurations, batch 8, 3 timed steps
+    python benchmarks/step_overhead.py --model tiny --steps 3      # seconds, a smoke test
+    python benchmarks/step_overhead.py --device cuda --model Qwen/Qwen2.5-0.5B-Instruct --max-completion-length 1024 \\
+        --batch 32 --steps 5 --rounds 2 --prm-layers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+CONFIGS = {
+    # name: (trainer, PRIME options)
+    "rloo": ("RLOOTrainer", None),
+    "prime_rloo": ("PrimeRLOOTrainer", {"prm_update": "single"}),
+    "prime_rloo_double": ("PrimeRLOOTrainer", {"prm_update": "double"}),
+    "prime_rloo_small": ("PrimeRLOOTrainer", {"prm_update": "single", "small_prm": True}),
+    "grpo": ("GRPOTrainer", None),
+    "prime_grpo": ("PrimeGRPOTrainer", {"prm_update": "single"}),
+}
+BASELINE = {"prime_rloo": "rloo", "prime_rloo_double": "rloo", "prime_rloo_small": "rloo", "prime_grpo": "grpo"}
+PHASES = ("generation", "verification", "old_logps", "reference", "prm_update", "prm_second_forward",
+          "rollout_other", "policy_update", "step")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Worker: one configuration, warm-up + timed steps, in its own process
+# --------------------------------------------------------------------------------------------------------------
+def _timed_class(base):
+    import torch
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    class Timed(base):
+        _bench_phases: dict = None
+        _bench_in_rollout = False
+
+        def _bench(self, name, fn, *a, **k):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                if self._bench_phases is not None:
+                    self._bench_phases[name] += time.perf_counter() - t0
+
+        def _generate(self, prompts):
+            return self._bench("generation", super()._generate, prompts)
+
+        def _calculate_rewards(self, *a, **k):
+            return self._bench("verification", super()._calculate_rewards, *a, **k)
+
+        def _generate_and_score_completions(self, inputs):
+            self._bench_in_rollout = True
+            try:
+                return self._bench("rollout", super()._generate_and_score_completions, inputs)
+            finally:
+                self._bench_in_rollout = False
+
+        def _get_per_token_logps_and_entropies(self, model, *a, **k):
+            if torch.is_grad_enabled() or not self._bench_in_rollout:
+                return super()._get_per_token_logps_and_entropies(model, *a, **k)
+            name = "reference" if getattr(self, "ref_model", None) is not None and model is self.ref_model else "old_logps"
+            return self._bench(name, super()._get_per_token_logps_and_entropies, model, *a, **k)
+
+        def _prime_prm_update(self, *a, **k):
+            return self._bench("prm_update", super()._prime_prm_update, *a, **k)
+
+    return Timed
+
+
+def _worker(opts) -> None:
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    import trl
+    from transformers import TrainerCallback
+
+    import trl_prime
+    from trl_prime.rewards import math_reward
+
+    name = opts.worker
+    trainer_name, prime = CONFIGS[name]
+    base = getattr(trl_prime, trainer_name, None) or getattr(trl, trainer_name)
+    cls = _timed_class(base)
+    cfg_name = trainer_name.replace("Trainer", "Config")
+    cfg_cls = getattr(trl_prime, cfg_name, None) or getattr(trl, cfg_name)
+    on_gpu = opts.device != "cpu"
+    T = opts.max_completion_length
+    kw = dict(
+        output_dir=tempfile.mkdtemp(prefix=f"bench_{name}_"), report_to=[], disable_tqdm=True, save_strategy="no",
+        logging_steps=1, seed=opts.seed, use_cpu=not on_gpu, bf16=on_gpu and opts.bf16, gradient_checkpointing=False,
+        per_device_train_batch_size=opts.batch, num_generations=opts.num_generations, max_completion_length=T,
+        max_steps=opts.warmup + opts.steps, learning_rate=5e-7, beta=0.0, temperature=1.0,
+    )
+    if not opts.natural_length:
+        kw["generation_kwargs"] = {"min_new_tokens": T}
+    extra = {}
+    if prime is not None:
+        kw.update(prm_update=prime["prm_update"], filter_lower=0.0, filter_upper=1.0)
+        if prime.get("small_prm"):
+            kw["prm_model"] = opts.small_prm_path
+    args = cfg_cls(**kw)
+    if opts.model_path.endswith("/tiny") or opts.dataset == "tiny":
+        from tiny import tiny_prompt_dataset
+
+        ds = tiny_prompt_dataset(max(64, opts.batch * (opts.warmup + opts.steps)))
+    else:
+        from trl_prime.data import load_prompt_dataset
+
+        ds = load_prompt_dataset(opts.dataset, size=max(64, opts.batch * (opts.warmup + opts.steps)), seed=opts.seed)
+
+    steps = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.manual_seed(opts.seed + state.global_step)  # step i samples the same completions everywhere
+            trainer._bench_phases = defaultdict(float)
+            if on_gpu:
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if on_gpu:
+                torch.cuda.synchronize()
+            ph = trainer._bench_phases
+            ph["step"] = time.perf_counter() - self.t0
+            ph["policy_update"] = ph["step"] - ph["rollout"]
+            inner = sum(ph[k] for k in ("generation", "verification", "old_logps", "reference", "prm_update"))
+            ph["rollout_other"] = ph["rollout"] - inner
+            steps.append({"step": state.global_step, **ph})
+
+    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds,
+                  callbacks=[StepTimer()], **extra)
+    if prime is not None:  # time the PRM's second forward ("double") and the reference forward
+        prm = trainer.implicit_prm
+        ref_fn, prm_fn = prm.ref_logps, prm.prm_logps
+        prm.ref_logps = lambda *a, **k: trainer._bench("reference", ref_fn, *a, **k)
+        prm.prm_logps = lambda *a, **k: trainer._bench("prm_second_forward", prm_fn, *a, **k)
+    trainer.train()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB)
+    completion_len = None
+    for h in trainer.state.log_history:
+        if "completions/mean_length" in h:
+            completion_len = h["completions/mean_length"]
+    out = {"config": name, "steps": steps[opts.warmup:], "warmup": steps[: opts.warmup], "peak_rss_mib": peak,
+           "completion_mean_length": completion_len,
+           "prm_params": sum(p.numel() for p in trainer.prm_model.parameters()) if prime is not None else None,
+           "policy_params": sum(p.numel() for p in trainer.model.parameters())}
+    Path(opts.out).write_text(json.dumps(out))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------------------
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=_common.DEFAULT_MODEL, help="'tiny', embedded:<key>, a folder or a Hub id")
+    p.add_argument("--dataset", default="embedded:arithmetic")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--bf16", action="store_true", help="bf16 on GPU")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
+    p.add_argument("--batch", type=int, default=8, help="completions per step (per_device_train_batch_size)")
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--max-completion-length", type=int, default=128)
+    p.add_argument("--natural-length", action="store_true", help="let completions stop at EOS")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration and round")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--prm-model", default=None, help="the smaller PRM checkpoint of prime_rloo_small")
+    p.add_argument("--prm-layers", type=int, default=None,
+                   help="else build it: the policy's first N layers (default: a quarter of them)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1 is fastest on a small CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
+                   "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round")
+    p.add_argument("--json", default=None, help="write every measurement to this file")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--small-prm-path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    if opts.worker:
+        _worker(opts)
+        return {}
+    if opts.quick:
+        opts.model, opts.max_completion_length, opts.batch = _common.DEFAULT_MODEL, 128, 4
+        opts.warmup, opts.steps, opts.rounds = 1, 2, 1
+        opts.configs = "rloo,prime_rloo,prime_rloo_small"
+    configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        p.error(f"unknown configs {sorted(unknown)}; known: {list(CONFIGS)}")
+    work = tempfile.mkdtemp(prefix="bench_step_")
+    model_path = _common.resolve_model(opts.model, work)
+    small = opts.prm_model
+    if "prime_rloo_small" in configs and small is None:
+        import transformers
+
+        n = transformers.AutoConfig.from_pretrained(model_path).num_hidden_layers
+        layers = opts.prm_layers or max(1, n // 4)
+        small = _common.truncated_copy(model_path, layers, os.path.join(work, f"prm_{layers}_layers"))
+
+    started = time.time()
+    results: dict[str, list] = defaultdict(list)  # config -> [per round: list of step dicts]
+    meta = {}
+    for r in range(opts.rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        for name in order:
+            out = os.path.join(work, f"{name}_{r}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-path", model_path,
+                   "--out", out, "--device", opts.device, "--dataset", opts.dataset, "--batch", str(opts.batch),
+                   "--num-generations", str(opts.num_generations), "--max-completion-length",
+                   str(opts.max_completion_length), "--warmup", str(opts.warmup), "--steps", str(opts.steps),
+                   "--threads", str(opts.threads), "--seed", str(opts.seed)]
+            if small:
+                cmd += ["--small-prm-path", small]
+            if opts.natural_length:
+                cmd.append("--natural-length")
+            if opts.bf16:
+                cmd.append("--bf16")
+            t0 = time.time()
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+                raise SystemExit(f"worker {name} failed (exit {proc.returncode})")
+            res = json.loads(Path(out).read_text())
+            results[name].append(res["steps"])
+            meta[name] = {k: v for k, v in res.items() if k not in ("steps", "warmup")}
+            step_s = _median([s["step"] for s in res["steps"]])
+            print(f"[round {r + 1}/{opts.rounds}] {name:<18} median step {step_s:7.2f} s   "
+                  f"(process {time.time() - t0:5.0f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)", flush=True)
+
+    # summary
+    print()
+    print(f"model {opts.model}  device {opts.device}  batch {opts.batch} (K={opts.num_generations})  "
+          f"completion {opts.max_completion_length} tokens{' (natural length)' if opts.natural_length else ''}  "
+          f"{opts.steps} timed steps x {opts.rounds} round(s) after {opts.warmup} warm-up; threads {opts.threads}")
+    if small:
+        print(f"smaller PRM: {small} ({meta.get('prime_rloo_small', {}).get('prm_params')} parameters, "
+              f"policy {meta.get('prime_rloo_small', {}).get('policy_params')})")
+    header = f"{'phase (s/step, median)':<24}" + "".join(f"{c:>19}" for c in configs)
+    print(header)
+    table = {}
+    for ph in PHASES:
+        row = {c: _median([s.get(ph, 0.0) for rnd in results[c] for s in rnd]) for c in configs}
+        table[ph] = row
+        print(f"{ph:<24}" + "".join(f"{row[c]:>19.3f}" for c in configs))
+    ratios = {}
+    for c, b in BASELINE.items():
+        if c in configs and b in configs:
+            per_step = [sc["step"] / sb["step"] for rc, rb in zip(results[c], results[b]) for sc, sb in zip(rc, rb)]
+            ratios[f"{c}/{b}"] = {"median": _median(per_step), "per_step": per_step}
+    print()
+    for k, v in ratios.items():
+        print(f"ratio {k:<28} = {v['median']:.2f}   (per step: {', '.join(f'{x:.2f}' for x in v['per_step'])})")
+    print(f"total wall time {time.time() - started:.0f} s")
+    summary = {"options": vars(opts), "machine": _common.machine(), "phases": table, "ratios": ratios,
+               "meta": meta, "raw": results, "small_prm": small}
+    _common.dump(summary, opts.json)
+    if "prime_rloo/rloo" in ratios:
+        print(f"overhead: PRIME/RLOO = {ratios['prime_rloo/rloo']['median']:.2f}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

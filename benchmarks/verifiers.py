@@ -1,0 +1,169 @@
+"""Throughput of the outcome verifiers with their timeouts on (issue 7): math answers/s and code programs/s.
+
+Math: ``trl_prime.rewards.verify_math`` (math-verify in a pool of worker processes, a hard wall-clock deadline per
+answer, default ``timeout=5``) on completions of the shape a policy writes -- a few lines of reasoning and a final
+``\\boxed{}`` -- over integer, fraction, decimal and expression answers, correct, wrong and unboxed, in batches the
+size of a training step. Every ``(gold, answer)`` pair is distinct, so the verifier's memoisation of repeated pairs
+never helps. The pool is started before timing (it is started once per training run); ``cold`` reports the first
+batch including pool start-up separately.
+
+Code: ``trl_prime.rewards.verify_code`` (one sandboxed subprocess per program: namespaces, Landlock, resource limits,
+wall-clock timeout per case) on simple stdin/stdout programs with two test cases each (correct and wrong ones).
+
+Examples::
+
+    python benchmarks/verifiers.py                 # 1024 math answers, 64 programs
+    python benchmarks/verifiers.py --quick         # 256 math answers, 24 programs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+
+def math_items(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``n`` distinct (completion, gold) pairs: 50% correct (in several notations), 35% wrong, 15% no box."""
+    rng = random.Random(seed)
+    comps, golds, seen = [], [], set()
+    while len(comps) < n:
+        kind = rng.choice(["int", "frac", "dec", "expr"])
+        a, b = rng.randint(2, 9999), rng.randint(2, 97)
+        if kind == "int":
+            gold, right, wrong = str(a), str(a), str(a + rng.randint(1, 50))
+        elif kind == "frac":
+            gold, right, wrong = f"{a}/{b}", f"\\frac{{{a}}}{{{b}}}", f"\\frac{{{a + 1}}}{{{b}}}"
+        elif kind == "dec":
+            gold, right, wrong = f"{a / 4:g}", f"\\frac{{{a}}}{{4}}", f"{a / 4 + 0.5:g}"
+        else:
+            gold, right, wrong = f"{a}x + {b}", f"{b} + {a}x", f"{a}x - {b}"
+        r = rng.random()
+        if r < 0.5:
+            tail = f"So the answer is \\boxed{{{right}}}."
+        elif r < 0.85:
+            tail = f"Therefore the final answer is \\boxed{{{wrong}}}."
+        else:
+            tail = f"I think it is {right} but I am not sure."
+        text = f"We compute step by step.\n\nFirst, {a} and {b} give an intermediate value.\n\n{tail}"
+        if (text, gold) in seen:
+            continue
+        seen.add((text, gold))
+        comps.append(text)
+        golds.append(gold)
+    return comps, golds
+
+
+def code_items(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
+    """``n`` simple programs (75% correct) with two stdin/stdout test cases each."""
+    rng = random.Random(seed)
+    comps, tests = [], []
+    for i in range(n):
+        k = rng.randint(2, 9)
+        correct = rng.random() < 0.75
+        body = f"n = int(input())\nprint(n * {k if correct else k + 1})"
+        if i % 2:
+            body = f"import sys\nvals = [int(x) for x in sys.stdin.read().split()]\nprint(sum(vals[:1]) * {k if correct else k + 1})"
+        comps.append(f"Here is my solution.\n\n```python\n{body}\n```")
+        x, y = rng.randint(1, 1000), rng.randint(1, 1000)
+        tests.append({"stdin_stdout": [{"input": f"{x}\n", "output": f"{x * k}\n"},
+                                       {"input": f"{y}\n", "output": f"{y * k}\n"}]})
+    return comps, tests
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its reaped children (the verifier workers / sandboxes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def bench_math(n: int, batch: int, timeout: float) -> dict:
+    from trl_prime.rewards.math_verifier import shutdown_math_workers, start_math_workers, verify_math
+
+    comps, golds = math_items(n + batch, seed=1)
+    shutdown_math_workers()
+    t0 = time.perf_counter()
+    first = verify_math(comps[:batch], golds[:batch], timeout=timeout)  # includes starting the pool
+    cold = time.perf_counter() - t0
+    comps, golds = comps[batch:], golds[batch:]
+    reasons: Counter = Counter(r.reason for r in first)
+    per_batch = []
+    shutdown_math_workers()  # reap the pool: its CPU time is then counted in os.times() children
+    c0 = _cpu_seconds()
+    start_math_workers()
+    shutdown_math_workers()
+    startup_cpu = _cpu_seconds() - c0  # CPU cost of starting the pool (imports), not of verifying
+    workers = start_math_workers()
+    c0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    for s in range(0, n, batch):
+        tb = time.perf_counter()
+        res = verify_math(comps[s:s + batch], golds[s:s + batch], timeout=timeout)
+        per_batch.append(len(res) / (time.perf_counter() - tb))
+        reasons.update(r.reason for r in res)
+    total = time.perf_counter() - t0
+    shutdown_math_workers()
+    cpu = max(_cpu_seconds() - c0 - startup_cpu, 1e-9)  # the pool's start-up cost measured above is excluded
+    return {"answers": n, "seconds": total, "answers_per_s": n / total, "batch": batch, "workers": workers,
+            "cpu_seconds": cpu, "answers_per_cpu_s": n / cpu, "pool_startup_cpu_s": startup_cpu,
+            "median_batch_answers_per_s": statistics.median(per_batch), "cold_first_batch_s": cold,
+            "timeout_s": timeout, "reasons": dict(reasons)}
+
+
+def bench_code(n: int, timeout: float) -> dict:
+    from trl_prime.rewards.code_verifier import verify_code
+
+    comps, tests = code_items(n, seed=2)
+    verify_code(comps[:2], tests[:2], timeout=timeout)  # warm-up (sandbox probes)
+    c0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    res = verify_code(comps, tests, timeout=timeout)
+    total = time.perf_counter() - t0
+    cpu = _cpu_seconds() - c0
+    reasons = Counter(r.reason for r in res)
+    expected_correct = sum(1 for c in comps if "print(n * " in c or "vals[:1]" in c)
+    return {"programs": n, "test_cases": 2 * n, "seconds": total, "programs_per_s": n / total,
+            "cpu_seconds": cpu, "programs_per_cpu_s": n / cpu,
+            "timeout_s": timeout, "reasons": dict(reasons), "programs_seen": expected_correct}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--math-answers", type=int, default=1024)
+    p.add_argument("--math-batch", type=int, default=64, help="completions per verify call (a training step)")
+    p.add_argument("--math-timeout", type=float, default=5.0)
+    p.add_argument("--code-programs", type=int, default=64)
+    p.add_argument("--code-timeout", type=float, default=5.0, help="wall-clock seconds per test case")
+    p.add_argument("--quick", action="store_true", help="256 answers, 24 programs")
+    p.add_argument("--json", default=None)
+    opts = p.parse_args(argv)
+    if opts.quick:
+        opts.math_answers, opts.code_programs = 256, 24
+    out = {"machine": _common.machine(), "options": vars(opts)}
+    m = bench_math(opts.math_answers, opts.math_batch, opts.math_timeout)
+    out["math"] = m
+    print(f"math: {m['answers']} answers in {m['seconds']:.2f} s = {m['answers_per_s']:.0f} answers/s "
+          f"(median batch {m['median_batch_answers_per_s']:.0f}/s; {m['workers']} workers; timeout {m['timeout_s']:g} s; "
+          f"first batch with pool start {m['cold_first_batch_s']:.2f} s) reasons {m['reasons']}", flush=True)
+    print(f"math: {m['cpu_seconds']:.2f} CPU s = {m['answers_per_cpu_s']:.0f} answers per CPU second "
+          f"(x{os.cpu_count()} cores = {m['answers_per_cpu_s'] * os.cpu_count():.0f} answers/s on an idle machine)")
+    c = bench_code(opts.code_programs, opts.code_timeout)
+    out["code"] = c
+    print(f"code: {c['programs']} programs ({c['test_cases']} test cases) in {c['seconds']:.2f} s = "
+          f"{c['programs_per_s']:.1f} programs/s (timeout {c['timeout_s']:g} s per case) reasons {c['reasons']}")
+    print(f"code: {c['cpu_seconds']:.2f} CPU s = {c['programs_per_cpu_s']:.1f} programs per CPU second "
+          f"(x{os.cpu_count()} cores = {c['programs_per_cpu_s'] * os.cpu_count():.1f} programs/s on an idle machine)")
+    _common.dump(out, opts.json)
+    return out
+
+
+if __name__ == "__main__":
+    main()
