@@ -1,0 +1,108 @@
+"""`make demo` (recipes/demo.py): its YAML and DEMO_STEPS parse, its helpers compute what they say, and the whole
+pipeline (held-out evaluation before/after, PRIME training, metrics.jsonl, plots, token-reward heatmap, summary) runs
+end to end on the tiny offline model and the embedded arithmetic problems."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def demo():
+    spec = importlib.util.spec_from_file_location("recipe_demo", os.path.join(ROOT, "recipes", "demo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
+    monkeypatch.delenv("DEMO_STEPS", raising=False)
+    args, training = demo.parse(["--output_dir", str(tmp_path)])
+    assert args.model_name_or_path == "embedded:smollm2-135m-instruct" and args.dataset_name == "embedded:arithmetic"
+    assert (training.num_generations, training.per_device_train_batch_size, training.max_steps) == (8, 8, 12)
+    assert training.gradient_accumulation_steps == 4 == training.steps_per_generation  # 4 prompts x 8 per step
+    assert (training.filter_lower, training.filter_upper, training.prm_beta) == (0.2, 0.8, 0.05)
+    assert training.beta == 0.0 and args.trainer == "prime"
+    # TRL defaults bf16 to True; on a CPU without native bf16 that autocasts every matmul to a slow path
+    native = demo.native_bf16()
+    assert training.bf16 is native and training.mixed_precision == ("bf16" if native else "no")
+    _, training = demo.parse(["--output_dir", str(tmp_path), "--precision", "fp32"])
+    assert training.bf16 is False and training.mixed_precision == "no"
+    monkeypatch.setenv("DEMO_STEPS", "3")
+    _, training = demo.parse(["--output_dir", str(tmp_path), "--max_steps", "50"])
+    assert training.max_steps == 3  # DEMO_STEPS wins over the YAML and the flags
+    with pytest.raises(ValueError, match="`trainer`='ppo'"):
+        demo.parse(["--output_dir", str(tmp_path), "--trainer", "ppo"])
+    with pytest.raises(ValueError, match="`precision`"):
+        demo.parse(["--output_dir", str(tmp_path), "--precision", "fp8"])
+
+
+def test_rolling_mean_skips_missing_values(demo):
+    out = demo.rolling_mean([1.0, float("nan"), 3.0, None, 5.0, 7.0], window=2)
+    assert out == [1.0, 1.0, 2.0, 2.0, 4.0, 6.0]
+    assert math.isnan(demo.rolling_mean([float("nan")], 3)[0])
+
+
+def test_pick_heatmap_rows_balances_right_and_wrong(demo):
+    records = [{"id": f"p{i}", "completions": [f"c{i}"], "rewards": [r]}
+               for i, r in enumerate([0.0, 1.0, None, 0.0, 1.0, 1.0, 0.0])]
+    rows = demo.pick_heatmap_rows(records, 4)
+    assert rows == [("p1", "c1", True), ("p4", "c4", True), ("p0", "c0", False), ("p2", "c2", False)]
+    # fewer right answers than half: the rest are wrong ones
+    assert [ok for _, _, ok in demo.pick_heatmap_rows(records[:3], 3)] == [True, False, False]
+
+
+def test_plot_metrics_writes_the_three_plots(demo, tmp_path):
+    records = [{"step": s, "reward": 0.1 * s, "prm/pair_accuracy": 0.5 + 0.01 * s,
+                "filter/kept_fraction": float("nan") if s == 2 else 0.25} for s in range(1, 6)]
+    paths = demo.plot_metrics(records, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == ["kept_fraction.png", "prm_pair_accuracy.png", "reward.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # plain RLOO logs no PRM metrics: only the reward plot
+    os.makedirs(tmp_path / "rloo")
+    paths = demo.plot_metrics([{"step": 1, "reward": 0.2}], str(tmp_path / "rloo"), label="plain RLOO")
+    assert [os.path.basename(p) for p in paths] == ["reward.png"]
+
+
+def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monkeypatch):
+    """The tiny model never boxes an answer: every group is filtered out, so the PRM never moves and stays equal to
+    its reference; every token reward in the heatmap is then exactly 0 (the implicit-PRM invariant)."""
+    pytest.importorskip("reasoning_gym")
+    monkeypatch.delenv("DEMO_STEPS", raising=False)
+    out = tmp_path / "demo"
+    args, training = demo.parse([
+        "--model_name_or_path", tiny_model_path, "--output_dir", str(out), "--max_steps", "2",
+        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_completion_length", "8", "--train_problems", "16",
+        "--eval_problems", "4", "--eval_max_new_tokens", "8", "--heatmap_completions", "2", "--num_threads", "1",
+        "--report_to", "none", "--disable_tqdm", "true",
+    ])
+    summary = demo.main(args, training)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    for r in lines:
+        for key in ("reward", "prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "filter/kept_fraction",
+                    "prm/token_reward_mean"):
+            assert key in r, key
+        assert r["reward"] == 0.0 and r["filter/kept_fraction"] == 0.0
+        assert r["prm/loss"] is None and r["prm/pair_accuracy"] is None  # every group filtered: no PRM update
+        assert r["prm/token_reward_mean"] == 0.0 == r["prm/token_reward_max"]  # PRM == reference
+    assert summary["heldout_accuracy_before"] == 0.0 == summary["heldout_accuracy_after"]
+    assert summary["num_generations"] == 8 and summary["prompts_per_step"] == 1 and summary["max_steps"] == 2
+    for name in ("reward.png", "kept_fraction.png", "token_rewards.png", "token_rewards.html", "summary.json",
+                 "eval_before.json", "eval_after.json"):
+        assert (out / name).is_file(), name
+    assert (out / "policy" / "prm" / "implicit_prm_config.json").is_file()
+    html = (out / "token_rewards.html").read_text()
+    assert html.count("<p><b>wrong</b>, sum +0.000") == 2
+    assert json.loads((out / "summary.json").read_text())["trainer"] == "prime"
