@@ -121,4 +121,7 @@ def parse(config_cls, argv=None):
     from trl import ModelConfig, TrlParser
 
     parser = TrlParser((DataArguments, config_cls, ModelConfig))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # TrlParser only knows `--config <path>`; `--config=<path>` would be an unknown argument
+    argv = [x for a in argv for x in (["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a])]
     return parser.parse_args_and_config(argv)

@@ -216,6 +216,10 @@ def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
         assert getattr(args, k) == pytest.approx(v) if isinstance(v, float) else getattr(args, k) == v, k
     assert (args.max_completion_length, args.prm_reference, args.prm_loss, args.prime_estimator) == (
         3072, "sft", "ce", "rloo")
+    # `--config=<path>` (kept by with_default_config) is understood too, not rejected as an unknown argument
+    _, args_eq, _ = mod.parse(PrimeRLOOConfig, mod.with_default_config(
+        [f"--config={mod.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]))
+    assert args_eq.prm_update == "double" and args_eq.gradient_accumulation_steps == 16
     # 256 prompts per step on 8 GPUs: 8 x 8 completions x 16 accumulation steps / K
     assert 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations == 256
     assert args.use_vllm is True  # the YAML's (only bf16 was overridden)

@@ -127,6 +127,44 @@ def test_bad_input_fails_at_startup_naming_the_field(tiny_model_path, tmp_path):
             PrimeRLOOConfig(**_kw(tmp_path, **bad))
 
 
+def test_streaming_dataset_is_not_called_empty():
+    """A streaming IterableDataset knows its columns but not its length: the start-up check still finds a missing
+    column, and does not reject it as 'empty'."""
+    from datasets import Dataset
+
+    from trl_prime._guards import check_train_dataset
+    from trl_prime.rewards import math_reward
+
+    stream = Dataset.from_dict({"prompt": ["What is 1 + 1?"] * 4, "solution": ["2"] * 4}).to_iterable_dataset()
+    assert stream.column_names == ["prompt", "solution"] and not hasattr(stream, "__len__")
+    check_train_dataset(stream, [math_reward])  # no error
+    with pytest.raises(ValueError, match=r"no `prompt` column"):
+        check_train_dataset(Dataset.from_dict({"question": ["1 + 1?"], "solution": ["2"]}).to_iterable_dataset(),
+                            [math_reward])
+
+
+def test_prm_path_check_honours_trust_remote_code(tmp_path):
+    """A custom-code causal LM (config via `auto_map`) is loadable with trust_remote_code=True: the start-up check
+    must load its config the same way instead of rejecting it as 'could not be loaded'."""
+    import json
+
+    from trl_prime._guards import check_causal_lm_source
+
+    d = tmp_path / "remote_prm"
+    d.mkdir()
+    (d / "configuration_tiny_remote.py").write_text(
+        "from transformers import Qwen2Config\n\n\nclass TinyRemoteConfig(Qwen2Config):\n"
+        "    model_type = 'tiny_remote_prm'\n"
+    )
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "tiny_remote_prm", "architectures": ["TinyRemoteForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_tiny_remote.TinyRemoteConfig"},
+    }))
+    with pytest.raises(ValueError, match=r"(?s)`prm_model`=.*could not be loaded.*trust_remote_code"):
+        check_causal_lm_source(str(d), "prm_model")
+    check_causal_lm_source(str(d), "prm_model", trust_remote_code=True)  # no error
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 2. Non-finite values never reach an optimizer step
 # ----------------------------------------------------------------------------------------------------------------
@@ -181,6 +219,86 @@ def test_consecutive_nonfinite_steps_stop_the_run(tiny_model_path, tmp_path):
         tr.train()
     assert _same(pol0, _snap(tr.model)) and _same(prm0, _snap(tr.prm_model))
     assert tr.state.global_step == 1  # stopped during the second (skipped) step
+
+
+def test_nonfinite_in_first_of_several_generation_batches_per_step_still_skips(tiny_model_path, tmp_path):
+    """gradient_accumulation_steps=2, steps_per_generation=1: two generation batches feed one optimizer step. An inf
+    reward in the first one must skip the step (and the PRM step of the second one) even though the second is clean:
+    the poison must not be reset by the next generation batch before its optimizer step has run."""
+    base = contains_reward("e")
+    calls = {"n": 0}
+
+    def inf_in_third_call(completions, **kw):
+        calls["n"] += 1
+        out = base(completions)
+        if calls["n"] == 3:  # optimizer step 2, first of its two generation batches
+            out[1] = float("inf")
+        return out
+
+    snaps = Snapshots()
+    tr = _prime(tiny_model_path, tmp_path, reward=inf_in_third_call, callbacks=[snaps], max_steps=3,
+                per_device_train_batch_size=K, gradient_accumulation_steps=2, steps_per_generation=1)
+    snaps.trainer = tr
+    tr.train()
+    assert calls["n"] == 6
+    assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.prm[1], snaps.prm[2])
+    assert not _same(snaps.policy[2], snaps.policy[3]) and not _same(snaps.prm[2], snaps.prm[3])
+    assert tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
+
+
+def test_guarded_step_under_fp16_grad_scaler():
+    """fp16 AMP (accelerate's optimizer holds a GradScaler): an inf gradient is a scaler overflow, which the scaler
+    handles (step skipped, scale lowered), not a non-finite skip that counts towards max_nonfinite_skips; and a
+    poisoned step skipped after gradient clipping (scaler.unscale_) must not break the next step's unscale_."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl_prime._guards import GuardsMixin
+
+    p = torch.nn.Parameter(torch.ones(2))
+    inner = torch.optim.SGD([p], lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+
+    class AcceleratedOptimizer:  # accelerate's wrapper, as far as the guard and the Trainer use it
+        def __init__(self):
+            self.optimizer, self.scaler, self._is_overflow, self.param_groups = inner, scaler, False, inner.param_groups
+
+        def zero_grad(self, set_to_none=True):
+            inner.zero_grad(set_to_none=set_to_none)
+
+        def step(self):
+            before = p.detach().clone()
+            self.scaler.step(inner)
+            self.scaler.update()
+            self._is_overflow = torch.equal(before, p.detach())
+
+    class Fake(GuardsMixin):
+        pass
+
+    tr = Fake()
+    tr.optimizer, tr.is_deepspeed_enabled = AcceleratedOptimizer(), False
+    tr.accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), is_main_process=True)
+    tr.args, tr.state, tr._metrics = SimpleNamespace(max_nonfinite_skips=1), SimpleNamespace(global_step=0), {
+        "train": defaultdict(list)}
+    tr.train_dataset, tr.reward_funcs = None, []
+    tr._guard_setup()
+    tr._guard_wrap_optimizer()
+
+    def step(weight):  # backward of the scaled loss, clipping's unscale_, the optimizer step (as Trainer does)
+        scaler.scale((p * torch.tensor(weight)).sum()).backward()
+        scaler.unscale_(inner)
+        tr.optimizer.step()
+        tr.optimizer.zero_grad()
+
+    step([float("inf"), 1.0])  # overflow: the scaler skips and halves its scale; no guard skip, no stop
+    assert torch.equal(p.detach(), torch.ones(2)) and scaler.get_scale() == 2.0 and tr._guard_total_skips == 0
+    tr._guard_poison = {"reason": "non-finite rewards", "rows": [0], "sample_ids": []}
+    with pytest.raises(RuntimeError, match="max_nonfinite_skips"):  # poisoned: skipped (limit 1 -> stop)
+        step([1.0, 1.0])
+    assert torch.equal(p.detach(), torch.ones(2)) and tr._guard_total_skips == 1
+    tr._guard_poison, tr.args.max_nonfinite_skips = None, 3
+    step([1.0, 1.0])  # a good step: unscale_ works again, the weights move, the counter resets
+    assert torch.equal(p.detach(), torch.zeros(2)) and tr._guard_consecutive_skips == 0
 
 
 def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_path, monkeypatch):
@@ -362,6 +480,44 @@ def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_pa
     if which == "prime_prof":
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
         assert second._prime_num_updates == full._prime_num_updates == 4
+
+
+def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
+    """load_best_model_at_end: Trainer records the best checkpoint while writing it, i.e. inside the staging folder.
+    After publishing, the state of *every* rank and the checkpoint's own trainer_state.json (read on resume, which
+    drops a best checkpoint that does not exist) must name `checkpoint-N`, not the vanished staging path."""
+    import json
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from trl_prime._guards import GuardsMixin
+
+    class _Trainer:  # what transformers' Trainer._save_checkpoint does with the best checkpoint and the state
+        def _get_output_dir(self, trial):
+            return str(tmp_path)
+
+        def _save_checkpoint(self, model, trial):
+            out = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
+            os.makedirs(out, exist_ok=True)
+            self.state.best_model_checkpoint = out
+            if self.args.should_save:
+                self.state.save_to_json(os.path.join(out, "trainer_state.json"))
+
+    class Fake(GuardsMixin, _Trainer):
+        pass
+
+    for step, should_save in ((3, True), (4, False)):  # the main process; another rank (shared file system)
+        tr = Fake()
+        tr.args = SimpleNamespace(should_save=should_save, save_total_limit=None)
+        tr.accelerator = SimpleNamespace(wait_for_everyone=lambda: None)
+        tr.state = TrainerState(global_step=step)
+        tr._guard_saving, tr._guard_staging_root, tr._guard_consecutive_skips, tr._guard_total_skips = (
+            False, None, 0, 0)
+        tr._save_checkpoint(None, None)
+        assert tr.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{step}")
+    with open(tmp_path / "checkpoint-3" / "trainer_state.json") as f:
+        assert json.load(f)["best_model_checkpoint"] == str(tmp_path / "checkpoint-3")
 
 
 def test_checkpoint_killed_mid_save_never_replaces_the_last_good_one(tiny_model_path, tmp_path):

@@ -15,9 +15,11 @@ failures, degenerate batches, atomic checkpoints).
     batch: its policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global
     row index and sample id), and ``guard/skipped_steps`` counts them. The policy optimizer is wrapped so that a step
     whose gradients are non-finite is skipped too (gradients zeroed, scheduler not advanced: accelerate's
-    ``step_was_skipped``). After ``max_nonfinite_skips`` consecutive skipped steps the run stops with a
-    ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``; there only the PRM step is
-    guarded.)
+    ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). A poisoned
+    generation batch keeps the optimizer step it feeds skipped even when more generation batches feed the same
+    step (``gradient_accumulation_steps > steps_per_generation``). After ``max_nonfinite_skips`` consecutive
+    skipped steps the run stops with a ``RuntimeError``. (Under DeepSpeed the policy step happens inside
+    ``backward``: it is not guarded; only a poisoned batch's PRM step is skipped.)
   * **verifier infrastructure failures** (``math/error``: the math worker pool died; ``code/sandbox_error``: the
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
     batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
@@ -33,6 +35,7 @@ failures, degenerate batches, atomic checkpoints).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -112,15 +115,20 @@ def _is_causal_architecture(name: str) -> bool:
     return name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
 
 
-def check_causal_lm_source(source, field_name: str) -> None:
-    """``source`` (a path / Hub id or a module) must be a causal LM; raise a ValueError naming ``field_name``."""
+def check_causal_lm_source(source, field_name: str, *, trust_remote_code: bool = False,
+                           revision: str | None = None) -> None:
+    """``source`` (a path / Hub id or a module) must be a causal LM; raise a ValueError naming ``field_name``.
+
+    ``trust_remote_code`` / ``revision``: as the model itself is loaded (``model_init_kwargs``), so a custom-code
+    checkpoint the trainer can load passes the check."""
     if source is None:
         return
     if isinstance(source, str):
         from transformers import AutoConfig
 
         try:
-            cfg = AutoConfig.from_pretrained(source)
+            cfg = AutoConfig.from_pretrained(source, trust_remote_code=bool(trust_remote_code),
+                                             **({"revision": revision} if revision else {}))
         except Exception as e:  # noqa: BLE001 - transformers' message alone does not say which option failed
             raise ValueError(
                 f"`{field_name}`={source!r} could not be loaded ({type(e).__name__}: {e}). Give the folder or Hub id of "
@@ -196,7 +204,9 @@ def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> 
                 f"dataset.rename_column('answer', {missing[0]!r}), or build the verifier for your column "
                 "(make_math_reward(answer_column=...) / make_code_reward(tests_column=...))."
             )
-    n = len(dataset) if hasattr(dataset, "__len__") else 0
+    if not hasattr(dataset, "__len__"):  # a streaming IterableDataset (known columns, unknown length): no scan
+        return
+    n = len(dataset)
     if n == 0:
         raise ValueError("The training dataset is empty: give at least one prompt.")
     if n <= max_scan:
@@ -234,6 +244,7 @@ class GuardsMixin:
         self._guard_poison: dict | None = None
         self._guard_consecutive_skips = 0
         self._guard_total_skips = 0
+        self._guard_step_pending = False  # a poisoned generation batch awaits its (skipped) policy step
         self._guard_infra_failures = 0.0
         self._guard_inputs = None
         self._guard_saving = False
@@ -248,8 +259,10 @@ class GuardsMixin:
     # --------------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         self._guard_inputs = inputs
-        if self.model.training:
-            self._guard_poison = None  # a new generation batch: judged afresh
+        if self.model.training and not getattr(self, "_guard_step_pending", False):
+            # a new generation batch: judged afresh, unless a poisoned one still feeds the pending optimizer step
+            # (gradient_accumulation_steps > steps_per_generation: several generation batches per step)
+            self._guard_poison = None
         return super()._generate_and_score_completions(inputs)
 
     def _guard_sample_ids(self, rows: list[int]) -> list[Any]:
@@ -320,6 +333,8 @@ class GuardsMixin:
             )
         if mode != "train":
             return
+        # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
+        self._guard_step_pending = bool(getattr(self.optimizer, "_guard_wrapped", False))
         if self._guard_poison is None:
             self._guard_poison = {"reason": reason, "rows": list(rows or []), "sample_ids": ids}
         else:
@@ -408,10 +423,18 @@ class GuardsMixin:
 
         def guarded_step(*args, **kwargs):
             reason = self._guard_step_problem(opt)
+            self._guard_step_pending = False  # the next generation batch is judged afresh
             if reason is not None:
                 opt.zero_grad(set_to_none=True)
                 if hasattr(opt, "_is_overflow"):
                     opt._is_overflow = True  # accelerate: the scheduler does not step, Trainer sees a skipped step
+                scaler = getattr(opt, "scaler", None)
+                if scaler is not None and hasattr(scaler, "_per_optimizer_states"):
+                    # fp16 AMP: forget this step's unscale_ (gradient clipping) as scaler.update() would, scale kept;
+                    # otherwise the next step's unscale_() raises "already been called ... since the last update()"
+                    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+                    scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
                 self._guard_record_skip(reason)
                 return None
             if hasattr(opt, "_is_overflow") and getattr(opt, "scaler", None) is None:
@@ -430,7 +453,9 @@ class GuardsMixin:
         poisoned = self._guard_poison is not None
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         bad_grad = False
-        if grads:
+        # fp16 AMP (a GradScaler): inf gradients are its overflows, which it handles itself (step skipped, scale
+        # lowered); counting them here would stop a run while the scale calibrates and never let the scale drop
+        if grads and getattr(opt, "scaler", None) is None:
             norms = torch._foreach_norm(grads)
             bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
         flags = torch.tensor([float(poisoned), float(bad_grad)], device=self.accelerator.device)
@@ -496,6 +521,15 @@ class GuardsMixin:
             self._guard_saving, self._guard_staging_root = False, None
             self.args.save_total_limit = limit
         acc.wait_for_everyone()
+        staging_prefix = os.path.join(staging_root, "")
+        best = self.state.best_model_checkpoint
+        if best and best.startswith(staging_prefix):
+            # on every rank (each loads the best model at the end), and in the checkpoint's own trainer_state.json
+            # (a resumed run must protect and load the published folder, not the vanished staging one)
+            self.state.best_model_checkpoint = os.path.join(run_dir, best[len(staging_prefix):])
+            state_file = os.path.join(staging_root, name, "trainer_state.json")
+            if self.args.should_save and os.path.isfile(state_file):
+                self.state.save_to_json(state_file)
         if self.args.should_save:
             staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
             _fsync_tree(staged)
@@ -510,9 +544,6 @@ class GuardsMixin:
             shutil.rmtree(staging_root, ignore_errors=True)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
-            if self.state.best_model_checkpoint and self.state.best_model_checkpoint.startswith(staging_root):
-                self.state.best_model_checkpoint = self.state.best_model_checkpoint.replace(
-                    os.path.join(staging_root, ""), os.path.join(run_dir, ""))
             from transformers.trainer_utils import rotate_checkpoints
 
             rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
