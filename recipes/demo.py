@@ -81,11 +81,12 @@ class DemoArguments:
             raise ValueError(f"`eval_problems`={self.eval_problems} must be >= 0 (0 skips the evaluations).")
 
 
-def native_bf16() -> bool:
-    """True when bf16 matmuls are native here: a CUDA GPU that supports bf16, or a CPU with AVX512-BF16 / AMX."""
+def native_bf16(use_cpu: bool = False) -> bool:
+    """True when bf16 matmuls are native where training runs: a CUDA GPU that supports bf16 (unless ``use_cpu``), or a
+    CPU with AVX512-BF16 / AMX."""
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not use_cpu:
         return torch.cuda.is_bf16_supported()
     try:
         flags = Path("/proc/cpuinfo").read_text()
@@ -291,6 +292,7 @@ def parse(argv=None):
     from trl_prime import PrimeRLOOConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [x for a in argv for x in (a.split("=", 1) if a.startswith("--config=") else [a])]  # TrlParser: --config P
     if "--config" not in argv:
         argv = ["--config", DEFAULT_CONFIG] + argv
     if os.environ.get("DEMO_STEPS"):
@@ -300,7 +302,7 @@ def parse(argv=None):
     demo.validate()
     # precision decides `bf16`, which TRL's configs default to True and which sets `mixed_precision` (bf16 autocast)
     # at parse time: on a CPU without native bf16 that runs every matmul ~10x slower, so parse again with it set
-    bf16 = demo.precision == "bf16" or (demo.precision == "auto" and native_bf16())
+    bf16 = demo.precision == "bf16" or (demo.precision == "auto" and native_bf16(training_args.use_cpu))
     if training_args.bf16 != bf16:
         demo, training_args = parser.parse_args_and_config(argv + ["--bf16", str(bf16).lower()])
     return demo, training_args

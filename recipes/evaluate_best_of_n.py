@@ -227,7 +227,10 @@ def score_records(prm_path: str, records: list[dict], args: BestOfNArguments, pr
         "samples": hashlib.sha1(json.dumps([r["completions"] for r in records]).encode()).hexdigest(),
     }
     if prm_path != "initial" and os.path.isdir(prm_path):
-        variants_key["prm_mtime"] = os.path.getmtime(prm_path)
+        # the newest file: retraining into the same folder overwrites files in place (the folder's mtime stays)
+        variants_key["prm_mtime"] = max(
+            [os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(prm_path) for f in fs]
+            or [os.path.getmtime(prm_path)])
     cache = Path(args.output_file).with_suffix(f".scores.{_prm_label(prm_path)}.json")
     if cache.is_file():
         saved = json.loads(cache.read_text())

@@ -74,10 +74,21 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
     from trl_prime.implicit_prm_trainer import build_outcome_dataset
 
     path = Path(script_args.rollouts_path)
+    settings = {k: getattr(script_args, k) for k in (
+        "dataset_name", "dataset_split", "max_train_samples", "dataset_seed", "reward", "num_generations",
+        "max_new_tokens", "temperature", "top_p", "generation_seed")}
+    settings["model"] = model_path
+    stats_path = path.with_suffix(".stats.json")
     if path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
-        return Dataset.from_list(rows)
+        try:
+            saved = json.loads(stats_path.read_text()).get("settings")
+        except (OSError, ValueError):
+            saved = None
+        if saved is None or saved == json.loads(json.dumps(settings)):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
+            return Dataset.from_list(rows)
+        print(f"[implicit_prm] {path} was sampled with other settings ({saved}); sampling again", flush=True)
     problems = load_prompt_dataset(script_args.dataset_name, script_args.dataset_split,
                                    size=script_args.max_train_samples, seed=script_args.dataset_seed)
     problems = problems.select(range(min(script_args.max_train_samples, len(problems))))
@@ -95,7 +106,7 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
     with open(path, "w") as f:
         for row in data:
             f.write(json.dumps(row) + "\n")
-    path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    stats_path.write_text(json.dumps({**stats, "settings": settings}, indent=2) + "\n")
     return data
 
 

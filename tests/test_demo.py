@@ -33,9 +33,10 @@ def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
     assert (training.filter_lower, training.filter_upper, training.prm_beta) == (0.2, 0.8, 0.05)
     assert training.beta == 0.0 and args.trainer == "prime"
     # TRL defaults bf16 to True; on a CPU without native bf16 that autocasts every matmul to a slow path
-    native = demo.native_bf16()
+    native = demo.native_bf16(use_cpu=training.use_cpu)  # the demo trains on the CPU (use_cpu: true)
+    assert training.use_cpu is True
     assert training.bf16 is native and training.mixed_precision == ("bf16" if native else "no")
-    _, training = demo.parse(["--output_dir", str(tmp_path), "--precision", "fp32"])
+    _, training = demo.parse([f"--config={demo.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--precision", "fp32"])
     assert training.bf16 is False and training.mixed_precision == "no"
     monkeypatch.setenv("DEMO_STEPS", "3")
     _, training = demo.parse(["--output_dir", str(tmp_path), "--max_steps", "50"])

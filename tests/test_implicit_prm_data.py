@@ -254,6 +254,13 @@ def test_implicit_prm_recipe_end_to_end(tiny_model_path, tmp_path, prm_prompt):
     from trl_prime.implicit_prm import tokenize_prompt_completion
 
     assert first["prompt_ids"] == tokenize_prompt_completion(want, comp, trainer.processing_class)["prompt_ids"]
+    # the rollouts are reused only with the settings they were sampled with
+    assert stats["settings"]["num_generations"] == 2 and stats["settings"]["model"] == tiny_model_path
+    (tmp_path / "r.jsonl").write_text((tmp_path / "r.jsonl").read_text().splitlines()[0] + "\n")  # mark the cache
+    assert len(recipe.rollouts(script, tiny_model_path)) == 1  # same settings: the cached file
+    script.num_generations = 3
+    assert len(recipe.rollouts(script, tiny_model_path)) == 6 - json.loads(
+        (tmp_path / "r.stats.json").read_text())["n_unscored"]  # other settings: sampled again
 
 
 def test_trainable_layers_trains_only_the_top_blocks(tiny_model_path, tmp_path):

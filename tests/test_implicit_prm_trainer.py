@@ -270,3 +270,19 @@ def test_missing_label_column_raises(tiny_model_path, tmp_path):
 def test_config_validation_names_the_field(tmp_path, kw, field):
     with pytest.raises(ValueError, match=field):
         ImplicitPRMConfig(output_dir=str(tmp_path), report_to="none", **kw)
+
+
+def test_pair_accuracy_metric_counts_only_prompts_with_a_pair(tiny_model_path, tmp_path):
+    """A prompt whose completions are all right (or all wrong) has no ranking pair: it must not pull the logged
+    pair accuracy towards 0.5. One perfectly ranked prompt + one all-wrong prompt -> 1.0 (not 0.75)."""
+    from trl_prime.implicit_prm_trainer import pairable_group_rows
+
+    labels = torch.tensor([1.0, 0.0, 0.0, 0.0, float("nan"), 1.0])
+    gids = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert pairable_group_rows(labels, gids).tolist() == [True, True, False, False, False, False]
+    trainer = ImplicitPRMTrainer(model=tiny_model_path, args=_args(tmp_path, loss_type="ce"), train_dataset=_dataset())
+    trainer._metrics["train"].clear()
+    trainer._record_metrics(torch.tensor([0.3, -0.2, 0.5, 0.1, 0.0, 0.2]), labels, gids, "train")
+    assert trainer._metrics["train"]["pair_accuracy"] == [1.0]
+    trainer._record_metrics(torch.tensor([0.3, 0.5]), torch.tensor([0.0, 0.0]), torch.tensor([0, 0]), "train")
+    assert trainer._metrics["train"]["pair_accuracy"] == [1.0]  # no pair anywhere: nothing logged

@@ -57,8 +57,22 @@ REQUIRED_COLUMNS = ("prompt", "completion", "label")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Config
+# Metrics
+
+def pairable_group_rows(labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` bool: rows of the groups (prompts) holding at least two different finite labels, i.e. at least one
+    ranking pair. ``labels`` ``(B,)`` float (NaN = unlabelled), ``group_ids`` ``(B,)`` int."""
+    out = torch.zeros_like(labels, dtype=torch.bool)
+    finite = torch.isfinite(labels)
+    for g in torch.unique(group_ids):
+        rows = (group_ids == g) & finite
+        if rows.any() and labels[rows].max() > labels[rows].min():
+            out |= rows
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
+# Config
 @dataclass
 class ImplicitPRMConfig(TrainingArguments):
     """Configuration of :class:`ImplicitPRMTrainer`: ``transformers.TrainingArguments`` plus the implicit PRM options.
@@ -449,7 +463,10 @@ class ImplicitPRMTrainer(Trainer):
             group_ids = torch.tensor(gather_object(group_ids.cpu().tolist()))
         rewards, labels, group_ids = rewards.float().cpu(), labels.float().cpu(), group_ids.cpu()
         m = self._metrics[mode]
-        m["pair_accuracy"].append(F.prm_pair_accuracy(rewards, labels, group_ids=group_ids, ties="half"))
+        pairable = pairable_group_rows(labels, group_ids)
+        if bool(pairable.any()):  # prompts whose labels all agree have no pair: they would read 0.5, not skipped
+            m["pair_accuracy"].append(F.prm_pair_accuracy(
+                rewards[pairable], labels[pairable], group_ids=group_ids[pairable], ties="half"))
         pos, neg = labels > 0.5, labels < 0.5
         if bool(pos.any()):
             m["rewards/correct"].append(rewards[pos].mean().item())
