@@ -410,6 +410,8 @@ def test_verifier_infrastructure_failures_fail_the_step_above_the_rate(tiny_mode
 
     mv.shutdown_math_workers()
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    for cache in ("_ANSWER_CACHE", "_GOLD_CACHE", "_GOLD_TIMEOUTS"):  # verdicts cached by earlier tests need no pool
+        monkeypatch.setattr(mv, cache, type(getattr(mv, cache))())
     try:
         tr = _prl(tiny_model_path, tmp_path, reward=math_reward, max_steps=1)
         pol0 = _snap(tr.model)

@@ -150,6 +150,10 @@ def main():
         with open(os.path.join(cli.out, "summary.json"), "w") as f:
             json.dump({"num_processes": tr.accelerator.num_processes, "logs": runs}, f)
     tr.accelerator.wait_for_everyone()
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # tear gloo down before interpreter exit (its threads must not outlive the group)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
