@@ -130,3 +130,19 @@ if __name__ == "__main__":  # pragma: no cover - manual helper
     import sys
 
     print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trl_prime_tiny"))
+
+
+def exit_launched_process(accelerator=None) -> None:
+    """End an ``accelerate launch`` test script: wait for every rank, flush, then ``os._exit(0)``.
+
+    Skips interpreter finalisation, where gloo's worker threads can still hold tensors whose release needs the GIL
+    of an interpreter being torn down (an intermittent SIGABRT, "terminate called without an active exception", seen
+    under load in CI after every output had been written). Call it only after all files are written and closed.
+    """
+    import sys
+
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -88,3 +88,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    from tiny import exit_launched_process
+
+    exit_launched_process()  # skip interpreter teardown with gloo threads alive (see tests/tiny.py)

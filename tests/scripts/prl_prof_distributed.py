@@ -33,7 +33,7 @@ def main():
 
     import torch
     import torch.distributed as dist
-    from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
+    from tiny import build_tokenizer, contains_reward, exit_launched_process, tiny_prompt_dataset
 
     from trl_prime import (
         PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer,
@@ -149,11 +149,7 @@ def main():
     if tr.accelerator.is_main_process:
         with open(os.path.join(cli.out, "summary.json"), "w") as f:
             json.dump({"num_processes": tr.accelerator.num_processes, "logs": runs}, f)
-    tr.accelerator.wait_for_everyone()
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # tear gloo down before interpreter exit (its threads must not outlive the group)
-        dist.destroy_process_group()
+    exit_launched_process(tr.accelerator)  # see tests/tiny.py: no interpreter teardown with gloo threads alive
 
 
 if __name__ == "__main__":
