@@ -7,9 +7,10 @@ subprocess (so peak memory is one configuration's, and no state leaks between th
 round) so that machine noise hits all of them alike. Before every step the torch seed is reset to ``seed + step``, so
 that step ``i`` of every configuration samples the same completions; completions are forced to exactly
 ``--max-completion-length`` tokens (``min_new_tokens``; ``--natural-length`` turns that off) so every configuration
-does the same work. Plain RLOO / GRPO run with ``beta=0`` (no KL, no reference model), as PRIME does. The online
-prompt filter is opened to [0, 1] so that the PRM is updated at every step (its cost does not depend on how many
-groups are kept, only on whether any is).
+does the same work. Plain RLOO / GRPO run with ``beta=0`` (no KL, no reference model), as PRIME does. By default the
+online prompt filter is opened to [0, 1], so PRIME trains on every row as RLOO does (the same-work comparison).
+``--filter 0.2,0.8`` uses the paper's filter instead: PRIME's PRM update and policy update then skip the rows of
+filtered prompts (the paper filters before both updates), and the table adds PRIME's ``kept_fraction`` per step.
 
 Phases (seconds per step, median over timed steps): ``generation`` (TRL ``_generate``), ``verification``
 (``_calculate_rewards``: the math verifier), ``old_logps`` (TRL's rollout log-prob forward), ``reference`` (the PRM's
@@ -26,6 +27,7 @@ Examples::
     python benchmarks/step_overhead.py --quick                     # embedded SmolLM2-135M, 128 tokens, CPU
     python benchmarks/step_overhead.py                             # all six configurations, batch 8, 3 timed steps
     python benchmarks/step_overhead.py --model tiny --steps 3      # seconds, a smoke test
+    python benchmarks/step_overhead.py --configs rloo,prime_rloo --batch 16 --filter 0.2,0.8   # the paper's filter
     python benchmarks/step_overhead.py --device cuda --model Qwen/Qwen2.5-0.5B-Instruct --max-completion-length 1024 \\
         --batch 32 --steps 5 --rounds 2 --prm-layers 8
 """
@@ -57,7 +59,7 @@ CONFIGS = {
 }
 BASELINE = {"prime_rloo": "rloo", "prime_rloo_double": "rloo", "prime_rloo_small": "rloo", "prime_grpo": "grpo"}
 PHASES = ("generation", "verification", "old_logps", "reference", "prm_update", "prm_second_forward",
-          "rollout_other", "policy_update", "step")
+          "rollout_other", "policy_update", "step", "kept_fraction")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -137,7 +139,8 @@ def _worker(opts) -> None:
         kw["generation_kwargs"] = {"min_new_tokens": T}
     extra = {}
     if prime is not None:
-        kw.update(prm_update=prime["prm_update"], filter_lower=0.0, filter_upper=1.0)
+        lower, upper = (float(x) for x in opts.filter.split(","))
+        kw.update(prm_update=prime["prm_update"], filter_lower=lower, filter_upper=upper)
         if prime.get("small_prm"):
             kw["prm_model"] = opts.small_prm_path
     args = cfg_cls(**kw)
@@ -168,7 +171,12 @@ def _worker(opts) -> None:
             ph["policy_update"] = ph["step"] - ph["rollout"]
             inner = sum(ph[k] for k in ("generation", "verification", "old_logps", "reference", "prm_update"))
             ph["rollout_other"] = ph["rollout"] - inner
+            ph["kept_fraction"] = 1.0  # RLOO / GRPO train on every row
             steps.append({"step": state.global_step, **ph})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if steps and logs and "filter/kept_fraction" in logs:
+                steps[-1]["kept_fraction"] = logs["filter/kept_fraction"]
 
     trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds,
                   callbacks=[StepTimer()], **extra)
@@ -218,6 +226,7 @@ def main(argv=None) -> dict:
                    help="else build it: the policy's first N layers (default: a quarter of them)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1 is fastest on a small CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--filter", default="0,1", help="PRIME's online prompt filter 'lower,upper' (0.2,0.8 = the paper)")
     p.add_argument("--quick", action="store_true",
                    help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
                    "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round")
@@ -259,7 +268,7 @@ def main(argv=None) -> dict:
                    "--out", out, "--device", opts.device, "--dataset", opts.dataset, "--batch", str(opts.batch),
                    "--num-generations", str(opts.num_generations), "--max-completion-length",
                    str(opts.max_completion_length), "--warmup", str(opts.warmup), "--steps", str(opts.steps),
-                   "--threads", str(opts.threads), "--seed", str(opts.seed)]
+                   "--threads", str(opts.threads), "--seed", str(opts.seed), "--filter", opts.filter]
             if small:
                 cmd += ["--small-prm-path", small]
             if opts.natural_length:
@@ -282,7 +291,8 @@ def main(argv=None) -> dict:
     print()
     print(f"model {opts.model}  device {opts.device}  batch {opts.batch} (K={opts.num_generations})  "
           f"completion {opts.max_completion_length} tokens{' (natural length)' if opts.natural_length else ''}  "
-          f"{opts.steps} timed steps x {opts.rounds} round(s) after {opts.warmup} warm-up; threads {opts.threads}")
+          f"{opts.steps} timed steps x {opts.rounds} round(s) after {opts.warmup} warm-up; threads {opts.threads}; "
+          f"PRIME filter [{opts.filter}]")
     if small:
         print(f"smaller PRM: {small} ({meta.get('prime_rloo_small', {}).get('prm_params')} parameters, "
               f"policy {meta.get('prime_rloo_small', {}).get('policy_params')})")

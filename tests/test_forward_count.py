@@ -167,6 +167,68 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
     torch.testing.assert_close(seen["prm_logps"][cm], expected[cm], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cls,cfg_cls,loss_type", [(PrimeRLOOTrainer, PrimeRLOOConfig, None),
+                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "dapo"),
+                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "bnpo"),
+                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "grpo")],
+                         ids=["rloo", "grpo-dapo", "grpo-bnpo", "grpo-grpo"])
+def test_policy_loss_skips_filtered_rows_with_the_same_update(tiny_model_path, tmp_path, monkeypatch, cls, cfg_cls,
+                                                              loss_type):
+    """Rows of filtered prompts have loss weight 0: the policy's loss forward and backward run on the kept rows only
+    (4 of 8 here), and the update is the one the whole micro-batch gives (same losses, same weights after 2 steps as
+    with the row dropping turned off). TRL's "grpo" loss divides by the number of rows, so it keeps every row."""
+    import trl_prime._rollout as rollout
+    import trl_prime.prime_trainer as pt
+
+    def run(drop: bool, name: str):
+        if not drop:
+            monkeypatch.setattr(pt, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
+            monkeypatch.setattr(rollout, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
+        extra = {} if loss_type is None else {"loss_type": loss_type}
+        tr = cls(model=tiny_model_path, reward_funcs=_half_kept_reward, train_dataset=tiny_prompt_dataset(16),
+                 args=_config(cfg_cls, tmp_path / name, filter_lower=0.2, filter_upper=0.8, **extra))
+        c = _separate_counter(tr)
+        flat = lambda: torch.cat([p.detach().flatten().clone() for p in unwrap(tr.model).parameters()])  # noqa: E731
+        before = flat()
+        tr.train()
+        monkeypatch.undo()
+        losses = [h["loss"] for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
+        return c, before, flat(), losses
+
+    c_drop, w0, w_drop, l_drop = run(True, "drop")
+    c_full, _, w_full, l_full = run(False, "full")
+    kept_rows = B if loss_type == "grpo" else K
+    for step in (1, 2):
+        assert c_drop.rows(step, "policy", True) == kept_rows and c_drop.calls(step, "policy", True) == 1
+        assert c_full.rows(step, "policy", True) == B
+        assert c_drop.backwards[(step, "policy")] == 1
+    assert len(l_drop) == 2 and l_drop[-1] != 0.0  # (GRPO step 1: ratio 1, group-normalised advantages: loss 0)
+    torch.testing.assert_close(torch.tensor(l_drop), torch.tensor(l_full), rtol=1e-5, atol=1e-7)
+    assert not torch.equal(w0, w_drop)  # the policy trained
+    torch.testing.assert_close(w_drop, w_full, rtol=1e-5, atol=1e-6)
+
+
+def test_drop_zero_weight_rows():
+    """Row-aligned tensors lose their zero-weight rows (order kept); 0-dim tensors and non-tensors pass through; at
+    least one row stays; multimodal batches, batches with (row-aligned) lists and fully weighted ones are returned as
+    they are; the input is not modified."""
+    from trl_prime._rollout import drop_zero_weight_rows
+
+    w = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0]])
+    inputs = {"completion_ids": torch.arange(12).view(4, 3), "advantages": torch.tensor([0.5, -1.0, 2.0, 3.0]),
+              "num_items_in_batch": torch.tensor(3), "note": "x"}
+    out = drop_zero_weight_rows(inputs, w)
+    assert out["completion_ids"].tolist() == [[0, 1, 2], [6, 7, 8]]
+    assert out["advantages"].tolist() == [0.5, 2.0]
+    assert out["num_items_in_batch"].item() == 3 and out["note"] == "x"
+    assert inputs["completion_ids"].shape == (4, 3)  # unchanged
+    dead = drop_zero_weight_rows(inputs, torch.zeros(4, 3))
+    assert dead["completion_ids"].tolist() == [[0, 1, 2]] and dead["advantages"].tolist() == [0.5]
+    assert drop_zero_weight_rows(inputs, torch.ones(4, 3)) is inputs
+    assert drop_zero_weight_rows({**inputs, "pixel_values": torch.zeros(7, 2)}, w)["completion_ids"].shape == (4, 3)
+    assert drop_zero_weight_rows({**inputs, "tags": ["a", "b", "c", "d"]}, w)["completion_ids"].shape == (4, 3)
+
+
 @pytest.mark.parametrize("cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)],
                          ids=["rloo", "grpo"])
 def test_reference_once_per_rollout_batch_with_gradient_accumulation(tiny_model_path, tmp_path, cls, cfg_cls):

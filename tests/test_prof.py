@@ -316,10 +316,18 @@ def test_implicit_prof_inside_prime(tiny_model_path, tmp_path, cls, cfg_cls):
     assert a.prof_keep_count() == 4
 
 
+@pytest.mark.parametrize("row_dropping", [True, False], ids=["rows-dropped", "rows-masked"])
 @pytest.mark.parametrize("which", ["prof-grpo", "prime-rloo"])
-def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_path, which):
+def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_path, monkeypatch, which, row_dropping):
     """On a batch that reached the loss, the policy gradient is unchanged when the dropped rows' advantages and tokens
-    are replaced by anything, and equals the gradient of the kept rows alone; changing a kept row changes it."""
+    are replaced by anything, and equals the gradient of the kept rows alone; changing a kept row changes it. Both
+    with the loss skipping zero-weight rows (the default) and with that turned off (the loss masks alone)."""
+    if not row_dropping:
+        import trl_prime._rollout
+        import trl_prime.prime_trainer
+
+        for mod in (trl_prime._rollout, trl_prime.prime_trainer):
+            monkeypatch.setattr(mod, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
     if which == "prof-grpo":
         tr = _spy(ProfGRPOTrainer)(model=tiny_model_path, reward_funcs=contains_reward("e"),
                                    train_dataset=tiny_prompt_dataset(8),

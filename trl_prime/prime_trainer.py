@@ -39,7 +39,7 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 from trl_prime import functional as F
 from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
 from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_frozen
-from trl_prime._rollout import outcome_rewards
+from trl_prime._rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
 from trl_prime.implicit_prm import (
     ImplicitPRM,
     add_fused_head,
@@ -913,6 +913,10 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
     loss_is_scaled_for_ga = True
 
     def _compute_loss(self, model, inputs):
+        # rows with loss weight 0 (filtered prompts, PROF-dropped or unscorable rows) add nothing to this token-sum
+        # loss: the policy's forward and backward skip them (trl_prime/_rollout.py)
+        if not self.aux_loss_enabled:  # a MoE router loss is a statistic of every attended token: keep the rows
+            inputs = drop_zero_weight_rows(inputs, inputs["prime_loss_mask"], self.accelerator)
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -948,20 +952,20 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
             totals = self.accelerator.reduce(torch.stack([(x * m).sum(), m.sum().float()]), reduction="sum")
             return (totals[0] / totals[1].clamp(min=1.0)).item()
 
-        cmask = completion_mask.to(entropies.dtype)
-        self._metrics[mode]["entropy"].append(global_masked_mean(entropies, cmask))
+        self._metrics[mode]["entropy"].append(global_masked_mean(entropies, mask))  # over the trained tokens, as GRPO
         is_low = ((coef_1 < 1 - self.epsilon_low) & (advantages < 0)).float()
         is_high = ((coef_1 > 1 + self.epsilon_high) & (advantages > 0)).float()
         self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low, mask))
         self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high, mask))
         self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(torch.maximum(is_low, is_high), mask))
-        seq = lambda x: (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # noqa: E731
+        live = mask.sum(-1) > 0  # per-completion clip ratios of the trained rows only (NaN elsewhere)
+        seq = lambda x: torch.where(live, (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0), torch.nan)  # noqa: E731
         self._metrics[mode]["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(seq(is_low))).item())
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(seq(is_high))).item())
         return loss
 
 
-class PrimeGRPOTrainer(PrimeMixin, GRPOTrainer):
+class PrimeGRPOTrainer(PrimeMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PRIME on TRL's ``GRPOTrainer``: the same PRIME machinery (:class:`PrimeMixin`) with the GRPO estimator.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`~trl_prime.PrimeGRPOConfig`), plus, by keyword, ``prm_model``

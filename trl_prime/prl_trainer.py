@@ -29,7 +29,9 @@ from trl.trainer.utils import get_config_model_id
 from trl_prime import functional as F
 from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
 from trl_prime._reference import copy_adapter, load_model_copy, prepare_frozen, reference_logps
-from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
+from trl_prime._rollout import (
+    DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
+)
 from trl_prime.implicit_prm import eval_mode
 
 PRL_STEP_SPLITS = ("length", "newline", "double_newline", "token")
@@ -124,7 +126,7 @@ class PRLConfig(GuardOptions, GRPOConfig):
             )
 
 
-class PRLGRPOTrainer(GuardsMixin, GRPOTrainer):
+class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
 
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,

@@ -39,7 +39,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_prime import functional as F
 from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
 from trl_prime._reference import prepare_frozen
-from trl_prime._rollout import gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages
+from trl_prime._rollout import (
+    DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
+)
 from trl_prime.implicit_prm import CONFIG_NAME as IMPLICIT_PRM_CONFIG_NAME
 from trl_prime.implicit_prm import ImplicitPRM, eval_mode, position_ids_from_mask, unwrap
 
@@ -775,7 +777,7 @@ class ProfFilter:
 # ----------------------------------------------------------------------------------------------------------------
 # PROF on plain GRPO
 # ----------------------------------------------------------------------------------------------------------------
-class ProfGRPOTrainer(GuardsMixin, GRPOTrainer):
+class ProfGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PROF on TRL's ``GRPOTrainer`` (PROF-BOTH / PROF-POS): a step PRM filters each prompt's completions to ``m``.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`ProfGRPOConfig`), plus, by keyword, ``prof_prm``: a
