@@ -6,6 +6,13 @@ length as ``step_overhead.py``). On CPU the measure is the process's peak reside
 minus the RSS the process had after its imports (interpreter, torch, TRL: the same for every configuration); on a GPU
 it is ``torch.cuda.max_memory_allocated``.
 
+On CPU, glibc's malloc raises its mmap threshold after a large block is freed (up to 32 MiB), so the activation
+buffers of one forward + backward, once freed, stay resident in the heap and a later pass with other block sizes adds
+to them: the peak RSS then counts memory that is no longer live. The workers therefore run with
+``MALLOC_MMAP_THRESHOLD_=131072`` and ``MALLOC_TRIM_THRESHOLD_=131072`` (fixed thresholds: large blocks are mapped and
+returned on free), so RSS follows live memory as ``max_memory_allocated`` does on a GPU. ``--default-malloc`` keeps
+glibc's defaults (what a plain CPU run sees); an allocator setting already in the environment is kept.
+
 - ``grpo_lora``: TRL's ``GRPOTrainer`` with a LoRA ``peft_config`` (beta 0: no reference).
 - ``prime_lora``: ``PrimeGRPOTrainer`` with the same ``peft_config``: the PRM is a second adapter ``"prm"`` with its
   own AdamW, the PRM's reference is the base with adapters disabled -- one base model.
@@ -118,6 +125,8 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="embedded default model, 128 tokens, batch 8, 1 step")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="keep glibc's dynamic mmap/trim thresholds in the workers (peak RSS then includes freed heap)")
     p.add_argument("--json", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -143,7 +152,11 @@ def main(argv=None) -> dict:
                str(opts.steps), "--lora-r", str(opts.lora_r), "--threads", str(opts.threads), "--seed", str(opts.seed)]
         if opts.bf16:
             cmd.append("--bf16")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ)
+        if not opts.default_malloc:
+            env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+            env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
             raise SystemExit(f"worker {name} failed (exit {proc.returncode})")
@@ -164,7 +177,8 @@ def main(argv=None) -> dict:
                 ratios[f"{a}/{b} (training increment)"] = inc
     print()
     print(f"model {opts.model}  device {opts.device}  batch {opts.batch}  completion {opts.max_completion_length} "
-          f"tokens  {opts.steps} step(s)  LoRA r={opts.lora_r} all-linear")
+          f"tokens  {opts.steps} step(s)  LoRA r={opts.lora_r} all-linear  malloc "
+          f"{'glibc defaults' if opts.default_malloc else 'fixed mmap/trim thresholds (128 KiB)'}")
     for k, v in ratios.items():
         print(f"memory ratio {k:<42} = {v:.2f}")
     summary = {"options": vars(opts), "machine": _common.machine(), "results": results, "ratios": ratios}
