@@ -10,7 +10,8 @@ that step ``i`` of every configuration samples the same completions; completions
 does the same work. Plain RLOO / GRPO run with ``beta=0`` (no KL, no reference model), as PRIME does. By default the
 online prompt filter is opened to [0, 1], so PRIME trains on every row as RLOO does (the same-work comparison).
 ``--filter 0.2,0.8`` uses the paper's filter instead: PRIME's PRM update and policy update then skip the rows of
-filtered prompts (the paper filters before both updates), and the table adds PRIME's ``kept_fraction`` per step.
+filtered prompts (the paper filters before both updates), and the table adds PRIME's ``kept_fraction`` per step;
+``--skip-filtered-scoring`` also skips their reference and PRM forwards (``prm_score_filtered_rows=False``).
 
 Phases (seconds per step, median over timed steps): ``generation`` (TRL ``_generate``), ``verification``
 (``_calculate_rewards``: the math verifier), ``old_logps`` (TRL's rollout log-prob forward), ``reference`` (the PRM's
@@ -140,7 +141,8 @@ def _worker(opts) -> None:
     extra = {}
     if prime is not None:
         lower, upper = (float(x) for x in opts.filter.split(","))
-        kw.update(prm_update=prime["prm_update"], filter_lower=lower, filter_upper=upper)
+        kw.update(prm_update=prime["prm_update"], filter_lower=lower, filter_upper=upper,
+                  prm_score_filtered_rows=not opts.skip_filtered_scoring)
         if prime.get("small_prm"):
             kw["prm_model"] = opts.small_prm_path
     args = cfg_cls(**kw)
@@ -227,6 +229,8 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1 is fastest on a small CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--filter", default="0,1", help="PRIME's online prompt filter 'lower,upper' (0.2,0.8 = the paper)")
+    p.add_argument("--skip-filtered-scoring", action="store_true",
+                   help="PRIME with prm_score_filtered_rows=False: no reference / PRM forward on filtered rows")
     p.add_argument("--quick", action="store_true",
                    help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
                    "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round")
@@ -269,6 +273,8 @@ def main(argv=None) -> dict:
                    "--num-generations", str(opts.num_generations), "--max-completion-length",
                    str(opts.max_completion_length), "--warmup", str(opts.warmup), "--steps", str(opts.steps),
                    "--threads", str(opts.threads), "--seed", str(opts.seed), "--filter", opts.filter]
+            if opts.skip_filtered_scoring:
+                cmd.append("--skip-filtered-scoring")
             if small:
                 cmd += ["--small-prm-path", small]
             if opts.natural_length:

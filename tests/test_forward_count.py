@@ -167,6 +167,57 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
     torch.testing.assert_close(seen["prm_logps"][cm], expected[cm], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("prm_update", ["single", "double"])
+def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path, tmp_path, prm_update):
+    """prm_score_filtered_rows=False: the filtered rows get neither the reference forward nor the PRM forward; the
+    kept rows' token rewards and advantages, the PRM update and the policy update are those of the default run;
+    callbacks see NaN token rewards / log-probs on the filtered rows and the token-reward metrics cover kept rows."""
+    from transformers import TrainerCallback
+
+    def run(score: bool, name: str):
+        seen = []
+
+        class Capture(TrainerCallback):
+            def on_rollouts_scored(self, args, state, control, **kw):
+                seen.append({k: kw[k].clone() for k in ("kept_mask", "token_rewards", "sequence_rewards", "prm_logps",
+                                                        "ref_logps", "advantages", "loss_mask")})
+
+        tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=_half_kept_reward,
+                              train_dataset=tiny_prompt_dataset(16), callbacks=[Capture()],
+                              args=_config(PrimeRLOOConfig, tmp_path / name, filter_lower=0.2, filter_upper=0.8,
+                                           prm_update=prm_update, prm_score_filtered_rows=score))
+        c = _separate_counter(tr)
+        tr.train()
+        flat = lambda m: torch.cat([p.detach().flatten() for p in unwrap(m).parameters()])  # noqa: E731
+        logs = [h for h in tr.state.log_history if "prm/token_reward_mean" in h]
+        return c, seen, flat(tr.model), flat(tr.prm_model), logs
+
+    c, seen, policy, prm, logs = run(False, "unscored")
+    c0, seen0, policy0, prm0, logs0 = run(True, "scored")
+    kept = torch.tensor([True] * K + [False] * K)
+    for step in (1, 2):
+        assert c.rows(step, "ref", False) == K and c0.rows(step, "ref", False) == B
+        assert c.rows(step, "prm", True) == K and c.prm_backwards[step] == 1
+        assert c.rows(step, "prm", False) == (K if prm_update == "double" else 0)  # "double": kept rows re-scored
+        assert c0.rows(step, "prm", False) == (K + B if prm_update == "double" else K)  # filtered rows (+ re-score)
+    for r, r0 in zip(seen, seen0):
+        assert r["kept_mask"].tolist() == kept.tolist()
+        for key in ("token_rewards", "prm_logps", "ref_logps"):
+            assert torch.isnan(r[key][~kept]).all(), key
+            torch.testing.assert_close(r[key][kept], r0[key][kept], rtol=1e-5, atol=1e-6)
+        assert torch.isnan(r["sequence_rewards"][~kept]).all()
+        torch.testing.assert_close(r["advantages"], r0["advantages"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(r["loss_mask"], r0["loss_mask"])
+    assert seen[1]["token_rewards"][kept].abs().max() > 0  # the PRM moved after step 1
+    torch.testing.assert_close(policy, policy0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(prm, prm0, rtol=1e-5, atol=1e-6)
+    # the token-reward metrics cover the kept (scored) rows only
+    mask = seen[1]["loss_mask"].sum(-1) > 0
+    cm = torch.ones_like(seen[1]["token_rewards"], dtype=torch.bool)
+    kept_tokens = seen[1]["token_rewards"][mask.unsqueeze(1) & cm & ~torch.isnan(seen[1]["token_rewards"])]
+    assert logs[1]["prm/token_reward_max"] == pytest.approx(kept_tokens.max().item(), rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.parametrize("cls,cfg_cls,loss_type", [(PrimeRLOOTrainer, PrimeRLOOConfig, None),
                                                     (PrimeGRPOTrainer, PrimeGRPOConfig, "dapo"),
                                                     (PrimeGRPOTrainer, PrimeGRPOConfig, "bnpo"),

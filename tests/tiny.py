@@ -126,12 +126,6 @@ def contains_reward(char: str = "a"):
     return reward_contains
 
 
-if __name__ == "__main__":  # pragma: no cover - manual helper
-    import sys
-
-    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trl_prime_tiny"))
-
-
 def exit_launched_process(accelerator=None) -> None:
     """End an ``accelerate launch`` test script: wait for every rank, flush, then ``os._exit(0)``.
 
@@ -146,3 +140,9 @@ def exit_launched_process(accelerator=None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover - manual helper
+    import sys
+
+    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trl_prime_tiny"))

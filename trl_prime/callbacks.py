@@ -66,6 +66,8 @@ class PrimeCallback(TrainerCallback):
             sequence_rewards: ``(B,)`` their sums; outcome_rewards: ``(B,)``; kept_mask: ``(B,)`` bool.
             advantages: ``(B, T)`` the advantages fed to the policy loss; loss_mask: ``(B, T)`` its token weights.
             prm_logps, ref_logps: ``(B, T)`` log-probs under the PRM and its reference.
+            (``token_rewards``, ``sequence_rewards``, ``prm_logps`` and ``ref_logps`` are NaN on the rows of filtered
+            prompts when ``prm_score_filtered_rows=False``: those rows are not scored.)
             advantage_inputs: dict, the exact keyword arguments given to
                 :func:`trl_prime.functional.prime_advantages` (global, gathered and padded tensors).
             global_advantages: ``(B_global, T_max)`` its result; process_slice: this process's rows in it.
@@ -129,7 +131,7 @@ class TokenRewardLogger(PrimeCallback):
                     {
                         "id": int(t),
                         "token": tokenizer.decode([int(t)], skip_special_tokens=False),
-                        "reward": float(rewards[i, j]),
+                        "reward": None if torch.isnan(rewards[i, j]) else float(rewards[i, j]),  # NaN: not scored
                         "advantage": float(adv[i, j]),
                     }
                     for j, t in enumerate(ids[i, :n].tolist())
@@ -141,7 +143,7 @@ class TokenRewardLogger(PrimeCallback):
                     "step": int(step),
                     "index": i,
                     "outcome_reward": None if torch.isnan(outcome[i]) else float(outcome[i]),
-                    "sequence_reward": float(seq[i]),
+                    "sequence_reward": None if torch.isnan(seq[i]) else float(seq[i]),
                     "kept": bool(kept[i]),
                     "completion": completion,
                     "tokens": tokens,

@@ -589,6 +589,10 @@ class PrimeMixin(GuardsMixin):
             kept_fraction=kept_fraction, num_generations=K, mode=mode,
         )
         kept_l = kept[local]
+        # rows whose reference / PRM log-probs are computed (prm_score_filtered_rows=False: the kept ones only)
+        skip_filtered = (mode == "train" and not a.prm_score_filtered_rows and a.prm_loss == "ce"
+                         and self._prime_engine is None and not self.is_deepspeed_enabled)
+        unscored_l = ~kept_l if skip_filtered else torch.zeros_like(kept_l)
 
         # 3. reference log-probs (local)
         policy_logps = cap.get("policy_logps")
@@ -601,6 +605,13 @@ class PrimeMixin(GuardsMixin):
             ref_logps = policy_logps
         elif self._prime_shares_trl_ref and cap.get("trl_ref_logps") is not None:
             ref_logps = cap["trl_ref_logps"]
+        elif bool(unscored_l.any()):
+            rows = (~unscored_l).nonzero(as_tuple=True)[0]
+            ref_logps = torch.zeros((B, T), dtype=torch.float32, device=device)
+            if rows.numel():
+                sub = self.implicit_prm.ref_logps(input_ids[rows], attention_mask[rows], T)
+                ref_logps = ref_logps.to(sub.dtype)
+                ref_logps[rows] = sub
         else:
             ref_logps = self.implicit_prm.ref_logps(input_ids, attention_mask, T)
 
@@ -611,7 +622,8 @@ class PrimeMixin(GuardsMixin):
         labels_l = outcome[local].clone()
         labels_l[~kept_l | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
         if mode == "train":
-            prm_logps, prm_stats = self._prime_prm_update(input_ids, attention_mask, completion_mask, labels_l, ref_logps)
+            prm_logps, prm_stats = self._prime_prm_update(input_ids, attention_mask, completion_mask, labels_l, ref_logps,
+                                                          unscored=unscored_l)
         else:
             prm_logps = self.implicit_prm.prm_logps(input_ids, attention_mask, T)
             prm_stats = {"loss": float("nan")}
@@ -673,7 +685,8 @@ class PrimeMixin(GuardsMixin):
             abs_acc = F.prm_abs_accuracy(sequence_rewards=seq_rewards[kept_idx], outcome_rewards=outcome[kept_idx])
         else:
             pair_acc = abs_acc = float("nan")
-        tok = rewards_g[mask_g.bool()]
+        scored_g = kept if skip_filtered else torch.ones_like(kept)  # rows with computed token rewards
+        tok = rewards_g[mask_g.bool() & scored_g.unsqueeze(1)]
         m["prm/loss"].append(prm_stats["loss"])
         m["prm/pair_accuracy"].append(pair_acc)
         m["prm/abs_accuracy"].append(abs_acc)
@@ -685,6 +698,11 @@ class PrimeMixin(GuardsMixin):
         if "grad_norm" in prm_stats:
             m["prm/grad_norm"].append(prm_stats["grad_norm"])
             m["prm/learning_rate"].append(prm_stats["learning_rate"])
+        seq_l = seq_rewards[local]
+        if bool(unscored_l.any()):  # callbacks see NaN for rows that were not scored (prm_score_filtered_rows=False)
+            nan_rows = lambda x: x.masked_fill(unscored_l.view(-1, *([1] * (x.dim() - 1))), torch.nan)  # noqa: E731
+            token_rewards, prm_logps, ref_logps, seq_l = (nan_rows(x) for x in (token_rewards, prm_logps, ref_logps,
+                                                                                seq_l))
         self._prime_dispatch(
             "on_rollouts_scored",
             mode=mode,
@@ -694,7 +712,7 @@ class PrimeMixin(GuardsMixin):
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             token_rewards=token_rewards,
-            sequence_rewards=seq_rewards[local],
+            sequence_rewards=seq_l,
             outcome_rewards=outcome[local],
             kept_mask=kept_l,
             advantages=advantages,
@@ -807,23 +825,35 @@ class PrimeMixin(GuardsMixin):
         )
         return loss.to(prm_logps.dtype), {"group_ids": group_ids, "global_labels": labels_g}
 
-    def _prime_prm_update(self, input_ids, attention_mask, completion_mask, labels, ref_logps):
+    def _prime_prm_update(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored=None):
         """One PRM update on the kept rows (``labels`` NaN elsewhere). Returns ``(prm_logps (B,T), stats)``.
 
         ``prm_logps`` are detached: from the update's own forward (``single``) or a forward after the step
-        (``double``). Each rank's loss is its share of the global mean (rows scaled by the global row count), so
-        summing gradients over ranks gives the gradient of the global mean loss.
+        (``double``); rows flagged in ``unscored`` ``(B,)`` bool (filtered rows with ``prm_score_filtered_rows=False``)
+        get no forward and log-probs 0. Each rank's loss is its share of the global mean (rows scaled by the global
+        row count), so summing gradients over ranks gives the gradient of the global mean loss.
         """
         a = self.args
         B, T = completion_mask.shape
         prm = self.implicit_prm
         valid = ~torch.isnan(labels)
+        unscored = torch.zeros_like(valid) if unscored is None else unscored
+
+        def scored_logps():  # no-grad PRM log-probs of the scored rows (0 for the unscored ones)
+            if not bool(unscored.any()):
+                return prm.prm_logps(input_ids, attention_mask, T)
+            out = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+            rows = (~unscored).nonzero(as_tuple=True)[0]
+            if rows.numel():
+                out[rows] = prm.prm_logps(input_ids[rows], attention_mask[rows], T).float()
+            return out
+
         counts = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum")
         n_global = counts.item()
         if n_global == 0:  # every group filtered out: no update anywhere (same decision on every rank)
-            return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
+            return scored_logps(), {"loss": float("nan")}
         if self.guard_poisoned:  # non-finite rewards / log-probs in this batch (global decision): no PRM step
-            return prm.prm_logps(input_ids, attention_mask, T), {"loss": float("nan")}
+            return scored_logps(), {"loss": float("nan")}
         mb = prm.micro_batch_size
         pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
         logps, loss_sum = [], torch.zeros((), device=labels.device)
@@ -834,7 +864,7 @@ class PrimeMixin(GuardsMixin):
                 # the same values. Under DeepSpeed every rank must run the same number of backward passes: all rows.
                 if self._prime_engine is None:
                     grad_rows = valid.nonzero(as_tuple=True)[0]
-                    free_rows = (~valid).nonzero(as_tuple=True)[0]
+                    free_rows = (~valid & ~unscored).nonzero(as_tuple=True)[0]
                 else:
                     grad_rows = torch.arange(B, device=valid.device)
                     free_rows = grad_rows[:0]
@@ -872,7 +902,7 @@ class PrimeMixin(GuardsMixin):
         self._prime_num_updates += 1
         lr = self.prm_lr_scheduler.get_last_lr()[0] if self.prm_lr_scheduler is not None else a.prm_learning_rate
         if a.prm_update == "double":
-            prm_logps = prm.prm_logps(input_ids, attention_mask, T)
+            prm_logps = scored_logps()
         stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr}
         self._prime_dispatch(
             "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,
