@@ -112,19 +112,20 @@ def _worker(opts) -> None:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=_common.DEFAULT_MODEL)
-    p.add_argument("--dataset", default="embedded:arithmetic")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--bf16", action="store_true")
-    p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--num-generations", type=int, default=4)
-    p.add_argument("--max-completion-length", type=int, default=128)
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default=_common.DEFAULT_MODEL, help="'tiny', embedded:<key>, a folder or a Hub id")
+    p.add_argument("--dataset", default="embedded:arithmetic", help="prompt set (trl_prime.data.load_prompt_dataset)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU: torch.cuda.max_memory_allocated)")
+    p.add_argument("--bf16", action="store_true", help="bf16 on GPU")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
+    p.add_argument("--batch", type=int, default=8, help="completions per step (per_device_train_batch_size)")
+    p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (K)")
+    p.add_argument("--max-completion-length", type=int, default=128, help="tokens; completions are forced to it")
+    p.add_argument("--steps", type=int, default=2, help="training steps per configuration")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank of the *_lora configurations (all linear layers)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="embedded default model, 128 tokens, batch 8, 1 step")
+    p.add_argument("--quick", action="store_true",
+                   help="embedded default model, 128 tokens, batch 8, 1 step (overrides those options)")
     p.add_argument("--default-malloc", action="store_true",
                    help="keep glibc's dynamic mmap/trim thresholds in the workers (peak RSS then includes freed heap)")
     p.add_argument("--json", default=None)
@@ -139,8 +140,12 @@ def main(argv=None) -> dict:
         opts.model, opts.max_completion_length, opts.batch, opts.steps = _common.DEFAULT_MODEL, 128, 8, 1
     configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     bad = set(configs) - set(CONFIGS)
-    if bad:
-        p.error(f"unknown configs {sorted(bad)}; known: {list(CONFIGS)}")
+    if bad or not configs:
+        p.error(f"unknown configs {sorted(bad)}; known: {list(CONFIGS)}" if bad else
+                f"--configs is empty; choose from {list(CONFIGS)}")
+    for name in ("steps", "batch", "num_generations", "max_completion_length", "lora_r", "threads"):
+        if getattr(opts, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     work = tempfile.mkdtemp(prefix="bench_mem_")
     model_path = _common.resolve_model(opts.model, work)
     results = {}

@@ -16,7 +16,8 @@ filtered prompts (the paper filters before both updates), and the table adds PRI
 Phases (seconds per step, median over timed steps): ``generation`` (TRL ``_generate``), ``verification``
 (``_calculate_rewards``: the math verifier), ``old_logps`` (TRL's rollout log-prob forward), ``reference`` (the PRM's
 reference forward), ``prm_update`` (PRM forward + backward + optimizer step; with ``"double"`` also the second
-forward, shown again as ``prm_second_forward``), ``rollout_other`` (the rest of TRL's rollout step: advantages,
+forward, shown again as ``prm_second_forward``, which also counts a no-grad PRM forward of every scored row when the
+filter kept no prompt at all), ``rollout_other`` (the rest of TRL's rollout step: advantages,
 gathering, logging), ``policy_update`` (the policy's loss forward, backward and optimizer step: step time minus the
 rollout step), ``step`` (the whole optimizer step).
 
@@ -233,7 +234,7 @@ def main(argv=None) -> dict:
                    help="PRIME with prm_score_filtered_rows=False: no reference / PRM forward on filtered rows")
     p.add_argument("--quick", action="store_true",
                    help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
-                   "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round")
+                   "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round (overrides those options)")
     p.add_argument("--json", default=None, help="write every measurement to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -249,8 +250,30 @@ def main(argv=None) -> dict:
         opts.configs = "rloo,prime_rloo,prime_rloo_small"
     configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     unknown = set(configs) - set(CONFIGS)
-    if unknown:
-        p.error(f"unknown configs {sorted(unknown)}; known: {list(CONFIGS)}")
+    if unknown or not configs:
+        p.error(f"unknown configs {sorted(unknown)}; known: {list(CONFIGS)}" if unknown else
+                f"--configs is empty; choose from {list(CONFIGS)}")
+    for name in ("steps", "rounds", "batch", "num_generations", "max_completion_length", "threads"):
+        if getattr(opts, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if opts.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {opts.warmup}")
+    try:
+        lower, upper = (float(x) for x in opts.filter.split(","))
+    except ValueError:
+        p.error(f"--filter takes 'lower,upper', two numbers in [0, 1] (e.g. 0.2,0.8), got {opts.filter!r}")
+    if not 0.0 <= lower <= upper <= 1.0:
+        p.error(f"--filter needs 0 <= lower <= upper <= 1, got {opts.filter!r}")
+    has_prime = any(c.startswith("prime") for c in configs)
+    if ((lower, upper) != (0.0, 1.0) or opts.skip_filtered_scoring) and not has_prime:
+        p.error("--filter / --skip-filtered-scoring apply to the PRIME configurations only; none is selected")
+    if opts.skip_filtered_scoring and (lower, upper) == (0.0, 1.0):
+        print("note: --skip-filtered-scoring has no effect with the filter open (--filter 0,1 keeps every prompt)")
+    if opts.warmup == 0:
+        print("note: --warmup 0 times the first step too (math worker pool start-up, lazy initialisation)")
+    if opts.model == "tiny" and (lower, upper) != (0.0, 1.0):
+        print("note: the tiny model's random completions are almost never correct, so the filter will drop nearly "
+              "every prompt (kept_fraction ~0); use the embedded model for filtered runs")
     work = tempfile.mkdtemp(prefix="bench_step_")
     model_path = _common.resolve_model(opts.model, work)
     small = opts.prm_model

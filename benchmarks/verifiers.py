@@ -94,7 +94,8 @@ def bench_math(n: int, batch: int, timeout: float) -> dict:
     first = verify_math(comps[:batch], golds[:batch], timeout=timeout)  # includes starting the pool
     cold = time.perf_counter() - t0
     comps, golds = comps[batch:], golds[batch:]
-    reasons: Counter = Counter(r.reason for r in first)
+    del first  # the cold batch only starts the pool: its answers are not in the rate nor in the reason counts
+    reasons: Counter = Counter()
     per_batch = []
     shutdown_math_workers()  # reap the pool: its CPU time is then counted in os.times() children
     c0 = _cpu_seconds()
@@ -142,11 +143,18 @@ def main(argv=None) -> dict:
     p.add_argument("--math-timeout", type=float, default=5.0)
     p.add_argument("--code-programs", type=int, default=64)
     p.add_argument("--code-timeout", type=float, default=5.0, help="wall-clock seconds per test case")
-    p.add_argument("--quick", action="store_true", help="256 answers, 24 programs")
+    p.add_argument("--quick", action="store_true", help="256 answers, 24 programs (overrides --math-answers and "
+                   "--code-programs)")
     p.add_argument("--json", default=None)
     opts = p.parse_args(argv)
     if opts.quick:
         opts.math_answers, opts.code_programs = 256, 24
+    for name in ("math_answers", "math_batch", "code_programs"):
+        if getattr(opts, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    for name in ("math_timeout", "code_timeout"):
+        if not getattr(opts, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(opts, name)}")
     out = {"machine": _common.machine(), "options": vars(opts)}
     m = bench_math(opts.math_answers, opts.math_batch, opts.math_timeout)
     out["math"] = m

@@ -172,7 +172,11 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
     """prm_score_filtered_rows=False: the filtered rows get neither the reference forward nor the PRM forward; the
     kept rows' token rewards and advantages, the PRM update and the policy update are those of the default run;
     callbacks see NaN token rewards / log-probs on the filtered rows and the token-reward metrics cover kept rows."""
+    import json
+
     from transformers import TrainerCallback
+
+    from trl_prime.callbacks import TokenRewardLogger
 
     def run(score: bool, name: str):
         seen = []
@@ -182,8 +186,9 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
                 seen.append({k: kw[k].clone() for k in ("kept_mask", "token_rewards", "sequence_rewards", "prm_logps",
                                                         "ref_logps", "advantages", "loss_mask")})
 
+        logger = TokenRewardLogger(every_n_steps=1, num_completions=B, output_dir=str(tmp_path / name))
         tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=_half_kept_reward,
-                              train_dataset=tiny_prompt_dataset(16), callbacks=[Capture()],
+                              train_dataset=tiny_prompt_dataset(16), callbacks=[Capture(), logger],
                               args=_config(PrimeRLOOConfig, tmp_path / name, filter_lower=0.2, filter_upper=0.8,
                                            prm_update=prm_update, prm_score_filtered_rows=score))
         c = _separate_counter(tr)
@@ -216,6 +221,16 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
     cm = torch.ones_like(seen[1]["token_rewards"], dtype=torch.bool)
     kept_tokens = seen[1]["token_rewards"][mask.unsqueeze(1) & cm & ~torch.isnan(seen[1]["token_rewards"])]
     assert logs[1]["prm/token_reward_max"] == pytest.approx(kept_tokens.max().item(), rel=1e-4, abs=1e-6)
+    # TokenRewardLogger writes strict JSON: null rewards on the unscored (filtered) rows, numbers on the kept ones
+    def strict(x):
+        raise ValueError(f"non-strict JSON constant {x}")
+
+    lines = [json.loads(x, parse_constant=strict) for x in open(tmp_path / "unscored" / "token_rewards.jsonl")]
+    assert len(lines) == 2 * B
+    for rec in lines:
+        is_kept = rec["index"] < K
+        assert rec["kept"] is is_kept and (rec["sequence_reward"] is None) is (not is_kept)
+        assert all((t["reward"] is None) is (not is_kept) for t in rec["tokens"]) and rec["tokens"]
 
 
 @pytest.mark.parametrize("cls,cfg_cls,loss_type", [(PrimeRLOOTrainer, PrimeRLOOConfig, None),

@@ -80,8 +80,10 @@ class TokenRewardLogger(PrimeCallback):
     """Write per-token implicit rewards of a few completions every ``every_n_steps`` steps, as JSONL.
 
     One JSON object per completion and line: ``{"step", "index", "outcome_reward", "sequence_reward", "kept",
-    "completion", "tokens": [{"id": int, "token": text, "reward": float, "advantage": float}, ...]}``. Only the main process
-    writes (its own rows). Steps 1, 1 + N, 1 + 2N, ... are logged.
+    "completion", "tokens": [{"id": int, "token": text, "reward": float, "advantage": float}, ...]}``. ``kept`` is the
+    online prompt filter's decision (PROF's row selection shows as advantages 0); ``reward`` and ``sequence_reward``
+    are ``null`` for rows that were not scored (filtered prompts with ``prm_score_filtered_rows=False``), so every
+    line is strict JSON. Only the main process writes (its own rows). Steps 1, 1 + N, 1 + 2N, ... are logged.
 
     Args:
         every_n_steps: interval in optimizer steps (>= 1).

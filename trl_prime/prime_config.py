@@ -105,7 +105,8 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
             "help": "Compute reference and PRM log-probs (token rewards) for the rows of prompts the online filter "
             "removed, for the logs and callbacks only (one no-grad PRM forward and the reference forward). False "
             "skips both for those rows, as the paper filters before the PRM: cheaper when many prompts are filtered; "
-            "their token rewards are then NaN in callbacks and left out of the prm/token_reward_* metrics. Applies "
+            "their token rewards are then NaN in callbacks (null in TokenRewardLogger's JSONL) and left out of the "
+            "prm/token_reward_* metrics. Applies "
             "in training with prm_loss='ce' without DeepSpeed (elsewhere every row is scored)."
         },
     )
