@@ -81,6 +81,21 @@ class _PositionIdsFromMask:
         return getattr(self._model, name)
 
 
+def _logps_of_rows(logps_fn, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, *,
+                   skip: torch.Tensor) -> torch.Tensor:
+    """``logps_fn(input_ids, attention_mask, T)`` (``(B, T)`` no-grad log-probs) run on the rows not flagged in
+    ``skip`` ``(B,)`` bool only; skipped rows get no forward and log-probs 0."""
+    if not bool(skip.any()):
+        return logps_fn(input_ids, attention_mask, T)
+    rows = (~skip).nonzero(as_tuple=True)[0]
+    out = torch.zeros((input_ids.size(0), T), dtype=torch.float32, device=input_ids.device)
+    if rows.numel():
+        sub = logps_fn(input_ids[rows], attention_mask[rows], T)
+        out = out.to(sub.dtype)
+        out[rows] = sub
+    return out
+
+
 def _drop_auto(cfg: Any) -> Any:
     """A DeepSpeed config without the unresolved ``"auto"`` values (DeepSpeed rejects them)."""
     if isinstance(cfg, dict):
@@ -605,15 +620,8 @@ class PrimeMixin(GuardsMixin):
             ref_logps = policy_logps
         elif self._prime_shares_trl_ref and cap.get("trl_ref_logps") is not None:
             ref_logps = cap["trl_ref_logps"]
-        elif bool(unscored_l.any()):
-            rows = (~unscored_l).nonzero(as_tuple=True)[0]
-            ref_logps = torch.zeros((B, T), dtype=torch.float32, device=device)
-            if rows.numel():
-                sub = self.implicit_prm.ref_logps(input_ids[rows], attention_mask[rows], T)
-                ref_logps = ref_logps.to(sub.dtype)
-                ref_logps[rows] = sub
         else:
-            ref_logps = self.implicit_prm.ref_logps(input_ids, attention_mask, T)
+            ref_logps = _logps_of_rows(self.implicit_prm.ref_logps, input_ids, attention_mask, T, skip=unscored_l)
 
         self._guard_inspect(mode, local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
                             masks={"ref_logps": completion_mask, "policy_logps": completion_mask})
@@ -838,15 +846,7 @@ class PrimeMixin(GuardsMixin):
         prm = self.implicit_prm
         valid = ~torch.isnan(labels)
         unscored = torch.zeros_like(valid) if unscored is None else unscored
-
-        def scored_logps():  # no-grad PRM log-probs of the scored rows (0 for the unscored ones)
-            if not bool(unscored.any()):
-                return prm.prm_logps(input_ids, attention_mask, T)
-            out = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
-            rows = (~unscored).nonzero(as_tuple=True)[0]
-            if rows.numel():
-                out[rows] = prm.prm_logps(input_ids[rows], attention_mask[rows], T).float()
-            return out
+        scored_logps = lambda: _logps_of_rows(prm.prm_logps, input_ids, attention_mask, T, skip=unscored)  # noqa: E731
 
         counts = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum")
         n_global = counts.item()
