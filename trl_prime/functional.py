@@ -953,7 +953,11 @@ def step_end_mask(
       :func:`split_steps`: a step end is placed only after a step holding non-whitespace text, so a run of
       delimiters (``"\\n\\n\\n\\n"``, or delimiters separated by whitespace only) collapses into one step end,
       at the run's last delimiter; delimiters before the first non-whitespace text end no step, and a
-      delimiter followed by whitespace only ends no step of its own (the last valid token ends it).
+      delimiter followed by whitespace only ends no step of its own (the last valid token ends it). Special
+      tokens (``tokenizer.all_special_ids``: BOS, EOS, chat markers) count as empty text, so ``"b\\n\\n"`` +
+      EOS is one step ending at EOS, not a step ``"b\\n\\n"`` and an EOS-only step. No step is empty or
+      whitespace-only (except the single step of a row without any other text). This is the one step
+      splitter of trl-prime: best-of-N scoring (:meth:`~trl_prime.ImplicitPRM.score`), PRL and PROF use it.
     * ``"length"``: every ``step_len`` tokens (positions with ``(t+1) % step_len == 0``).
     * ``"token"``: every valid token.
 
@@ -1008,7 +1012,9 @@ def step_end_mask(
             pieces = tokenizer.batch_decode([[i] for i in uniq])
         else:
             pieces = [tokenizer.decode([i]) for i in uniq]
-        piece_of = dict(zip(uniq, pieces))
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        # special tokens (BOS, EOS, pad, chat markers) hold no step text: "b\n\n<EOS>" ends "b"'s step at EOS
+        piece_of = {i: ("" if i in special else p) for i, p in zip(uniq, pieces)}
     else:
         piece_of = {}
     extra = torch.zeros(B, T, dtype=torch.bool)

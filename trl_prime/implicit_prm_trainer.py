@@ -1009,7 +1009,7 @@ def score_candidates(
         prompt: one prompt (string or messages).
         completions: its ``N`` candidates (strings or ``[{"role": "assistant", "content": ...}]``).
         aggregations / with_reference: the variants to return.
-        delimiter / step_len: step boundaries (see :func:`~trl_prime.implicit_prm.delimiter_step_ends`).
+        delimiter / step_len: step boundaries (see :meth:`ImplicitPRM.step_rewards`).
         batch_size: completions per forward.
         same_weights: ``pi_phi`` and ``pi_ref`` are known to hold the same weights (an untrained PRM): the reference
             forward is skipped and its log-probs are the PRM's (every reward exactly 0).
@@ -1022,7 +1022,7 @@ def score_candidates(
         ``{"<aggregation>" (with reference) or "<aggregation>/noref": [N floats]}``; with ``return_logps``
         ``(scores, prm_logps, ref_logps)``.
     """
-    from trl_prime.implicit_prm import delimiter_step_ends, peft_adapter
+    from trl_prime.implicit_prm import _bon_step_ends, peft_adapter
 
     tok = prm.tokenizer
     rows = [tokenize_prompt_completion(prompt, c, tok) for c in completions]
@@ -1052,7 +1052,7 @@ def score_candidates(
     for i, c in enumerate(c_ids):
         mask[i, : len(c)] = 1
         cid[i, : len(c)] = torch.tensor(c)
-    ends = delimiter_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
+    ends = _bon_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
     out: dict[str, list[float]] = {}
     for wr in with_reference:
         r = F.implicit_token_rewards(
