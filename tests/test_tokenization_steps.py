@@ -70,7 +70,8 @@ def bos_model_path(tmp_path_factory):
 
 def _trl_kwargs(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True, save_strategy="no",
+        output_dir=str(tmp_path), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
+        disable_tqdm=True, save_strategy="no",
         per_device_train_batch_size=4, num_generations=2, max_completion_length=4, max_steps=1, seed=0, beta=0.0,
     )
     kw.update(overrides)
@@ -79,7 +80,7 @@ def _trl_kwargs(tmp_path, **overrides):
 
 @pytest.fixture(scope="module")
 def trl_trainers(bos_model_path, tmp_path_factory):
-    """TRL's own trainers (not trl-prime's), built on the BOS tokenizer: ``{"grpo": GRPOTrainer, "rloo": RLOOTrainer}``."""
+    """TRL's own trainers (not trl-prime's) on the BOS tokenizer: ``{"grpo": GRPOTrainer, "rloo": RLOOTrainer}``."""
     from tiny import contains_reward, tiny_prompt_dataset
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
@@ -96,7 +97,8 @@ def trl_trainers(bos_model_path, tmp_path_factory):
 def test_bos_tokenizer_adds_bos_once():
     tok = build_bos_tokenizer()
     bos = tok.bos_token_id
-    assert tok("Let x be 4.")["input_ids"][0] == bos and tok("Let x be 4.", add_special_tokens=False)["input_ids"][0] != bos
+    assert tok("Let x be 4.")["input_ids"][0] == bos
+    assert tok("Let x be 4.", add_special_tokens=False)["input_ids"][0] != bos
     conv = tok.apply_chat_template(CONVERSATIONAL[0], add_generation_prompt=True, tokenize=True, return_dict=True)
     assert conv["input_ids"][0] == bos and conv["input_ids"].count(bos) == 1
 
