@@ -1094,7 +1094,8 @@ def _freeze_sandbox(comm: str, stopped: list, resume_after: float | None = None)
                 continue
             sid = int(st[3])  # the sandbox's session = the bootstrap's pid
             os.killpg(sid, signal.SIGSTOP)
-            members = [int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(int(p)) or "xxxx")[3] == str(sid)]
+            members = [int(p) for p in os.listdir("/proc")
+                       if p.isdigit() and (_stat(int(p)) or [""] * 4)[3] == str(sid)]
             for pid in members:
                 os.kill(pid, signal.SIGSTOP)
             stopped.extend(members)
@@ -1164,7 +1165,8 @@ def test_program_stopping_itself_or_its_harness_is_still_its_timeout():
     the sandbox's init, which the program cannot stop (a pid namespace's init ignores SIGSTOP from inside)."""
     progs = ["import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass",
              "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
-             "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass"]
+             "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+             "while True:\n    pass"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         rs = verify_code(progs, [NEVER] * 3, timeout=1.0, total_timeout=1.5, disable=("landlock_signal",))

@@ -51,6 +51,13 @@ trip (tuples are lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS
 ``[x]`` also accepts ``x``.
 
 Reward = passed / total test cases. See :data:`REASONS` for the reason of each result.
+
+Infrastructure failures are ``None`` (reason ``sandbox_error``, logged as ``code/sandbox_error`` and so
+counted in the trainers' ``verifier/failure_rate``), never a 0: a sandbox that could not run, one stopped
+or frozen from outside while a time limit ran (``timeout`` is the program's only when the sandbox's
+harness saw the limit run out while it was itself running; see :mod:`trl_prime.rewards.sandbox`), and a
+backend call past its outer deadline (every call has one: ``verify_code(deadline=...)``, default
+:func:`default_deadline`).
 """
 
 from __future__ import annotations
@@ -677,8 +684,9 @@ def code_reward(completions: Sequence[Any], tests: Sequence[Any], **kwargs: Any)
         ValueError: ``len(completions) != len(tests)``.
 
     Default limits: :class:`~trl_prime.rewards.sandbox.SandboxConfig` (4 s per case, 30 s per program,
-    1 GiB address space, 256 KiB output or twice the expected output); use :func:`make_code_reward` to
-    change them.
+    1 GiB address space, 256 KiB output or twice the expected output) and the outer deadline
+    :func:`default_deadline` (48 s for one test case, 74 s for 8 or more); use :func:`make_code_reward`
+    to change them.
     """
     results = verify_code(completions, tests)
     _report(code_reward, results, kwargs.get("log_metric"))

@@ -47,6 +47,32 @@ are out of its reach (the judge is not dumpable, ptrace/process_vm/pidfd_getfd a
 scopes signals), so exiting early, printing success text, patching builtins or reading
 ``/proc/self/fd`` cannot produce a pass.
 
+Time limits: the program's fault or the sandbox's
+-------------------------------------------------
+The harness enforces every limit itself (wall clock per case and in total, ``RLIMIT_CPU``) and reports
+each case. A limit is the program's (``timeout``) only when the harness saw it run out while the harness
+itself was running. Two checks tell it from an infrastructure failure (``SandboxRun.ok`` False, reason
+``sandbox_error`` in :mod:`trl_prime.rewards.code_verifier`), neither of which the program controls:
+
+- *suspension*: the harness waits for a case in wake-ups of at most ``_TICK`` (0.25 s); a wake-up more
+  than ``_STALL_GAP`` (1 s) late means the harness was not running (its processes stopped by SIGSTOP or a
+  cgroup freezer, a paused container, a stalled machine). A wall-clock limit that ran out in a window
+  holding such a stall (the case's own window, or the whole run for the total limit) is a
+  ``sandbox_error``, whatever the program did. A program that burned its CPU limit is still ``timeout``.
+- *silence*: a harness that stays stopped cannot report at all; the parent waits ``startup_grace +
+  total_timeout + timeout`` seconds (beyond every limit the harness enforces), then reports the run as
+  an infrastructure failure naming the states of the sandbox's processes (e.g. ``stopped x4``) instead
+  of scoring the unreported cases.
+
+A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
+not of the harness (its limit still runs out while the harness watches); stopping the harness is refused
+by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's init, which resumes a
+stopped harness and which, as pid 1 of the pid namespace, ignores SIGSTOP sent from inside. Only with
+neither ``pidns`` nor ``landlock_signal`` could a program stop init and harness and so turn its 0 into an
+unscored ``None``. Stopping only the case process from outside is indistinguishable from a self-stop and
+stays the program's ``timeout``. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code`
+gives every completion an outer deadline, for a backend that hangs in ways no limit here catches.
+
 Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`)
 -------------------------------------------------------------------------------------------
 ``process_group``   the sandbox runs in its own session/process group; the parent kills the group.
@@ -1631,9 +1657,12 @@ def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None
                 prev, asked = now, step
                 if poller.poll(int(step * 1000) + 1):
                     break
-                if guard is not None and guard():
-                    guard_hit = True
-                    break
+                if guard is not None:
+                    g0 = time.monotonic()
+                    if guard():
+                        guard_hit = True
+                        break
+                    prev += time.monotonic() - g0  # the quota scan's own time is no stall
         finally:
             os.close(pfd)
     else:
@@ -2446,7 +2475,8 @@ class SandboxConfig:
             ``landlock_net``, ``landlock_signal``, ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``,
             ``seccomp``), for debugging and fallback tests.
         startup_grace: extra seconds the parent waits (beyond the time limits) before it kills a
-            sandbox that does not answer.
+            sandbox that does not answer; such a run is an infrastructure failure (``ok=False``), never
+            the program's timeout.
     """
 
     timeout: float = 4.0
@@ -2529,7 +2559,9 @@ class CaseOutcome:
 class SandboxRun:
     """Result of :func:`run_program`.
 
-    ``ok`` is False on an infrastructure failure (``error`` says why; no verdict may be drawn).
+    ``ok`` is False on an infrastructure failure (``error`` says why; no verdict may be drawn): the
+    sandbox could not start, a required layer is missing, the harness failed, it was suspended while a
+    wall-clock limit ran, or it stopped answering (see "Time limits" in the module docstring).
     ``compile_error`` is set when the program does not compile (no case ran); ``check_error`` when the
     check (or prompt) source does not. ``cases`` has one :class:`CaseOutcome` per test case otherwise.
     ``process_limit_hit`` is True when the pids cgroup refused a fork; ``memory_limit_hit`` when the
@@ -2894,7 +2926,8 @@ def run_program(
 
     Returns:
         :class:`SandboxRun`. Never raises for anything the program does; ``ok=False`` marks an
-        infrastructure failure (interpreter missing, sandbox set-up failed, a required layer missing).
+        infrastructure failure (interpreter missing, sandbox set-up failed, a required layer missing,
+        the sandbox suspended while a wall-clock limit ran or silent past its limits).
 
     Raises:
         ValueError: bad arguments (unknown mode, missing ``fn_name``/``check``/``entry_point``, a stdin
