@@ -16,11 +16,13 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 import pytest
 
+from trl_prime.rewards import code_verifier as cv
 from trl_prime.rewards.code_verifier import (
     REASONS,
     CodeResult,
@@ -1018,3 +1020,154 @@ def test_new_layers_are_reported():
     check = {"check": "def check(c):\n    assert c() == 1", "entry_point": "f"}
     r = verify_code(["def f():\n    return 1"], [check])[0]
     assert (r.reward, r.reason) == (1.0, "passed") and "judge_process" in r.layers
+
+
+# ------------------------------------------------------------------ infrastructure failures vs. the program's timeout
+
+
+def test_hanging_backend_hits_the_outer_deadline(monkeypatch):
+    """A backend that never returns: every completion is scored None / sandbox_error within its outer deadline,
+    a hung call does not hold back the others, and the failure reaches the infrastructure-failure metric."""
+    release = threading.Event()
+    calls = []
+
+    def hang(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        release.wait()  # hangs until the test ends
+        return sbx.SandboxRun(ok=False, error="released")
+
+    monkeypatch.setattr(cv, "run_program", hang)
+    try:
+        t0 = time.monotonic()
+        rs = verify_code(["print(1)"] * 3, [_stdin(("", "1"))] * 3, deadline=1.0, max_workers=2)
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 3
+        assert all("outer deadline of 1 s" in r.detail for r in rs), rs
+        assert calls == ["stdin"] * 3  # the third completion ran in a fresh thread, not behind a hung one
+        assert time.monotonic() - t0 < 30  # about 2 s: two rounds of the 1 s deadline
+
+        # without `deadline=` every call still has one: cv.default_deadline(config, cases)
+        assert cv.default_deadline(SandboxConfig(), 1) == 10 + 4 + 4 + 30
+        assert cv.default_deadline(SandboxConfig(), 5) == 10 + 20 + 4 + 30
+        assert cv.default_deadline(SandboxConfig(), 100) == 10 + 30 + 4 + 30
+        monkeypatch.setattr(cv, "DEADLINE_SLACK", 0.5)
+        tiny = SandboxConfig(timeout=0.2, total_timeout=0.3, startup_grace=0.1)
+        assert cv.default_deadline(tiny, 2) == pytest.approx(0.1 + 0.3 + 0.2 + 0.5)
+        t0 = time.monotonic()
+        r = verify_code(["print(1)"], [_stdin(("", "1"), ("", "1"))], config=tiny)[0]
+        assert (r.reward, r.reason) == (None, "sandbox_error") and "outer deadline of 1.1 s" in r.detail
+        assert time.monotonic() - t0 < 30
+
+        logged = {}
+        fn = make_code_reward(deadline=1.0)
+        assert fn(completions=["print(1)"], tests=[NEVER], log_metric=lambda k, v: logged.__setitem__(k, v)) == [None]
+        assert logged["code/sandbox_error"] == 1.0  # counted by the trainers' verifier/failure_rate
+        assert "code/sandbox_error" in __import__("trl_prime._guards", fromlist=["x"]).INFRASTRUCTURE_FAILURE_METRICS
+        with pytest.raises(ValueError, match="deadline"):
+            verify_code(["print(1)"], [NEVER], deadline=0)
+    finally:
+        release.set()
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()  # state ppid pgrp session ...
+    except (OSError, IndexError):
+        return None
+
+
+def _freeze_sandbox(comm: str, stopped: list, resume_after: float | None = None) -> None:
+    """Wait for the program that named itself ``comm``, then SIGSTOP its whole sandbox from outside: the
+    bootstrap's process group (bootstrap, init, harness) at once, then every other process of its session.
+    With ``resume_after``, SIGCONT everything that many seconds later."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    if f.read().strip() != comm:
+                        continue
+            except OSError:
+                continue
+            st = _stat(int(name))
+            if st is None:
+                continue
+            sid = int(st[3])  # the sandbox's session = the bootstrap's pid
+            os.killpg(sid, signal.SIGSTOP)
+            members = [int(p) for p in os.listdir("/proc")
+                       if p.isdigit() and (_stat(int(p)) or [""] * 4)[3] == str(sid)]
+            for pid in members:
+                os.kill(pid, signal.SIGSTOP)
+            stopped.extend(members)
+            if resume_after is not None:
+                time.sleep(resume_after)
+                for pid in members:
+                    os.kill(pid, signal.SIGCONT)
+            return
+        time.sleep(0.01)
+
+
+def _run_frozen(prog: str, comm: str, resume_after: float | None, **cfg):
+    stopped: list[int] = []
+    freezer = threading.Thread(target=_freeze_sandbox, args=(comm, stopped, resume_after), daemon=True)
+    freezer.start()
+    try:
+        t0 = time.monotonic()
+        r = verify_code([prog.format(comm=comm)], [NEVER], **cfg)[0]
+        took = time.monotonic() - t0
+        freezer.join(60)
+    finally:
+        for pid in stopped:  # never leave a stopped process behind, whatever happened
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+    assert stopped, "the program never ran, so nothing was frozen"
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any((_stat(p) or ["Z"])[0] not in "ZX" for p in stopped):
+        time.sleep(0.05)
+    assert all((_stat(p) or ["Z"])[0] in "ZX" for p in stopped), "a sandbox process survived the teardown"
+    return r, took
+
+
+NAMED = "import ctypes\nctypes.CDLL(None).prctl(15, b'{comm}', 0, 0, 0)\n"  # PR_SET_NAME: the freezer finds it
+
+
+def test_sandbox_frozen_from_outside_is_sandbox_error_not_timeout():
+    """Every process of the sandbox SIGSTOP'd from outside while the program runs and never resumed: the harness
+    cannot report; the parent gives up after startup_grace + total_timeout + timeout and scores None
+    (sandbox_error, an infrastructure failure), never a 0 for the program."""
+    comm = f"trlfz{os.getpid() % 100000}"
+    r, took = _run_frozen(NAMED + "import time\ntime.sleep(60)", comm, None,
+                          timeout=4.0, total_timeout=4.0, startup_grace=4.0)
+    assert (r.reward, r.reason) == (None, "sandbox_error"), r
+    assert "did not report within its time limits (12 s" in r.detail and "stopped x" in r.detail, r.detail
+    assert took < 45  # the parent's own limit (12 s) plus teardown, well before the outer deadline (41 s)
+
+
+def test_sandbox_suspended_past_the_limit_is_sandbox_error_and_a_real_loop_is_timeout():
+    """The sandbox frozen while an infinite loop runs and resumed after its wall-clock limit ran out: the harness
+    sees that it was suspended and reports sandbox_error (None), not the program's timeout. The same loop left
+    alone (and a sleeping program) is the program's timeout = 0."""
+    comm = f"trlsu{os.getpid() % 100000}"
+    loop = NAMED + "while True:\n    pass"
+    r, _ = _run_frozen(loop, comm, 5.0, timeout=2.0, total_timeout=3.0)
+    assert (r.reward, r.reason) == (None, "sandbox_error"), r
+    assert "suspended for" in r.detail and "not the program's timeout" in r.detail, r.detail
+    rs = verify_code([loop.format(comm="trlalone"), "import time\ntime.sleep(60)"], [NEVER] * 2,
+                     timeout=2.0, total_timeout=3.0)
+    assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 2, rs
+
+
+def test_program_stopping_itself_or_its_harness_is_still_its_timeout():
+    """A program cannot turn its own timeout into an unscored infrastructure failure by stopping processes: a
+    self-stop is its timeout, and a stopped harness (reachable where landlock_signal is missing) is resumed by
+    the sandbox's init, which the program cannot stop (a pid namespace's init ignores SIGSTOP from inside)."""
+    progs = ["import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass",
+             "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
+             "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+             "while True:\n    pass"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rs = verify_code(progs, [NEVER] * 3, timeout=1.0, total_timeout=1.5, disable=("landlock_signal",))
+    assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 3, rs
