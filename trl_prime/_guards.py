@@ -27,6 +27,8 @@ failures, degenerate batches, atomic checkpoints).
   * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, completions
     of length 0 or 1) log warning metrics ``guard/all_filtered``, ``guard/all_truncated``,
     ``guard/all_rewards_equal``, ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
+  * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no baseline: their row gets
+    advantage 0; ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
   * **atomic checkpoints**: a checkpoint is written into ``<output_dir>/.staging-checkpoint-N/checkpoint-N`` and
     renamed to ``<output_dir>/checkpoint-N`` only once every file of every process (policy, PRM, optimizers,
     schedulers, RNG states, trainer and guard state) is on disk; older checkpoints are rotated only after that. A
@@ -47,6 +49,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trl_prime.functional import single_row_group_mask
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +349,17 @@ class GuardsMixin:
     def guard_poisoned(self) -> bool:
         """Whether the current generation batch's optimizer steps will be skipped."""
         return getattr(self, "_guard_poison", None) is not None
+
+    def _guard_single_row_groups(self, mode: str, *, rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
+        """Log ``guard/single_row_groups``: the groups of the global batch left with one scorable row.
+
+        ``rewards`` are the outcome rewards the advantages see (NaN on unscorable rows and on rows a filter dropped).
+        Such a group has no baseline, so its row gets advantage 0 (:func:`trl_prime.functional.single_row_group_mask`);
+        PRIME's ``"reinforce"`` estimator and PRL's ``"process_first"`` order use no baseline and still train on it.
+        """
+        count = int(single_row_group_mask(rewards, group_ids).sum().item())
+        self._metrics[mode]["guard/single_row_groups"].append(float(count))
+        return count
 
     # --------------------------------------------------------------------------------------------------------
     # Degenerate batches

@@ -22,6 +22,8 @@ PRM_REFERENCES = ("sft", "policy")
 ESTIMATORS = ("rloo", "grpo", "reinforce")
 BASELINES = ("paper", "reference")
 PROCESS_REWARD_NORMS = ("none", "batch_norm")
+GRPO_PROCESS_FORMS = ("response", "token")
+GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
 PRM_SCHEDULERS = (
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
     "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
@@ -144,6 +146,25 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         default=True,
         metadata={"help": "Keep the last token's process reward (False = the released code, which drops it)."},
     )
+    grpo_process_form: str = field(
+        default="response",
+        metadata={
+            "help": "Process term of the 'grpo' estimator (PRIME App. B.3): 'response' (default: the reward-to-go "
+            "divided by the completion length L_i, centred and scaled at the response level, so at t=0 it is the "
+            "group z-score of the completion's mean token reward, |A| <= (K-1)/sqrt(K)) or 'token' (the printed "
+            "Eq. 8: L_i times that z-score at t=0, growing with the completion length). Other estimators ignore it."
+        },
+    )
+    grpo_process_scale: str = field(
+        default="process_std",
+        metadata={
+            "help": "Divisor of the 'grpo' estimator's process term: 'process_std' (default: the group std of the "
+            "completions' mean token rewards, a z-score whatever the reward scale) or 'outcome_std' (the outcome's "
+            "group std: both terms share one scale, so an untrained PRM's near-zero rewards stay near 0 instead of "
+            "weighing as much as the outcome; groups with equal outcomes get process term 0). Applies with "
+            "scale_rewards='group'; other estimators ignore it."
+        },
+    )
     # --- Online prompt filter -----------------------------------------------------------------------------------
     filter_lower: float = field(
         default=0.2,
@@ -167,6 +188,8 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         one_of("prime_estimator", ESTIMATORS)
         one_of("prime_baseline", BASELINES)
         one_of("process_reward_norm", PROCESS_REWARD_NORMS)
+        one_of("grpo_process_form", GRPO_PROCESS_FORMS)
+        one_of("grpo_process_scale", GRPO_PROCESS_SCALES)
         one_of("prm_lr_scheduler", PRM_SCHEDULERS)
         if self.num_generations is None or self.num_generations < 2:
             raise ValueError(
@@ -280,7 +303,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     TRL defaults PRIME keeps: ``beta`` 0.0 (no KL), ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO
     epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
     process term group-normalises the completions' mean process rewards, the outcome term is GRPO's); TRL's
-    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. The policy loss is TRL's GRPO
+    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. Its process term is the
+    response-level form by default (``grpo_process_form="response"``: at the first token, the group z-score of the
+    completion's mean token reward, bounded by (K-1)/sqrt(K)); ``"token"`` is the printed Eq. 8, which grows with
+    the completion length (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
     loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:

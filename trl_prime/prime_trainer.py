@@ -667,6 +667,7 @@ class PrimeMixin(GuardsMixin):
             advantages_g = F.prime_advantages(**adv_inputs)
         else:
             advantages_g = torch.zeros_like(rewards_g)
+        self._guard_single_row_groups(mode, rewards=adv_inputs["outcome_rewards"], group_ids=adv_inputs["group_ids"])
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K,
                                        kept=kept if mode == "train" else None, completion_lengths=lengths)
@@ -752,6 +753,8 @@ class PrimeMixin(GuardsMixin):
             opts["baseline"] = a.prime_baseline
         if a.prime_estimator == "grpo":
             opts["scale_rewards"] = getattr(a, "scale_rewards", "group") != "none"
+            opts["grpo_process_form"] = a.grpo_process_form
+            opts["grpo_process_scale"] = a.grpo_process_scale
         return opts
 
     def _prime_adapt_output(self, output: dict, loss_mask: torch.Tensor) -> None:

@@ -286,6 +286,7 @@ class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
             eps=a.prl_eps, zero_fill_compat=a.zero_fill_compat,
         )
         advantages_g = F.prl_advantages(**adv_inputs)
+        self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
         output["advantages"] = advantages_g[local, :T]

@@ -116,7 +116,8 @@ class ProfOptions:
     )
     prof_num_keep: int | None = field(
         default=None,
-        metadata={"help": "m, completions kept per prompt (1..num_generations). Default: num_generations // 2."},
+        metadata={"help": "m, completions kept per prompt (2..num_generations: a single kept row has no GRPO "
+                          "baseline, so its advantage would be 0). Default: num_generations // 2."},
     )
     prof_num_remove: int | None = field(
         default=None,
@@ -238,6 +239,20 @@ class ProfOptions:
         if K is not None and self.prof_num_remove is not None and not 0 <= self.prof_num_remove < K:
             raise ValueError(
                 f"`prof_num_remove`={self.prof_num_remove} must lie in [0, num_generations={K}) (paper: n=8, remove 4)."
+            )
+        if K is not None and self.prof_keep_count() < 2:
+            if self.prof_num_keep is not None:
+                why, fix = f"`prof_num_keep`={self.prof_num_keep}", "set prof_num_keep >= 2"
+            elif self.prof_num_remove is not None:
+                why, fix = (f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
+                            f"set prof_num_remove <= {K - 2}")
+            else:
+                why, fix = (f"the default m = num_generations // 2 with `num_generations`={K}",
+                            "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)")
+            raise ValueError(
+                f"PROF would keep one completion per prompt ({why}): a group of one row has no GRPO baseline, so "
+                f"every kept row would get advantage 0 and the policy would learn nothing. {fix[0].upper() + fix[1:]} "
+                "(paper: n=8, m=4)."
             )
         if not self.prof_prm:
             raise ValueError(
@@ -854,10 +869,9 @@ class ProfGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
             self, outcome=outcome, eligible=~torch.isnan(outcome), output=output, capture=capture, num_generations=K
         )
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
-        advantages_g = F.grpo_advantages(
-            torch.where(kept, outcome, torch.full_like(outcome, torch.nan)), group_ids,
-            scale_rewards=self.args.scale_rewards != "none",
-        )
+        kept_outcome = torch.where(kept, outcome, torch.full_like(outcome, torch.nan))
+        advantages_g = F.grpo_advantages(kept_outcome, group_ids, scale_rewards=self.args.scale_rewards != "none")
+        self._guard_single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
         self._guard_inspect("train", global_rows={"advantages": advantages_g})
         self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K,
                                        kept=kept)
