@@ -599,8 +599,9 @@ def test_prof_penalty_position():
     # m = 4 -> keep both correct and 2 of 3 incorrect: one incorrect row is removed
     ref = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="reference")  # critic -0.2-10 removed
     assert ref.tolist() == [0, 1, 3, 4]
-    paper = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="paper")  # -(0.2-10) kept; -0.9 removed
-    assert paper.tolist() == [0, 1, 2, 3]
+    # PROF Eq. (1) (v2) subtracts lambda * r_o * pen from the unsigned mean: the same selection
+    paper = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="paper")
+    assert paper.tolist() == [0, 1, 3, 4]
     # a penalised correct row is removed first under both positions
     o2 = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
     H2 = torch.tensor([5, 31, 5, 5, 5])

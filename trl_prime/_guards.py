@@ -93,6 +93,49 @@ class GuardOptions:
         r = self.max_verifier_failure_rate
         if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
             raise ValueError(f"`max_verifier_failure_rate`={r!r} must lie in [0, 1] (default 0.25; 1 never raises).")
+        check_scheduler_warmup(self)
+
+
+#: the learning-rate schedule of every trl-prime config (policy and PRM): one constant rate, as the papers give it
+#: (PRIME section 4.1: AdamW, policy 5e-7 and PRM 1e-6, no schedule; PRL Table 6: 1e-6, released config without
+#: warmup; PROF Appendix A.1: no schedule). The Implicit PRM paper states none: ImplicitPRMConfig follows PRIME's PRM
+DEFAULT_LR_SCHEDULER = "constant"
+
+
+def check_scheduler_warmup(args) -> None:
+    """Refuse a warmup that a ``"constant"`` schedule would silently ignore (``transformers.get_scheduler("constant")``
+    takes no warmup): ``warmup_steps`` with ``lr_scheduler_type``, and ``prm_warmup_steps`` with ``prm_lr_scheduler``
+    (PRIME configs). Fields a config lacks are skipped.
+
+    Raises:
+        ValueError: a warmup > 0 with a ``"constant"`` schedule; the message names both fields and the fix.
+    """
+    pairs = (("lr_scheduler_type", "warmup_steps"), ("prm_lr_scheduler", "prm_warmup_steps"))
+    for schedule_field, warmup_field in pairs:
+        schedule, warmup = getattr(args, schedule_field, None), getattr(args, warmup_field, None)
+        if schedule is None or warmup is None:
+            continue
+        schedule = getattr(schedule, "value", schedule)  # transformers' SchedulerType after __post_init__
+        if schedule == "constant" and isinstance(warmup, (int, float)) and warmup > 0:
+            raise ValueError(
+                f"`{warmup_field}`={warmup} is ignored by `{schedule_field}`='constant' (the trl-prime default: the "
+                f"papers' constant rate). Set {schedule_field}='constant_with_warmup' to warm up then stay constant, "
+                f"or {warmup_field}=0."
+            )
+
+
+def check_sum_then_normalize(args, why: str) -> None:
+    """TRL's ``multi_objective_aggregation`` must be ``"sum_then_normalize"`` for the trl-prime GRPO configs: their
+    outcome is the weighted sum of the reward functions (:func:`trl_prime._rollout.outcome_rewards`), so TRL's
+    ``"normalize_then_sum"`` would be ignored. ``why`` says what the method does with that sum. Configs without the
+    field (RLOO) pass.
+
+    Raises:
+        ValueError: any other value; the message names the field and the fix.
+    """
+    value = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    if value != "sum_then_normalize":
+        raise ValueError(f"`multi_objective_aggregation`={value!r}: {why}; use 'sum_then_normalize'.")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1899,12 +1899,17 @@ def prof_select(
     balanced splits is broken by ``rounding``: ``"half_even"`` (default, Python's banker's rounding as
     released), ``"half_up"`` (keeps one fewer correct row) or ``"half_down"`` (one more correct row).
 
-    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``.
-    ``penalty_position="reference"`` (released): ``critic = s*c - penalty*pen``; ``"paper"``:
-    ``critic = s*(c - penalty*pen)`` (penalty before the sign). Within each class the lowest-critic rows are
-    removed (stable: among ties the earlier row goes first), i.e. the most consistent correct and the least
-    consistent incorrect rows are kept. ``mode="correct"`` removes incorrect rows uniformly at random (drawn
-    with ``generator``) instead.
+    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``,
+    ``critic = s*c - penalty*pen``. Within each class the lowest-critic rows are removed (stable: among ties the
+    earlier row goes first), i.e. the most consistent correct and the least consistent incorrect rows are kept, and
+    a penalised row (too few or too many steps) is removed before every unpenalised one of its class, correct or
+    incorrect. This is PROF Eq. (1) with Algorithm 1's ranking (arXiv 2509.03403v2: ``r_pro = (1/H) sum_h r_h -
+    lambda * r_o * pen`` with ``r_o`` in {-1, 1}; the top ``k+`` of the correct and the bottom ``k-`` of the
+    incorrect rows by ``r_pro`` are kept, and ``critic = s * r_pro``) and the released ``filter_trajectories``, so
+    ``penalty_position`` ``"paper"`` and ``"reference"`` select the same rows. (The v1 preprint put the penalty
+    inside the sign, ``s*(c - penalty*pen)``, which ranks a penalised incorrect row as the most consistent incorrect
+    one and keeps it first; that form is not offered.) ``mode="correct"`` removes incorrect rows uniformly at
+    random (drawn with ``generator``) instead.
 
     A NaN ``consistency`` (the PRM could not score the row) is treated as the worst critic of its class: such a
     row is removed before every scored row of its class (correct or incorrect alike), and kept only when the
@@ -1920,7 +1925,8 @@ def prof_select(
         num_remove: Rows to remove per group (``n - m``); or pass ``num_keep`` (= m) instead.
         penalty: ``lambda`` (default 10).
         min_steps, max_steps: Allowed step-count range (default 2..30).
-        penalty_position: ``"reference"`` | ``"paper"``.
+        penalty_position: ``"reference"`` (released code) | ``"paper"`` (PROF Eq. (1)): the same critic (above);
+            both names are accepted.
         mode: ``"both"`` | ``"correct"``.
         rounding: ``"half_even"`` | ``"half_up"`` | ``"half_down"``.
         generator: ``torch.Generator`` for ``mode="correct"``.
@@ -1964,10 +1970,7 @@ def prof_select(
     sign = torch.where(pos, 1.0, -1.0).to(torch.float64)
     H = num_steps.to(dev)
     pen = ((H < min_steps) | (H > max_steps)).to(torch.float64)
-    if penalty_position == "reference":
-        critic = sign * c - penalty * pen
-    else:
-        critic = sign * (c - penalty * pen)
+    critic = sign * c - penalty * pen  # PROF Eq. (1) (v2) = released code, whichever `penalty_position`
     # NaN consistency: unscored by the PRM, removed first in its class (torch.sort would put NaN last = kept)
     critic = torch.where(torch.isnan(c), torch.full_like(critic, float("-inf")), critic)
 

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from trl_prime import functional as F
+from trl_prime._guards import DEFAULT_LR_SCHEDULER, check_scheduler_warmup
 from trl_prime.implicit_prm import (
     ImplicitPRM,
     completion_logps,
@@ -79,6 +80,10 @@ class ImplicitPRMConfig(TrainingArguments):
 
     ``per_device_train_batch_size`` is a target number of *rows* per batch: batches are packed with whole prompt
     groups, so a batch may hold fewer rows (the next group did not fit) or more (one group larger than the target).
+
+    Learning rate: 1e-6 at a constant rate (``lr_scheduler_type`` ``"constant"``; transformers' default ``"linear"``
+    decays it to 0). The Implicit PRM paper states no rate or schedule; these are PRIME's PRM's (PRIME section 4.1),
+    the same model trained on the same outcome labels online.
     """
 
     beta: float = field(
@@ -106,6 +111,11 @@ class ImplicitPRMConfig(TrainingArguments):
         metadata={"help": "Batch whole prompt groups together (needed by 'dpo'/'nca'; required for them)."},
     )
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (PRIME's PRM: 1e-6)."})
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Learning-rate schedule ('constant', as PRIME's PRM; transformers' default 'linear' decays "
+                          "to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the trainer tokenises and collates its own columns."}
     )
@@ -141,6 +151,7 @@ class ImplicitPRMConfig(TrainingArguments):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} pairs completions of the same prompt: keep `group_by_prompt`=True."
             )
+        check_scheduler_warmup(self)
         super().__post_init__()
 
 

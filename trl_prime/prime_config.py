@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
-from trl_prime._guards import GuardOptions
+from trl_prime._guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_sum_then_normalize
 from trl_prime.prof import ProfOptions
 
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
@@ -250,7 +250,12 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
       trainer owns the implicit PRM's reference;
     - ``num_generations`` 4 (TRL: 2): the paper's K;
     - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
-      1e-6).
+      1e-6);
+    - ``lr_scheduler_type`` ``"constant"`` (TRL: ``"linear"``, a decay to 0 over ``max_steps``): the paper trains the
+      policy at a constant rate (PRIME section 4.1), as the PRM (``prm_lr_scheduler``).
+
+    Under PEFT (``peft_config``) these full fine-tuning rates barely move a LoRA adapter: the trainer warns when
+    ``learning_rate`` or ``prm_learning_rate`` keeps its default (``recipes/configs/prime_lora.yaml``: 5e-6, 1e-5).
 
     TRL defaults PRIME keeps: ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO epoch), ``temperature``
     1.0, ``normalize_advantages`` False (it must stay False: use ``whiten_advantages``). The advantage estimator is
@@ -270,6 +275,11 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
     )
     learning_rate: float = field(
         default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
+                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
     )
     prime_estimator: str = field(
         default="rloo",
@@ -295,10 +305,17 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     - ``num_generations`` 4 (TRL: 8): the paper's K;
     - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
       1e-6);
+    - ``lr_scheduler_type`` ``"constant"`` (TRL: ``"linear"``, a decay to 0 over ``max_steps``): the paper trains the
+      policy at a constant rate (PRIME section 4.1), as the PRM (``prm_lr_scheduler``);
     - ``loss_type`` ``"dapo"``, pinned (TRL 1.16's default too): the token mean over the kept tokens of the batch,
       PRIME's aggregation. ``"grpo"``, ``"sapo"``, ``"bnpo"`` and ``"dr_grpo"`` normalise per sequence, per
       micro-batch or by a fixed size, so with the prompt filter (or PROF) on they scale each update by the kept
       fraction: a ``UserWarning`` says so at config time.
+
+    Under PEFT (``peft_config``) these full fine-tuning rates barely move a LoRA adapter: the trainer warns when
+    ``learning_rate`` or ``prm_learning_rate`` keeps its default (``recipes/configs/prime_lora.yaml``: 5e-6, 1e-5).
+    TRL's ``multi_objective_aggregation`` must stay ``"sum_then_normalize"``: the outcome ``r_o`` is the weighted sum
+    of the reward functions.
 
     TRL defaults PRIME keeps: ``beta`` 0.0 (no KL), ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO
     epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
@@ -318,6 +335,11 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     )
     learning_rate: float = field(
         default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
+                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
     )
     loss_type: str = field(
         default="dapo",
@@ -339,6 +361,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
                 f"`scale_rewards`={self.scale_rewards!r}: the PRIME GRPO estimator normalises within each group; use "
                 "'group' (divide by the group std) or 'none'."
             )
+        check_sum_then_normalize(
+            self, "PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, so "
+            "TRL's per-function normalisation would be ignored"
+        )
         if self.loss_type in ("luspo", "vespo"):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "

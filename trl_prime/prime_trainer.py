@@ -25,6 +25,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -60,6 +61,36 @@ _MM_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
+#: learning rates of the LoRA recipe (recipes/configs/prime_lora.yaml): a LoRA adapter needs larger steps than the
+#: paper's full fine-tuning rates (policy 5e-7, PRM 1e-6; PRIME section 4.1); the PRM keeps twice the policy's
+LORA_RECIPE_LEARNING_RATES = {"learning_rate": 5e-6, "prm_learning_rate": 1e-5}
+
+
+def warn_full_finetuning_rates(args: PrimeOptions, *, prm_is_adapter: bool) -> None:
+    """Warn (``UserWarning``) when a PEFT run keeps PRIME's full fine-tuning learning rates.
+
+    The config defaults ``learning_rate`` 5e-7 and ``prm_learning_rate`` 1e-6 are the paper's rates for full models
+    (PRIME section 4.1); a LoRA adapter barely moves at them. Checked: the policy's rate, and the PRM's when the PRM
+    is an adapter (``prm_is_adapter``; a separate ``prm_model`` is fully fine-tuned). A field counts as kept when it
+    equals its config default.
+    """
+    fields = type(args).__dataclass_fields__
+    names = ["learning_rate"] + (["prm_learning_rate"] if prm_is_adapter else [])
+    kept = [n for n in names if n in fields and getattr(args, n) == fields[n].default]
+    if not kept:
+        return
+    kept_text = ", ".join(f"`{n}`={getattr(args, n):g}" for n in kept)
+    lora = LORA_RECIPE_LEARNING_RATES
+    policy_default, prm_default = fields["learning_rate"].default, fields["prm_learning_rate"].default
+    warnings.warn(
+        f"PEFT run with PRIME's full fine-tuning learning rate(s) {kept_text}: the defaults `learning_rate`="
+        f"{policy_default:g} (policy) and `prm_learning_rate`={prm_default:g} (PRM) are the paper's rates for full "
+        "models, and a LoRA adapter barely moves at them. Set both for LoRA, e.g. learning_rate="
+        f"{lora['learning_rate']:g} and prm_learning_rate={lora['prm_learning_rate']:g} as "
+        "recipes/configs/prime_lora.yaml does (the PRM at about twice the policy's rate, as in the paper).",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 class _PositionIdsFromMask:
@@ -139,6 +170,17 @@ class PrimeMixin(GuardsMixin):
     - ``prm_reference="policy"``: no reference model, the rollout policy's log-probs serve as reference;
     - PEFT (``peft_config`` or a ``PeftModel``): the PRM is a second adapter ``"prm"`` on the policy's base model,
       the reference is the base with adapters disabled (or, for a pre-trained adapter, a frozen copy ``"prm_ref"``).
+      A ``UserWarning`` says so when ``learning_rate`` / ``prm_learning_rate`` keep the paper's full fine-tuning
+      rates (5e-7 / 1e-6), at which LoRA barely moves (:func:`warn_full_finetuning_rates`).
+
+    Temperature: the PRM and its reference score the completions at temperature 1, whatever TRL's sampling
+    ``temperature``. The token reward ``beta * log(pi_phi / pi_ref)`` (PRIME Eq. 3) is a reward model's likelihood
+    ratio, trained as such by the cross-entropy on the outcome labels (PRIME Algorithm 1, line 8); it scores a
+    completion, not the distribution it was sampled from, so the same PRM gives the same rewards at any sampling
+    temperature (and offline, :class:`~trl_prime.ImplicitPRM`). The policy's PPO ratio uses TRL's log-probs at the
+    sampling temperature. ``prm_reference="policy"`` takes the rollout log-probs (sampling temperature) as reference
+    and warns when ``temperature != 1``. (PRL, by contrast, computes its KL-to-go at the sampling temperature: see
+    :class:`~trl_prime.PRLConfig`.) At ``temperature`` 1 the two conventions agree.
 
     Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
     on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
@@ -199,6 +241,8 @@ class PrimeMixin(GuardsMixin):
         if prm_ref_model is None:
             prm_ref_model = args.prm_ref_model
         check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
+        if uses_peft:
+            warn_full_finetuning_rates(args, prm_is_adapter=prm_model is None)
         init_kw = model_init_kwargs(args)  # a custom-code checkpoint is checked as it is loaded
         load_kw = dict(trust_remote_code=init_kw.get("trust_remote_code", False), revision=init_kw.get("revision"))
         check_causal_lm_source(prm_model, "prm_model", **load_kw)

@@ -37,7 +37,9 @@ from torch import nn
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_prime import functional as F
-from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
+from trl_prime._guards import (
+    DEFAULT_LR_SCHEDULER, GuardOptions, GuardsMixin, check_peft_config, check_sum_then_normalize,
+)
 from trl_prime._reference import prepare_frozen
 from trl_prime._rollout import (
     DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
@@ -131,8 +133,10 @@ class ProfOptions:
     prof_penalty_position: str = field(
         default="reference",
         metadata={
-            "help": "'reference' (released code: critic = sign*c - lambda*pen) or 'paper' (penalty before the sign: "
-            "critic = sign*(c - lambda*pen))."
+            "help": "Where the step-count penalty enters the critic: 'reference' (released code) and 'paper' (PROF "
+            "Eq. (1), arXiv v2) both give critic = sign*c - lambda*pen, so a completion with too few or too many "
+            "steps is dropped first from its class, correct or incorrect (functional.prof_select). The v1 preprint's "
+            "sign*(c - lambda*pen), which kept such incorrect completions first, is not offered."
         },
     )
     prof_rounding: str = field(
@@ -274,8 +278,9 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
     """Configuration of :class:`ProfGRPOTrainer`: TRL's ``GRPOConfig`` plus the PROF options.
 
     PROF defaults here: ``prof_mode="both"``, ``num_generations`` 8 with ``m = 4`` kept, the step PRM
-    ``Qwen/Qwen2.5-Math-PRM-7B`` (``prof_prm``; a token-classification PRM path, or a saved ImplicitPRM folder). The
-    paper also uses KL 0.001 (``beta``), entropy 0.001 (``entropy_coef``), temperature 1.0 and lr 1e-6 (set them).
+    ``Qwen/Qwen2.5-Math-PRM-7B`` (``prof_prm``; a token-classification PRM path, or a saved ImplicitPRM folder), and a
+    constant policy learning rate (``lr_scheduler_type`` ``"constant"``; TRL's default ``"linear"`` decays it to 0).
+    The paper also uses KL 0.001 (``beta``), entropy 0.001 (``entropy_coef``), temperature 1.0 and lr 1e-6 (set them).
 
     Raises:
         ValueError: an invalid PROF option (the message names the field and the fix).
@@ -287,6 +292,11 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
         metadata={"help": "Step PRM: a token-classification PRM path / Hub id, or a folder saved by ImplicitPRM."},
     )
     num_generations: int | None = field(default=8, metadata={"help": "Completions per prompt n (PROF: 8)."})
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule ('constant': PROF Appendix A.1 states no schedule; TRL's "
+                          "default 'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    )
 
     def __post_init__(self):
         self._validate_prof()
@@ -302,11 +312,7 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
                 f"`scale_rewards`={self.scale_rewards!r}: PROF computes GRPO advantages within each prompt's kept rows; "
                 "use 'group' or 'none'."
             )
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"`multi_objective_aggregation`={self.multi_objective_aggregation!r}: PROF splits correct/incorrect on "
-                "the weighted sum of the rewards; use 'sum_then_normalize'."
-            )
+        check_sum_then_normalize(self, "PROF splits correct/incorrect on the weighted sum of the rewards")
 
 
 # ----------------------------------------------------------------------------------------------------------------
