@@ -6,7 +6,8 @@ failures, degenerate batches, atomic checkpoints).
   :class:`~trl_prime.ProfGRPOConfig`.
 - Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
   missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
-  causal LM fail before training with a message naming the field and the fix.
+  causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:
+  :func:`trl_prime.implicit_prm.check_peft_adapter_supported`).
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
 
   * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch
@@ -15,7 +16,12 @@ failures, degenerate batches, atomic checkpoints).
     batch: its policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global
     row index and sample id), and ``guard/skipped_steps`` counts them. The policy optimizer is wrapped so that a step
     whose gradients are non-finite is skipped too (gradients zeroed, scheduler not advanced: accelerate's
-    ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). A poisoned
+    ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). The gradient norm
+    is the one the Trainer's clipping returns (computed before clipping): a norm that overflows to ``inf`` makes
+    ``clip_grad_norm_`` scale every gradient to 0 (finite zeros, which would otherwise step the optimizer and move
+    Adam's moments), so an infinite norm skips the step too ("gradient overflow (no single row)"). PRIME checks its
+    PRM the same way (norm from clipping, and rows whose token rewards are non-finite or beyond
+    ``prm_max_abs_token_reward``) before the PRM's optimizer step. A poisoned
     generation batch keeps the optimizer step it feeds skipped even when more generation batches feed the same
     step (``gradient_accumulation_steps > steps_per_generation``). After ``max_nonfinite_skips`` consecutive
     skipped steps the run stops with a ``RuntimeError``. (Under DeepSpeed the policy step happens inside
@@ -24,9 +30,10 @@ failures, degenerate batches, atomic checkpoints).
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
     batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
     raises instead of training on bad rewards.
-  * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, completions
-    of length 0 or 1) log warning metrics ``guard/all_filtered``, ``guard/all_truncated``,
-    ``guard/all_rewards_equal``, ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
+  * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, no group with
+    reward spread among its scorable kept rows, completions of length 0 or 1) log a warning and the metrics
+    ``guard/all_filtered``, ``guard/all_truncated``, ``guard/all_rewards_equal``, ``guard/all_groups_zero_spread``
+    (:func:`group_reward_spread`), ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
   * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no baseline: their row gets
     advantage 0; ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
   * **atomic checkpoints**: a checkpoint is written into ``<output_dir>/.staging-checkpoint-N/checkpoint-N`` and
@@ -93,6 +100,9 @@ class GuardOptions:
         r = self.max_verifier_failure_rate
         if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
             raise ValueError(f"`max_verifier_failure_rate`={r!r} must lie in [0, 1] (default 0.25; 1 never raises).")
+        b = getattr(self, "prm_max_abs_token_reward", None)  # PRIME's token-reward bound (PrimeOptions)
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
+            raise ValueError(f"`prm_max_abs_token_reward`={b!r} must be a number > 0 or None (default 100.0).")
         check_scheduler_warmup(self)
 
 
@@ -269,11 +279,31 @@ def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> 
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer mixin
 # ----------------------------------------------------------------------------------------------------------------
-def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN (on ``mask`` when given)."""
+def group_reward_spread(outcome: torch.Tensor, num_generations: int,
+                        kept: torch.Tensor | None = None) -> torch.Tensor:
+    """``(G,)`` bool: whether group ``g`` (rows ``g*K .. g*K+K-1`` of ``outcome``, ``(B_g,)`` float) has at least two
+    scorable (finite) rows (kept ones, when ``kept`` ``(B_g,)`` bool is given) whose rewards differ. A group without
+    spread gives every row outcome advantage 0 (RLOO / GRPO baselines equal the rewards), one with a single such row
+    has no baseline at all."""
+    K = max(int(num_generations), 1)
+    ok = torch.isfinite(outcome)
+    if kept is not None:
+        ok = ok & kept.bool()
+    vals, ok = outcome.view(-1, K), ok.view(-1, K)
+    hi = torch.where(ok, vals, torch.full_like(vals, -torch.inf)).amax(-1)
+    lo = torch.where(ok, vals, torch.full_like(vals, torch.inf)).amin(-1)
+    return (ok.sum(-1) >= 2) & (hi > lo)
+
+
+def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None,
+                    bound: float | None = None) -> torch.Tensor | None:
+    """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN, or (with ``bound``) a value with
+    ``|x| > bound`` (on ``mask`` when given)."""
     if x is None:
         return None
     bad = ~torch.isfinite(x.float())
+    if bound is not None:
+        bad = bad | (x.float().abs() > bound)
     if x.dim() == 1:
         return bad
     if mask is not None:
@@ -338,46 +368,63 @@ class GuardsMixin:
         global_rows: dict[str, torch.Tensor | None] | None = None,
         local_rows: dict[str, torch.Tensor | None] | None = None,
         masks: dict[str, torch.Tensor] | None = None,
+        bounds: dict[str, float | None] | None = None,
     ) -> torch.Tensor:
-        """Find rows with inf/NaN values; poison the generation batch (training) when there is one.
+        """Find rows with inf/NaN values (or values beyond a bound); poison the generation batch (training) when there
+        is one.
 
         ``global_rows``: name -> ``(B_g,)`` or ``(B_g, T)`` tensor over the global batch; ``local_rows``: name ->
         ``(B, T)`` local tensor (gathered here as a per-row flag). ``masks``: name -> mask of the same shape (only
-        masked positions count). Collective. Returns the ``(B_g,)`` bool mask of offending rows.
+        masked positions count). ``bounds``: name -> largest sane ``|value|`` (``None``: no bound); a finite value
+        beyond it offends as a non-finite one does. Collective. Returns the ``(B_g,)`` bool mask of offending rows.
         """
         from accelerate.utils import gather
 
-        masks = masks or {}
+        masks, bounds = masks or {}, bounds or {}
         bad_g, reasons = None, {}
-        for name, t in (global_rows or {}).items():
-            rows = _nonfinite_rows(t, masks.get(name))
-            if rows is None:
+        items = [(n, t, False) for n, t in (global_rows or {}).items()]
+        items += [(n, t, True) for n, t in (local_rows or {}).items()]
+        for name, t, is_local in items:
+            if t is None:
                 continue
-            bad_g = rows if bad_g is None else bad_g | rows
-            reasons[name] = rows
-        for name, t in (local_rows or {}).items():
             rows = _nonfinite_rows(t, masks.get(name))
-            if rows is None:
-                continue
-            rows = gather(rows.to(torch.long)).bool()
+            bound = bounds.get(name)
+            beyond = _nonfinite_rows(t, masks.get(name), bound) & ~rows if bound is not None else None
+            if is_local:
+                both = gather(torch.stack([rows, rows if beyond is None else beyond], -1).to(torch.long)).bool()
+                rows, beyond = both[:, 0], (both[:, 1] if beyond is not None else None)
             bad_g = rows if bad_g is None else bad_g | rows
-            reasons[name] = rows
+            reasons[f"non-finite {name}"] = rows
+            if beyond is not None:
+                bad_g = bad_g | beyond
+                reasons[f"{name} beyond +-{bound:g}"] = beyond
         if bad_g is None:
             return torch.zeros(0, dtype=torch.bool)
         if bool(bad_g.any()):
             rows = bad_g.nonzero().flatten().tolist()
-            what = sorted(k for k, r in reasons.items() if bool(r.any()))
-            self._guard_poison_batch(mode, f"non-finite {', '.join(what)}", rows)
+            what = [k for k, r in reasons.items() if bool(r.any())]
+            nonfinite = sorted(k[len("non-finite "):] for k in what if k.startswith("non-finite "))
+            parts = ([f"non-finite {', '.join(nonfinite)}"] if nonfinite else []) + [
+                k for k in what if not k.startswith("non-finite ")]
+            self._guard_poison_batch(mode, "; ".join(parts), rows)
         return bad_g
 
     def _guard_poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
-        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped."""
+        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped.
+
+        ``rows``: the offending rows of the global generation batch; ``None`` when no row can be blamed (a gradient
+        that overflows while every row's rewards and log-probs are finite and within bounds)."""
         ids = self._guard_sample_ids(rows) if rows else []
         if self.accelerator.is_main_process:
-            logger.warning(
-                "Non-finite values at step %d (%s): skipping the optimizer step. Offending rows of the global "
-                "generation batch: %s; sample ids: %s", self.state.global_step + 1, reason, rows, ids,
-            )
+            kind = "Non-finite values" if reason.startswith("non-finite") else "Non-finite or out-of-bound values"
+            if rows:
+                logger.warning(
+                    "%s at step %d (%s): skipping the optimizer step. Offending rows of the global generation batch: "
+                    "%s; sample ids: %s", kind, self.state.global_step + 1, reason, rows, ids,
+                )
+            else:
+                logger.warning("%s at step %d (%s): skipping the optimizer step. Offending rows: none, gradient "
+                               "overflow (no single row).", kind, self.state.global_step + 1, reason)
         if mode != "train":
             return
         # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
@@ -420,13 +467,19 @@ class GuardsMixin:
         all_trunc = float(max_len is not None and lengths.numel() > 0 and bool((lengths >= max_len).all()))
         short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
         all_filtered = float(kept is not None and not bool(kept.any()))
+        zero_spread = float(not bool(group_reward_spread(outcome, num_generations, kept).any()))
         m["guard/all_rewards_equal"].append(all_equal)
+        m["guard/all_groups_zero_spread"].append(zero_spread)
         m["guard/all_truncated"].append(all_trunc)
         m["guard/short_completion_fraction"].append(short)
         m["guard/all_filtered"].append(all_filtered)
-        if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal):
+        # every group's rewards equal within the group: no outcome advantage anywhere (the batch may still differ)
+        zero_spread_only = zero_spread and not (all_equal or all_filtered)
+        if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal or zero_spread_only):
             which = [n for n, v in (("every group filtered out", all_filtered), ("every completion truncated",
-                                    all_trunc), ("every reward equal", all_equal)) if v]
+                                    all_trunc), ("every reward equal", all_equal),
+                                    ("every group's rewards equal within the group (zero spread)", zero_spread_only))
+                     if v]
             logger.warning("Degenerate batch at step %d: %s (no learning signal from it).",
                            self.state.global_step + 1, ", ".join(which))
 
@@ -506,16 +559,28 @@ class GuardsMixin:
         opt.step = guarded_step
         opt._guard_wrapped = True
 
+    def _get_grad_norm(self, model, grad_norm=None):
+        # Trainer: the norm returned by its gradient clipping (computed before clipping), or an unclipped norm. An
+        # overflowing norm (inf) makes clipping scale every gradient by 0: the gradients the guarded step sees are then
+        # finite zeros (or NaN), so the step is judged on this norm too.
+        out = super()._get_grad_norm(model, grad_norm=grad_norm)
+        value = out.item() if hasattr(out, "item") else out
+        self._guard_clip_norm = None if value is None else float(value)
+        return out
+
     def _guard_step_problem(self, opt) -> str | None:
         """Why the policy step must be skipped (``None``: it may run). Collective."""
         poisoned = self._guard_poison is not None
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         bad_grad = False
+        clip_norm, self._guard_clip_norm = getattr(self, "_guard_clip_norm", None), None
         # fp16 AMP (a GradScaler): inf gradients are its overflows, which it handles itself (step skipped, scale
         # lowered); counting them here would stop a run while the scale calibrates and never let the scale drop
-        if grads and getattr(opt, "scaler", None) is None:
-            norms = torch._foreach_norm(grads)
-            bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
+        if getattr(opt, "scaler", None) is None:
+            if grads:
+                norms = torch._foreach_norm(grads)
+                bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
+            bad_grad = bad_grad or (clip_norm is not None and not math.isfinite(clip_norm))
         flags = torch.tensor([float(poisoned), float(bad_grad)], device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             flags = self.accelerator.reduce(flags, reduction="sum")
@@ -523,7 +588,7 @@ class GuardsMixin:
             reason = (self._guard_poison or {}).get("reason", "non-finite values on another process")
             return reason
         if flags[1] > 0:
-            return "non-finite policy gradient"
+            return "non-finite policy gradient norm: gradient overflow (no single row)"
         return None
 
     def _guard_record_skip(self, reason: str) -> None:

@@ -182,8 +182,9 @@ def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: 
         return
     previous = peft_model.active_adapter
     peft_model.set_adapter(adapter_name)
-    for name, p in peft_model.named_parameters():
-        p.requires_grad_(trainable and f".{adapter_name}." in name)
+    own = {id(p) for _, p in adapter_parameters(peft_model, adapter_name)} if trainable else set()
+    for p in peft_model.parameters():
+        p.requires_grad_(id(p) in own)
     try:
         yield
     finally:
@@ -193,8 +194,72 @@ def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: 
 
 
 def adapter_parameters(peft_model: nn.Module, adapter_name: str) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` of one adapter of a ``PeftModel`` (names contain ``.<adapter_name>.``)."""
-    return [(n, p) for n, p in unwrap(peft_model).named_parameters() if f".{adapter_name}." in n]
+    """``(name, parameter)`` of one adapter of a ``PeftModel``, found through PEFT's own structure, not by name.
+
+    Every PEFT tuner layer (``peft.tuners.tuners_utils.BaseTunerLayer``: LoRA, IA3, LoHa, OFT, ...) keeps its
+    per-adapter weights in the ``ModuleDict`` / ``ParameterDict`` attributes listed in its ``adapter_layer_names``,
+    keyed by adapter name; ``modules_to_save`` copies live in ``ModulesToSaveWrapper.modules_to_save[adapter_name]``.
+    Parameter names do not always contain ``.<adapter_name>.`` (IA3's are ``...k_proj.ia3_l.<adapter_name>``), so they
+    are not matched. The order is the model's module order, the same for every adapter of the same config (two such
+    adapters' lists pair up element by element). Prompt-learning methods (prefix / prompt tuning) have no tuner layers:
+    the list is empty.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    out, seen = [], set()
+
+    def add(prefix: str, item) -> None:
+        named = [(prefix, item)] if isinstance(item, nn.Parameter) else item.named_parameters(prefix=prefix)
+        for n, p in named:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((n, p))
+
+    for mod_name, module in unwrap(peft_model).named_modules():
+        if isinstance(module, BaseTunerLayer):
+            for layer_name in module.adapter_layer_names:
+                container = getattr(module, layer_name, None)
+                if isinstance(container, (nn.ModuleDict, nn.ParameterDict)) and adapter_name in container:
+                    add(f"{mod_name}.{layer_name}.{adapter_name}", container[adapter_name])
+        elif isinstance(module, ModulesToSaveWrapper) and adapter_name in module.modules_to_save:
+            add(f"{mod_name}.modules_to_save.{adapter_name}", module.modules_to_save[adapter_name])
+    return out
+
+
+def copy_adapter_weights(peft_model: nn.Module, src: str, dst: str) -> None:
+    """Copy adapter ``src``'s weights into adapter ``dst`` of the same ``PeftModel`` (same PEFT config), in place.
+
+    Raises:
+        ValueError: when the two adapters do not have the same parameters (different configs).
+    """
+    a, b = adapter_parameters(peft_model, src), adapter_parameters(peft_model, dst)
+    if len(a) != len(b) or any(p.shape != q.shape for (_, p), (_, q) in zip(a, b)):
+        raise ValueError(f"Adapters {src!r} and {dst!r} have different parameters: cannot copy one into the other.")
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(a, b):
+            q.copy_(p)
+
+
+def check_peft_adapter_supported(peft_model: nn.Module, adapter_name: str = "default",
+                                 field_name: str = "peft_config") -> None:
+    """Refuse a PEFT method whose adapter weights are not in tuner layers (prompt learning: prefix, prompt tuning).
+
+    Raises:
+        ValueError: naming ``field_name`` and the supported types.
+    """
+    model = unwrap(peft_model)
+    cfg = getattr(model, "peft_config", {}).get(adapter_name)
+    if cfg is None:
+        return
+    if getattr(cfg, "is_prompt_learning", False) or not adapter_parameters(model, adapter_name):
+        kind = getattr(getattr(cfg, "peft_type", None), "value", type(cfg).__name__)
+        raise ValueError(
+            f"`{field_name}` is a {kind} adapter ({type(cfg).__name__}), which has no adapter weights in the model's "
+            "layers: the trainers copy, freeze and train adapters layer by layer. Use a tuner-layer method: LoRA "
+            "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
+            "way. task_type='CAUSAL_LM'."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

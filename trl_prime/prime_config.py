@@ -88,6 +88,16 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     prm_max_grad_norm: float | None = field(
         default=1.0, metadata={"help": "Gradient clipping (max global L2 norm) of PRM updates; None disables it."}
     )
+    prm_max_abs_token_reward: float | None = field(
+        default=100.0,
+        metadata={
+            "help": "Largest sane |token reward| r_t = prm_beta * log(pi_phi(y_t)/pi_ref(y_t)) (PRIME Eq. 3). A row "
+            "beyond it (a diverged or overflowing PRM, e.g. r_t ~ 1e36) is treated like a non-finite one: the PRM "
+            "step (checked before it runs) and the policy step of its generation batch are skipped, the rows logged, "
+            "and the skip counts toward `max_nonfinite_skips`. A healthy PRM's |r_t| stays far below: at "
+            "prm_beta=0.05, 100 is a per-token log-ratio of 2,000 nats. None disables the bound; > 0."
+        },
+    )
     prm_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the PRM's AdamW."})
     prm_lr_scheduler: str = field(
         default="constant",

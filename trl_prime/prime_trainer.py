@@ -43,8 +43,11 @@ from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_fro
 from trl_prime._rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
 from trl_prime.implicit_prm import (
     ImplicitPRM,
+    adapter_parameters,
     add_fused_head,
+    check_peft_adapter_supported,
     completion_logps,
+    copy_adapter_weights,
     eval_mode,
     position_ids_from_mask,
     unwrap,
@@ -306,6 +309,7 @@ class PrimeMixin(GuardsMixin):
                     "trained as its own DeepSpeed engine) or train without DeepSpeed."
                 )
             peft_model = self.model
+            check_peft_adapter_supported(peft_model)
             default_cfg = peft_model.peft_config["default"]
             prm_cfg = copy.deepcopy(default_cfg)
             prm_cfg.inference_mode = False
@@ -317,13 +321,10 @@ class PrimeMixin(GuardsMixin):
                 if args.prm_reference == "sft":
                     peft_model.add_adapter(PRM_REF_ADAPTER, copy.deepcopy(prm_cfg))
                     ref_adapter = PRM_REF_ADAPTER
-                params = dict(peft_model.named_parameters())
-                for n, p in list(params.items()):
-                    if ".default." in n:
-                        for a in names:
-                            params[n.replace(".default.", f".{a}.")].data.copy_(p.data)
-            for name, p in peft_model.named_parameters():
-                if f".{PRM_ADAPTER}." in name or f".{PRM_REF_ADAPTER}." in name:
+                for a in names:
+                    copy_adapter_weights(peft_model, "default", a)
+            for a in (PRM_ADAPTER, PRM_REF_ADAPTER):  # found through PEFT's tuner layers (IA3 names lack ".prm.")
+                for _, p in adapter_parameters(peft_model, a):
                     p.requires_grad_(False)  # the policy's optimizer and DDP must not see them
             if self.temperature == 1.0:
                 add_fused_head(peft_model, mark_only=True)  # TRL patched the base at temperature 1
@@ -682,10 +683,14 @@ class PrimeMixin(GuardsMixin):
         token_rewards = F.implicit_token_rewards(
             prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=a.prm_beta
         )  # (B, T), every token (the last one is dropped from the advantages if include_last_token=False)
-        bad = self._guard_inspect(mode, local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
-                                  masks={"prm_logps": completion_mask, "token_rewards": completion_mask})
+        if prm_stats.get("token_rewards_checked"):  # by the PRM update, before its step (same values)
+            bad = gather(self._prime_bad_token_reward_rows(token_rewards, completion_mask).to(torch.long)).bool()
+        else:
+            bad = self._prime_inspect_token_rewards(prm_logps, ref_logps, completion_mask, unscored_l, mode=mode)
         if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
             token_rewards = torch.nan_to_num(token_rewards, nan=0.0, posinf=0.0, neginf=0.0)
+            if a.prm_max_abs_token_reward is not None:
+                token_rewards = token_rewards.clamp(-a.prm_max_abs_token_reward, a.prm_max_abs_token_reward)
         seq_rewards = gather(token_rewards.sum(-1))
         # PROF (trl_prime/prof.py): the policy trains on m of the n completions of each prompt (= kept when it is off)
         policy_kept = prime_prof_rows(
@@ -820,10 +825,27 @@ class PrimeMixin(GuardsMixin):
 
     def _prime_optimizer_step(self, loss_finite: bool = True) -> float | None:
         """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed), or
-        ``None`` when the step was skipped because the (global) loss or gradient norm is not finite."""
+        ``None`` when the step was skipped because the (global) loss or gradient norm is not finite (the norm is the
+        one clipping returns, computed before it scales the gradients: an overflow reads inf even though clipping
+        leaves zeros or NaN behind).
+
+        Under DeepSpeed the engine has already stepped in :meth:`_prime_backward`; its ZeRO optimizer skips a step
+        whose gradient norm is not finite (fp32, and bf16 with DeepSpeed's default ``check_grad_overflow``), which is
+        reported here as a skip. A non-finite norm whose step the engine applied anyway raises (the PRM is lost)."""
         if self._prime_engine is not None:
             norm = self._prime_engine.get_global_grad_norm()
-            return float(norm) if norm is not None else float("nan")
+            applied = self._prime_engine.was_step_applied()
+            if norm is not None and math.isfinite(float(norm)) and loss_finite and applied:
+                return float(norm)
+            if norm is None and applied and loss_finite:
+                return float("nan")  # ZeRO gradient-norm computation disabled: nothing to judge
+            if applied:
+                raise RuntimeError(
+                    f"The PRM's DeepSpeed engine applied a step whose gradient norm is {norm} (loss finite: "
+                    f"{loss_finite}): its weights are no longer finite. Enable DeepSpeed's overflow check (bf16: "
+                    "`check_grad_overflow: true`), lower `prm_learning_rate`, and resume from the last checkpoint."
+                )
+            return None
         params = self.implicit_prm.trainable_parameters()
         if self.accelerator.num_processes > 1:
             grads = []
@@ -848,6 +870,29 @@ class PrimeMixin(GuardsMixin):
         self.prm_lr_scheduler.step()
         self.prm_optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _prime_bad_token_reward_rows(self, token_rewards: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool: local rows with a non-finite token reward or one beyond ``prm_max_abs_token_reward``."""
+        bound = self.args.prm_max_abs_token_reward
+        t, m = token_rewards.float(), completion_mask.bool()
+        bad = ~torch.isfinite(t) | ((t.abs() > bound) if bound is not None else torch.zeros_like(m))
+        return (bad & m).any(-1)
+
+    def _prime_inspect_token_rewards(self, prm_logps, ref_logps, completion_mask, unscored=None, *, mode="train"):
+        """Guard the PRM's ``(B, T)`` log-probs and token rewards (PRIME Eq. 3): rows with a non-finite value or a
+        token reward beyond ``prm_max_abs_token_reward`` poison the generation batch (training) and are logged with
+        their sample ids. Collective. Returns the ``(B_global,)`` bool mask of offending rows."""
+        token_rewards = F.implicit_token_rewards(
+            prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=self.args.prm_beta
+        )
+        mask = completion_mask
+        if unscored is not None:  # rows without a PRM forward (log-probs 0) are not judged
+            mask = completion_mask * (~unscored).unsqueeze(1).to(completion_mask.dtype)
+        return self._guard_inspect(
+            mode, local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
+            masks={"prm_logps": mask, "token_rewards": mask},
+            bounds={"token_rewards": self.args.prm_max_abs_token_reward},
+        )
 
     def _prime_global_batch_loss(self, prm_logps, ref_logps, completion_mask, labels):
         """The pairwise / KTO PRM loss (``prm_loss`` "dpo", "nca", "kto") over the *global* batch.
@@ -941,16 +986,27 @@ class PrimeMixin(GuardsMixin):
                 loss_sum = loss.detach() / self.accelerator.num_processes
                 logps.append(lp.detach())
         loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
-        grad_norm = self._prime_optimizer_step(loss_finite=math.isfinite(loss_value))
         prm_logps = torch.cat(logps, dim=0)
-        if grad_norm is None:  # non-finite PRM loss or gradient: step skipped (weights unchanged), batch poisoned
-            self._guard_poison_batch("train", "non-finite PRM loss/gradient")
-            return prm_logps, {"loss": loss_value}
+        # before the step: rows whose PRM log-probs or token rewards (the update's own forward) are non-finite or
+        # beyond `prm_max_abs_token_reward` poison the batch and skip the step, named in the log (collective)
+        bad = self._prime_inspect_token_rewards(prm_logps, ref_logps, completion_mask, unscored)
+        if bool(bad.any()):
+            if self._prime_engine is None:
+                self.prm_optimizer.zero_grad(set_to_none=True)  # skipped: weights, moments and schedule unchanged
+            elif self._prime_optimizer_step(loss_finite=math.isfinite(loss_value)) is not None:
+                self._prime_num_updates += 1  # DeepSpeed stepped inside backward: that step could not be held back
+            return prm_logps, {"loss": loss_value, "token_rewards_checked": True}
+        grad_norm = self._prime_optimizer_step(loss_finite=math.isfinite(loss_value))
+        if grad_norm is None:  # non-finite PRM loss or gradient norm: step skipped (weights unchanged), batch poisoned
+            # every row's log-probs and token rewards passed the check above: no row to blame
+            self._guard_poison_batch("train", "non-finite PRM loss/gradient norm")
+            return prm_logps, {"loss": loss_value, "token_rewards_checked": True}
         self._prime_num_updates += 1
         lr = self.prm_lr_scheduler.get_last_lr()[0] if self.prm_lr_scheduler is not None else a.prm_learning_rate
         if a.prm_update == "double":
             prm_logps = scored_logps()
-        stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr}
+        stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr,
+                 "token_rewards_checked": a.prm_update == "single"}
         self._prime_dispatch(
             "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,
             num_updates=self._prime_num_updates, labels=labels, row_weights=valid.float() / n_global,
