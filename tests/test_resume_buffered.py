@@ -5,7 +5,7 @@ in between on a buffered generation batch (``_buffered_inputs``, slice ``_step %
 taken inside that window must carry the buffer and the micro-step counter: a run stopped after step ``ckpt + 1`` and
 resumed from ``checkpoint-<ckpt>`` must then log the same metrics, generate for the same prompts, and end with the same
 policy and PRM weights, bit for bit, as the uninterrupted run (and PRIME must not update its PRM twice on one
-generation batch).
+generation batch). A run resumed in a later epoch must walk the prompts in the uninterrupted run's order.
 """
 
 from __future__ import annotations
@@ -61,16 +61,16 @@ def recording_reward(seen: list, inf_at_step: int | None = None):
 
 
 def make(which, model_path, prm_path, out, seen, *, spg, num_iterations, grad_accum, save_steps, callbacks=None,
-         inf_at_step=None, **extra):
+         inf_at_step=None, num_prompts=16, max_steps=MAX_STEPS, **extra):
     kw = dict(
         output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        per_device_train_batch_size=8, num_generations=K, max_completion_length=8, max_steps=MAX_STEPS,
+        per_device_train_batch_size=8, num_generations=K, max_completion_length=8, max_steps=max_steps,
         logging_steps=1, save_strategy="steps", save_steps=save_steps, seed=0, learning_rate=1e-3,
         steps_per_generation=spg, num_iterations=num_iterations, gradient_accumulation_steps=grad_accum,
     )
     kw.update(extra)
-    common = dict(model=model_path, reward_funcs=recording_reward(seen, inf_at_step), train_dataset=tiny_prompt_dataset(16),
-                  callbacks=callbacks)
+    common = dict(model=model_path, reward_funcs=recording_reward(seen, inf_at_step),
+                  train_dataset=tiny_prompt_dataset(num_prompts), callbacks=callbacks)
     prime = dict(prm_learning_rate=1e-2, filter_lower=0.0, filter_upper=1.0)
     if which == "prime_rloo":
         return PrimeRLOOTrainer(args=PrimeRLOOConfig(**kw, **prime), **common)
@@ -107,32 +107,31 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("which,spg,num_iterations,grad_accum,ckpt", CASES,
-                         ids=[f"{c[0]}-spg{c[1]}-it{c[2]}-ga{c[3]}-ckpt{c[4]}" for c in CASES])
-def test_resume_inside_a_generation_window_is_bit_identical(tiny_model_path, step_prm_path, tmp_path, which, spg,
-                                                            num_iterations, grad_accum, ckpt):
-    opts = dict(spg=spg, num_iterations=num_iterations, grad_accum=grad_accum, save_steps=ckpt)
-    assert (ckpt * grad_accum) % (spg * num_iterations) != 0  # the checkpoint is taken mid-window
+def check_resume(which, model_path, prm_path, tmp_path, *, spg, num_iterations, grad_accum, ckpt, num_prompts=16,
+                 max_steps=MAX_STEPS):
+    """Uninterrupted run vs run stopped after step ckpt + 1 and resumed from checkpoint-<ckpt>: bit for bit."""
+    opts = dict(spg=spg, num_iterations=num_iterations, grad_accum=grad_accum, save_steps=ckpt,
+                num_prompts=num_prompts, max_steps=max_steps)
     seen_full, seen_first = [], []
-    full = make(which, tiny_model_path, step_prm_path, tmp_path / "full", seen_full, **opts)
+    full = make(which, model_path, prm_path, tmp_path / "full", seen_full, **opts)
     full.train()
-    assert full.state.global_step == MAX_STEPS
-    first = make(which, tiny_model_path, step_prm_path, tmp_path / "resumed", seen_first,
-                 callbacks=[StopAfter(ckpt + 1)], **opts)
+    assert full.state.global_step == max_steps
+    first = make(which, model_path, prm_path, tmp_path / "resumed", seen_first, callbacks=[StopAfter(ckpt + 1)],
+                 **opts)
     first.train()
     assert first.state.global_step == ckpt + 1
     checkpoint = tmp_path / "resumed" / f"checkpoint-{ckpt}"
     assert os.path.isdir(checkpoint)
     seen_second = []
-    second = make(which, tiny_model_path, step_prm_path, tmp_path / "resumed", seen_second, **opts)
+    second = make(which, model_path, prm_path, tmp_path / "resumed", seen_second, **opts)
     second.train(resume_from_checkpoint=str(checkpoint))
-    assert second.state.global_step == MAX_STEPS
+    assert second.state.global_step == max_steps
 
     # the resumed run generates for the prompts the uninterrupted run generated for after the checkpoint, no others
     assert seen_second == [s for s in seen_full if s[0] > ckpt]
     # the same metrics at every step after the checkpoint
     a, b = _rows(full), _rows(second)
-    for step in range(ckpt + 1, MAX_STEPS + 1):
+    for step in range(ckpt + 1, max_steps + 1):
         assert set(a[step]) == set(b[step]), (step, set(a[step]) ^ set(b[step]))
         for k in a[step]:
             x, y = a[step][k], b[step][k]
@@ -142,11 +141,45 @@ def test_resume_inside_a_generation_window_is_bit_identical(tiny_model_path, ste
     assert not _same(_snap(first.model), _snap(second.model))
     if hasattr(full, "implicit_prm"):
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
-        generations = -(-MAX_STEPS * grad_accum // (spg * num_iterations))  # one PRM update per generation batch
+        generations = -(-max_steps * grad_accum // (spg * num_iterations))  # one PRM update per generation batch
         assert second._prime_num_updates == full._prime_num_updates == generations
+    return torch.load(checkpoint / "generation_state_0.pt", weights_only=True)
+
+
+# (trainer, steps_per_generation, num_iterations, gradient_accumulation_steps, checkpoint step): every checkpoint lies
+# inside a generation window (ckpt * grad_accum is not a multiple of steps_per_generation * num_iterations)
+CASES = [
+    ("prime_rloo", 2, 2, 1, 2),
+    ("prime_grpo", 2, 2, 1, 2),
+    ("prl", 2, 2, 1, 2),
+    ("prof", 2, 2, 1, 2),
+    ("prime_grpo", 1, 2, 1, 3),  # one micro-batch per generation, reused once: checkpoint between the two passes
+    ("prime_rloo", 2, 2, 2, 3),  # gradient accumulation over the two slices of a generation batch
+    ("prl", 1, 3, 1, 4),
+]
+
+
+@pytest.mark.parametrize("which,spg,num_iterations,grad_accum,ckpt", CASES,
+                         ids=[f"{c[0]}-spg{c[1]}-it{c[2]}-ga{c[3]}-ckpt{c[4]}" for c in CASES])
+def test_resume_inside_a_generation_window_is_bit_identical(tiny_model_path, step_prm_path, tmp_path, which, spg,
+                                                            num_iterations, grad_accum, ckpt):
+    assert (ckpt * grad_accum) % (spg * num_iterations) != 0  # the checkpoint is taken mid-window
+    state = check_resume(which, tiny_model_path, step_prm_path, tmp_path, spg=spg, num_iterations=num_iterations,
+                         grad_accum=grad_accum, ckpt=ckpt)
     # the checkpoint holds the buffered generation batch and TRL's micro-step counter
-    state = torch.load(checkpoint / "generation_state_0.pt", weights_only=True)
     assert state["step"] == ckpt * grad_accum and len(state["buffered_inputs"]) == spg
+
+
+@pytest.mark.parametrize("which,spg,num_iterations,ckpt,max_steps", [("prl", 1, 1, 3, 6), ("prime_rloo", 2, 2, 5, 10)],
+                         ids=["prl-spg1-it1-ckpt3", "prime_rloo-spg2-it2-ckpt5"])
+def test_resume_in_a_later_epoch_is_bit_identical(tiny_model_path, tmp_path, which, spg, num_iterations, ckpt,
+                                                  max_steps):
+    """4 prompts: an epoch is 2 steps (spg=1, it=1) or 4 steps (spg=2, it=2); the checkpoint lies in the second
+    epoch (at a generation boundary, then inside a generation window), and the run goes on into the third: each
+    epoch's prompt order, which TRL's RepeatSampler draws after the previous epochs', is the uninterrupted run's."""
+    state = check_resume(which, tiny_model_path, None, tmp_path, spg=spg, num_iterations=num_iterations,
+                         grad_accum=1, ckpt=ckpt, num_prompts=4, max_steps=max_steps)
+    assert (state["buffered_inputs"] is None) == (ckpt % (spg * num_iterations) == 0)
 
 
 def test_poisoned_generation_batch_stays_skipped_after_resume(tiny_model_path, tmp_path):

@@ -38,7 +38,9 @@ failures, degenerate batches, atomic checkpoints).
     ``generation_state_<process index>.pt`` of the checkpoint; a resumed run restores them, so it trains on the very
     rollouts, advantages, old log-probs and PRM token rewards the interrupted run had (no second PRIME PRM update on
     one generation batch), and Trainer's data skip (``global_step * gradient_accumulation_steps`` batches) and RNG
-    restore put it where the uninterrupted run would be.
+    restore put it where the uninterrupted run would be. TRL's ``RepeatSampler`` draws a new permutation of the prompts
+    from its own generator at every epoch and has no ``set_epoch``: a run resumed in epoch ``e`` replays the ``e``
+    earlier draws first, so it walks the prompts in the uninterrupted run's order.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ logger = logging.getLogger(__name__)
 #: score (``error``), the code sandbox could not run (``sandbox_error``).
 INFRASTRUCTURE_FAILURE_METRICS = ("math/error", "code/sandbox_error")
 GUARD_STATE_NAME = "guard_state.json"
-#: per process (``.format(process_index)``): TRL's buffered generation batch and micro-step counter (see the module doc)
+#: per process (``.format(process_index)``): TRL's buffered generation batch and micro-step counter (module doc)
 GENERATION_STATE_NAME = "generation_state_{}.pt"
 GENERATION_STATE_VERSION = 1
 STAGING_PREFIX = ".staging-"
@@ -568,8 +570,27 @@ class GuardsMixin:
             super()._save_checkpoint(model, trial)
 
     # --------------------------------------------------------------------------------------------------------
-    # Buffered generation batch (exact resume inside a generation window)
+    # Buffered generation batch and prompt order (exact resume inside a generation window, in a later epoch)
     # --------------------------------------------------------------------------------------------------------
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        self._guard_train_sampler = sampler
+        return sampler
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        epochs_trained, steps_in_epoch = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        sampler, self._guard_train_sampler = getattr(self, "_guard_train_sampler", None), None  # this train() call's
+        shuffled = getattr(sampler, "generator", None) is not None
+        if resume_from_checkpoint is not None and epochs_trained > 0 and shuffled:
+            # TRL's RepeatSampler draws each epoch's permutation from its own generator on the first index of the
+            # epoch and has no set_epoch: replay the draws of the epochs the interrupted run went through
+            for _ in range(epochs_trained):
+                next(iter(sampler), None)
+        return epochs_trained, steps_in_epoch
+
     def _guard_generation_layout(self) -> dict:
         """What fixes the meaning of ``_step`` and the shape of the buffer: a resumed run must match it."""
         a = self.args
