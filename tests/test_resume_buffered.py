@@ -10,6 +10,7 @@ generation batch). A run resumed in a later epoch must walk the prompts in the u
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -219,3 +220,31 @@ def test_checkpoint_without_or_with_another_generation_layout_warns(tiny_model_p
     assert "has no generation_state_0.pt (written by an older trl-prime)" in caplog.text
     assert "generates a new batch from the next prompts at step 3" in caplog.text
     assert seen[0][0] == 3 and tr.state.global_step == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_two_processes_resume_inside_a_generation_window(tiny_model_path, tmp_path):
+    """DDP over gloo, 2 processes: each process saves and restores its own buffered generation batch
+    (generation_state_<rank>.pt); the resumed PRIME-RLOO run equals the uninterrupted one bit for bit (and a CPU
+    process's device, "cpu:0", loads the PRM optimizer state)."""
+    import subprocess
+    import sys
+
+    from test_prime_distributed import ACCELERATE, _free_port
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([
+        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        os.path.join(root, "tests", "scripts", "resume_buffered_distributed.py"), "--model", tiny_model_path, "--out",
+        str(tmp_path),
+    ], capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    with open(tmp_path / "result.json") as f:
+        r = json.load(f)
+    assert r["losses"]["full"] == r["losses"]["resumed"] and sorted(r["losses"]["full"]) == ["3", "4", "5", "6"]
+    assert r["policy"][0] == r["policy"][1] and r["prm"][0] == r["prm"][1]
+    assert r["prm_updates"] == [2, 2]
+    assert {"generation_state_0.pt", "generation_state_1.pt"} <= set(r["files"])

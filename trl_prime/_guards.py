@@ -641,10 +641,11 @@ class GuardsMixin:
                     self.args.steps_per_generation, self.num_iterations, self.state.global_step + 1,
                 )
             return
+        from accelerate.utils import send_to_device
         from transformers.trainer_pt_utils import safe_globals
 
         with safe_globals():  # tensors, containers and numpy scalars/arrays, as Trainer loads its RNG states
-            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)  # (torch.load rejects e.g. "cpu:0")
         layout = self._guard_generation_layout()
         if state.get("version") != GENERATION_STATE_VERSION or state.get("layout") != layout:
             changed = {k: (v, layout.get(k)) for k, v in (state.get("layout") or {}).items() if layout.get(k) != v}
@@ -655,7 +656,7 @@ class GuardsMixin:
             )
             return
         self._step = state["step"]
-        self._buffered_inputs = state["buffered_inputs"]
+        self._buffered_inputs = send_to_device(state["buffered_inputs"], self.accelerator.device)
         self._guard_poison = state["poison"]
         self._guard_step_pending = state["step_pending"]
 
