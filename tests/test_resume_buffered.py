@@ -105,6 +105,7 @@ CASES = [
     ("prime_grpo", 1, 2, 1, 3),  # one micro-batch per generation, reused once: checkpoint between the two passes
     ("prime_rloo", 2, 2, 2, 3),  # gradient accumulation over the two slices of a generation batch
     ("prl", 1, 3, 1, 4),
+    ("prof", 2, 1, 3, 1),  # more micro-steps per optimizer step than per generation: step 2 spans two generations
 ]
 
 
@@ -157,6 +158,7 @@ CASES = [
     ("prime_grpo", 1, 2, 1, 3),  # one micro-batch per generation, reused once: checkpoint between the two passes
     ("prime_rloo", 2, 2, 2, 3),  # gradient accumulation over the two slices of a generation batch
     ("prl", 1, 3, 1, 4),
+    ("prof", 2, 1, 3, 1),  # more micro-steps per optimizer step than per generation: step 2 spans two generations
 ]
 
 
