@@ -521,7 +521,9 @@ class PrimeMixin(GuardsMixin):
             set_peft_model_state_dict(self.prm_model, weights, adapter_name=PRM_ADAPTER)
         else:
             _load_weights(self.prm_model, prm_dir)
-        self.prm_optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location=device))
+        # loaded on the CPU (torch.load rejects map_location "cpu:0", the device of a CPU DDP process); the optimizer
+        # moves its state to the parameters' device
+        self.prm_optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location="cpu"))
         self.prm_lr_scheduler.load_state_dict(torch.load(os.path.join(prm_dir, "scheduler.pt")))
 
     # ----------------------------------------------------------------------------------------------------------
