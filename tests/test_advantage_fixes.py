@@ -50,7 +50,7 @@ def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
     P = 1e-3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     o = torch.ones(B, dtype=torch.float64)  # equal outcomes: the outcome term is exactly 0, A_0 is the process term
     gid = torch.arange(B) // K
-    adv = F.prime_advantages(P, o, mask, gid, estimator="grpo")
+    adv = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_scale="process_std")
     assert adv[:, 0].abs().max().item() <= samuelson(K)
     # exactly the z-score of rbar
     rbar = (P * mask).sum(1) / lengths
@@ -59,9 +59,39 @@ def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
     close(adv[:, 0], z, atol=1e-9, rtol=1e-9)
     # finite at every token, no growth with the length
     assert torch.isfinite(adv).all() and adv[mask].abs().max().item() < 10
-    printed = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token")
+    printed = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token",
+                                 grpo_process_scale="process_std")
     close(printed[:, 0], lengths * z, atol=1e-6, rtol=1e-9)
     assert printed[:, 0].abs().max().item() > 100 * samuelson(K)
+    # the default (response form, outcome scale) with outcomes that vary: the process term at t=0 is
+    # (rbar_i - mean_g rbar) / std_g r_o, far inside the bound, and the printed form is L_i times it
+    o2 = (torch.arange(B) % 2).to(torch.float64)  # 0, 1, 0, 1: std_g r_o = sqrt(1/3)
+    proc = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0)
+    assert proc[:, 0].abs().max().item() <= samuelson(K)
+    r_std = (rbar.view(G, K) - rbar.view(G, K).mean(1, keepdim=True)).view(-1) / (math.sqrt(1 / 3) + EPS)
+    close(proc[:, 0], r_std, atol=1e-9, rtol=1e-9)
+    printed2 = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0, grpo_process_form="token")
+    close(printed2[:, 0], lengths * r_std, atol=1e-6, rtol=1e-9)
+
+
+def test_grpo_default_is_bounded_at_every_token_for_a_structured_prm():
+    """Mean token rewards that nearly agree across the group but vary inside each completion (+0.02 on the first
+    half, -0.02 on the second, 1e-5 noise): dividing by the process rewards' own group std explodes at t>0
+    (|A| in the thousands); the default outcome-std scale keeps every token within 2 max|r| / std_g r_o."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 8, 512
+    mask = torch.ones(B, T, dtype=torch.bool)
+    P = torch.cat([torch.full((B, T // 2), 0.02), torch.full((B, T // 2), -0.02)], 1).double()
+    P = P + 1e-5 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    o = (torch.arange(B) % 2).to(torch.float64)
+    gid = torch.arange(B) // K
+    kw = dict(estimator="grpo", outcome_coef=0.0)
+    wild = F.prime_advantages(P, o, mask, gid, grpo_process_scale="process_std", **kw)
+    assert wild.abs().max().item() > 1000
+    tame = F.prime_advantages(P, o, mask, gid, **kw)
+    bound = 2 * P.abs().max().item() / math.sqrt(1 / 3)
+    assert tame.abs().max().item() <= bound
+    assert tame.abs().max().item() > 1e-3  # the process term is not simply switched off
 
 
 def test_grpo_response_form_hand():
@@ -75,19 +105,21 @@ def test_grpo_response_form_hand():
     # process tokens (r_s - 2) / (L_i (1 + eps)): row 0 [-1/2, -1/2], row 1 [1], row 2 [0, 0]
     p = 1.0 / (1.0 + EPS)
     want = [[-1.0 * p + oa[0], -0.5 * p + oa[0]], [1.0 * p + oa[1], 0.0], [oa[2], oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo"), want)
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="response"), want)
+    zs = dict(grpo_process_scale="process_std")
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", **zs), want)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="response", **zs), want)
     # discounted: row 0 at t=0 is -1/2 + 0.5 * (-1/2) = -0.75
     want_g = [[-0.75 * p + oa[0], -0.5 * p + oa[0]], [1.0 * p + oa[1], 0.0], [oa[2], oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", gamma=0.5), want_g)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", gamma=0.5, **zs), want_g)
     # scale_rewards=False: centred only, A_0 = rbar_i - mean (process) + o_i - mean (outcome)
     ob = [2 / 3, -1 / 3, -1 / 3]
     close(F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False),
           [[-1.0 + ob[0], -0.5 + ob[0]], [1.0 + ob[1], 0.0], [ob[2], ob[2]]])
-    # the outcome's std as the process divisor
+    # the outcome's std as the process divisor (the default)
     q = 1.0 / (so + EPS)
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_scale="outcome_std"),
-          [[-1.0 * q + oa[0], -0.5 * q + oa[0]], [1.0 * q + oa[1], 0.0], [oa[2], oa[2]]])
+    want_o = [[-1.0 * q + oa[0], -0.5 * q + oa[0]], [1.0 * q + oa[1], 0.0], [oa[2], oa[2]]]
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_scale="outcome_std"), want_o)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo"), want_o)
 
 
 def test_grpo_outcome_std_scale_untrained_prm_and_equal_outcomes():
@@ -98,12 +130,12 @@ def test_grpo_outcome_std_scale_untrained_prm_and_equal_outcomes():
     o = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])  # group 1: every outcome equal
     gid = torch.arange(B) // K
     proc = lambda **kw: F.prime_advantages(noise, o, mask, gid, estimator="grpo", outcome_coef=0.0, **kw)  # noqa: E731
-    z = proc()[:, 0]
+    z = proc(grpo_process_scale="process_std")[:, 0]
     assert z[:4].abs().max() > 0.5 and z[:4].abs().max() <= samuelson(K)  # noise weighs as much as the outcome
-    scaled = proc(grpo_process_scale="outcome_std")
+    scaled = proc()  # the default: outcome_std
     assert scaled[:4].abs().max() < 1e-3  # noise stays noise
     assert torch.equal(scaled[4:], torch.zeros(4, T))  # equal outcomes: no scale, process term 0
-    assert proc()[4:, 0].abs().max() > 0.5  # the z-score form still uses it
+    assert z[4:].abs().max() > 0.5  # the z-score form still uses it
 
 
 def test_grpo_process_options_validated():
@@ -125,8 +157,8 @@ def test_config_grpo_process_fields(tmp_path):
     plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
     for cls in (PrimeGRPOConfig, PrimeRLOOConfig):
         c = cls(**plain)
-        assert (c.grpo_process_form, c.grpo_process_scale) == ("response", "process_std")
-        cls(**plain, grpo_process_form="token", grpo_process_scale="outcome_std")
+        assert (c.grpo_process_form, c.grpo_process_scale) == ("response", "outcome_std")
+        cls(**plain, grpo_process_form="token", grpo_process_scale="process_std")
         with pytest.raises(ValueError, match="grpo_process_form"):
             cls(**plain, grpo_process_form="sequence")
         with pytest.raises(ValueError, match="grpo_process_scale"):
@@ -172,7 +204,7 @@ def test_default_prime_grpo_trainer_advantages_are_bounded(tiny_model_path, tmp_
     assert adv[mask].abs().max().item() < 2 * bound
     inputs = dict(ev["advantage_inputs"])
     close(adv, F.prime_advantages(**inputs), atol=1e-6, rtol=1e-5)
-    inputs["grpo_process_form"] = "token"
+    inputs.update(grpo_process_form="token", grpo_process_scale="process_std")
     assert F.prime_advantages(**inputs)[:, 0].abs().max().item() > bound
 
 

@@ -414,7 +414,8 @@ def test_prime_advantages_estimators_hand():
     so = math.sqrt(1.0 / 3.0)
     oa = [(1 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps)]
     want = [[pt(1) + pt(1) + oa[0], pt(1) + oa[0]], [pt(3) + oa[1], 0.0], [pt(2) + pt(2) + oa[2], pt(2) + oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token"), want)  # printed Eq. 8
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token",
+                            grpo_process_scale="process_std"), want)  # printed Eq. 8
     # rloo through prime_advantages = rloo_advantages
     adv, _ = F.rloo_advantages(P, o, mask, 3, baseline="reference", whiten=True)
     close(F.prime_advantages(P, o, mask, gid, baseline="reference", whiten=True), adv)

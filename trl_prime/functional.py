@@ -1153,7 +1153,7 @@ def _prime_advantages_impl(
     scale_rewards: bool = True,
     eps: float = 1e-6,
     grpo_process_form: str = "response",
-    grpo_process_scale: str = "process_std",
+    grpo_process_scale: str = "outcome_std",
     whiten_eps: float = 1e-8,
     fn: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1379,34 +1379,44 @@ def prime_advantages(
       unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o +
       eps)`` at the last token and the process term, for token t, is chosen by ``grpo_process_form``:
 
-      - ``"response"`` (default): ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / (std_g rbar + eps)``,
-        the reward-to-go measured in whole responses. At ``t=0`` (``gamma=1``) it is exactly the group z-score of
-        the completion's mean token reward, ``(rbar^i - mean_g rbar) / (std_g rbar + eps)``, so
-        ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's bound for the unbiased std) whatever the completion length; for
-        ``t > 0`` it is ``(sum_{s>=t} r_s^i - (L_i - t) mean_g rbar) / (L_i (std_g rbar + eps))``: the centred
-        reward still to come as a fraction of a whole response, which does not scale with ``L_i`` as the printed
-        form does (for token rewards of i.i.d. noise it stays of order 1 at every t).
-      - ``"token"``: the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / (std_g rbar + eps)``.
-        Each token reward is centred on a response-level mean and divided by a response-level std, so at ``t=0``
-        the sum is ``L_i`` times the z-score, up to ``L_i (K-1)/sqrt(K)`` (about 1,500 at L=1024, K=4, reached by
+      - ``"response"`` (default): ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, the reward-to-go
+        measured in whole responses, with ``D`` the divisor chosen by ``grpo_process_scale`` (below). At ``t=0``
+        (``gamma=1``) it is ``(rbar^i - mean_g rbar) / D``: with ``D = std_g rbar + eps`` exactly the group z-score
+        of the completion's mean token reward, so ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's bound for the unbiased
+        std) whatever the completion length; for ``t > 0`` it is ``(sum_{s>=t} r_s^i - (L_i - t) mean_g rbar) /
+        (L_i D)``: the centred reward still to come as a fraction of a whole response, which does not scale with
+        ``L_i`` as the printed form does.
+      - ``"token"``: the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D`` (Eq. 8 divides by
+        ``std_g rbar + eps``). Each token reward is centred on a response-level mean and divided by a
+        response-level scale, so at ``t=0`` the sum is ``L_i`` times the response form, up to ``L_i (K-1)/sqrt(K)`` (about 1,500 at L=1024, K=4, reached by
         token rewards of pure noise): it grows with the completion length and lets the policy follow PRM noise.
 
       ``grpo_process_scale`` chooses the divisor of the process term (with ``scale_rewards=True``):
 
-      - ``"process_std"`` (default): ``std_g rbar + eps``, as above (PRIME Appendix B.3 normalises the process
-        rewards by their own group statistics).
-      - ``"outcome_std"``: ``std_g r_o + eps``, the outcome's group std, so both terms share one scale and the
-        process term keeps its raw size relative to the outcome (as in Eq. 5); a group whose scorable outcomes
-        are all equal gets process term 0 as well (no scale to measure it in).
+      - ``"outcome_std"`` (default): ``std_g r_o + eps``, the outcome's group std, so both terms share one scale:
+        PRIME's total reward (process + outcome) is normalised by the group statistics of the outcome, and the
+        process term keeps its size relative to the outcome (as in Eq. 5). A group whose scorable outcomes are all
+        equal gets process term 0 as well (no scale to measure it in).
+      - ``"process_std"``: ``std_g rbar + eps``, the process rewards' own group std (PRIME Appendix B.3 normalises
+        them by their own group statistics). At ``t=0`` the ``"response"`` form is then exactly the group z-score
+        of the completion's mean token reward.
 
       Why these defaults: the ``"response"`` form is the only one of the two whose advantage at ``t=0`` is
-      bounded (``(K-1)/sqrt(K)``, the outcome term's own bound) independently of the completion length. The
-      ``"process_std"`` scale keeps the estimator invariant to the reward scale (``beta``, the PRM's sharpness)
-      and gives exactly 0 while the PRM still equals its reference (every token reward 0, a constant group).
-      Its cost is the untrained-PRM case: rewards that are pure noise (around 1e-5) become a unit-size z-score,
-      the same weight as the outcome; ``"outcome_std"`` leaves such noise near 0 but makes the process weight
-      depend on ``beta`` and on the outcome spread. The defaults are chosen on these invariants alone, with no
-      learning benchmark yet to compare them; they should be revisited once one exists.
+      bounded independently of the completion length (with ``"process_std"``, by ``(K-1)/sqrt(K)``, the outcome
+      term's own bound). ``"process_std"`` is invariant to the reward scale (``beta``, the PRM's sharpness) but
+      divides by a statistic of whole responses only, which fails in two cases the default avoids:
+
+      1. an untrained PRM (rewards of pure noise, around 1e-5) becomes a unit-size z-score, the same weight as the
+         verified outcome, so the policy follows PRM noise; with ``"outcome_std"`` such noise stays near 0;
+      2. completions whose mean token rewards nearly agree but whose rewards vary inside them (a PRM rewarding
+         early tokens and penalising late ones) have a tiny ``std_g rbar``, and the reward-to-go at ``t > 0``
+         divided by it explodes (max |A| about 6,600 at L=512 for a +-0.02 two-half profile with 1e-5 noise, RLOO
+         about 6 on the same batch). With ``"outcome_std"`` the process term at every token is bounded by
+         ``2 max|r_s| / (std_g r_o + eps)``, at most ``4 max|r_s|`` for 0/1 outcomes in a group the online filter
+         keeps (``std_g r_o >= 1/2``).
+
+      The choice is made on these invariants; the learning benchmark (``benchmarks/learning.py``) runs both
+      (``prime_grpo`` and ``prime_grpo_process_std``), see ``benchmarks/RESULTS.md`` for what it measured.
 
       Extra options: ``scale_rewards`` (False: mean only, no divisor), ``eps``, ``grpo_process_form``,
       ``grpo_process_scale``.

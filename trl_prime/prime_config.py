@@ -166,13 +166,14 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         },
     )
     grpo_process_scale: str = field(
-        default="process_std",
+        default="outcome_std",
         metadata={
-            "help": "Divisor of the 'grpo' estimator's process term: 'process_std' (default: the group std of the "
-            "completions' mean token rewards, a z-score whatever the reward scale) or 'outcome_std' (the outcome's "
-            "group std: both terms share one scale, so an untrained PRM's near-zero rewards stay near 0 instead of "
-            "weighing as much as the outcome; groups with equal outcomes get process term 0). Applies with "
-            "scale_rewards='group'; other estimators ignore it."
+            "help": "Divisor of the 'grpo' estimator's process term: 'outcome_std' (default: the outcome's group "
+            "std: both terms share one scale, so an untrained PRM's near-zero rewards stay near 0 instead of "
+            "weighing as much as the outcome, and the process term stays bounded at every token; groups with equal "
+            "outcomes get process term 0) or 'process_std' (the group std of the completions' mean token rewards, "
+            "a z-score at t=0 whatever the reward scale, but unbounded at t>0 when the mean token rewards nearly "
+            "agree). Applies with scale_rewards='group'; other estimators ignore it."
         },
     )
     # --- Online prompt filter -----------------------------------------------------------------------------------
@@ -331,9 +332,11 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
     process term group-normalises the completions' mean process rewards, the outcome term is GRPO's); TRL's
     ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. Its process term is the
-    response-level form by default (``grpo_process_form="response"``: at the first token, the group z-score of the
-    completion's mean token reward, bounded by (K-1)/sqrt(K)); ``"token"`` is the printed Eq. 8, which grows with
-    the completion length (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
+    response-level form by default (``grpo_process_form="response"``: at the first token, the completion's mean token
+    reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
+    Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
+    the process term bounded at every token and an untrained PRM's noise near 0; ``"process_std"`` divides the
+    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
     loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
