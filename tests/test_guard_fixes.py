@@ -119,7 +119,7 @@ def test_zero_spread_batch_warns_one_spread_group_does_not(tiny_model_path, step
     log = _logs(tr)[1]
     assert log["guard/all_rewards_equal"] == 0.0 and log["guard/all_groups_zero_spread"] == 1.0
     assert "Degenerate batch at step 1: " in caplog.text
-    assert "every group's rewards equal within the group (zero spread) (no learning signal" in caplog.text
+    assert "every group's rewards equal within the group (zero spread) (no outcome signal" in caplog.text
     caplog.clear()
 
     spread = _by_group([[1, 0, 1, 0], [0, 0, 0, 0]])
@@ -308,3 +308,18 @@ def test_prompt_learning_peft_config_is_refused(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match=r"`peft_config` is a PROMPT_TUNING adapter.*LoRA \(LoraConfig\) or IA3"):
         _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), trainer_kwargs=dict(
             peft_config=PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)))
+
+
+def test_prl_reference_copy_refuses_a_prompt_learning_adapter(tiny_model_path):
+    """PRL's frozen reference adapter is a copy of the policy's: a prompt-learning adapter has no layer weights to
+    copy (the copy would be a freshly initialised adapter), so the copy is refused, naming the field."""
+    from peft import PromptTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_prime._reference import copy_adapter
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                           PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    with pytest.raises(ValueError, match=r"`peft_config` is a PROMPT_TUNING adapter"):
+        copy_adapter(model, "ref")
+    assert "ref" not in model.peft_config  # refused before anything was added

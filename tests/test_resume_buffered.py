@@ -148,18 +148,6 @@ def check_resume(which, model_path, prm_path, tmp_path, *, spg, num_iterations, 
     return torch.load(checkpoint / "generation_state_0.pt", weights_only=True)
 
 
-# (trainer, steps_per_generation, num_iterations, gradient_accumulation_steps, checkpoint step): every checkpoint lies
-# inside a generation window (ckpt * grad_accum is not a multiple of steps_per_generation * num_iterations)
-CASES = [
-    ("prime_rloo", 2, 2, 1, 2),
-    ("prime_grpo", 2, 2, 1, 2),
-    ("prl", 2, 2, 1, 2),
-    ("prof", 2, 2, 1, 2),
-    ("prime_grpo", 1, 2, 1, 3),  # one micro-batch per generation, reused once: checkpoint between the two passes
-    ("prime_rloo", 2, 2, 2, 3),  # gradient accumulation over the two slices of a generation batch
-    ("prl", 1, 3, 1, 4),
-    ("prof", 2, 1, 3, 1),  # more micro-steps per optimizer step than per generation: step 2 spans two generations
-]
 
 
 @pytest.mark.parametrize("which,spg,num_iterations,grad_accum,ckpt", CASES,

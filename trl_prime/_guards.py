@@ -493,7 +493,7 @@ class GuardsMixin:
                                     all_trunc), ("every reward equal", all_equal),
                                     ("every group's rewards equal within the group (zero spread)", zero_spread_only))
                      if v]
-            logger.warning("Degenerate batch at step %d: %s (no learning signal from it).",
+            logger.warning("Degenerate batch at step %d: %s (no outcome signal from it).",
                            self.state.global_step + 1, ", ".join(which))
 
     # --------------------------------------------------------------------------------------------------------

@@ -833,7 +833,9 @@ class PrimeMixin(GuardsMixin):
 
         Under DeepSpeed the engine has already stepped in :meth:`_prime_backward`; its ZeRO optimizer skips a step
         whose gradient norm is not finite (fp32, and bf16 with DeepSpeed's default ``check_grad_overflow``), which is
-        reported here as a skip. A non-finite norm whose step the engine applied anyway raises (the PRM is lost)."""
+        reported here as a skip, except an fp16 loss-scale overflow with a finite loss (the loss scaler's own skip,
+        returned as NaN like the policy's GradScaler skips). A non-finite norm whose step the engine applied anyway
+        raises (the PRM is lost)."""
         if self._prime_engine is not None:
             norm = self._prime_engine.get_global_grad_norm()
             applied = self._prime_engine.was_step_applied()
@@ -841,6 +843,10 @@ class PrimeMixin(GuardsMixin):
                 return float(norm)
             if norm is None and applied and loss_finite:
                 return float("nan")  # ZeRO gradient-norm computation disabled: nothing to judge
+            if not applied and loss_finite and self._prime_engine.fp16_enabled():
+                # fp16 dynamic loss scaling: an overflowing scaled gradient skips the step and lowers the scale
+                # (as torch's GradScaler does for the policy): calibration, not a poisoned batch
+                return float("nan")
             if applied:
                 raise RuntimeError(
                     f"The PRM's DeepSpeed engine applied a step whose gradient norm is {norm} (loss finite: "
