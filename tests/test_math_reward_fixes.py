@@ -111,6 +111,128 @@ def test_relatively_different_on_sympy_values():
     assert mv._relatively_different(Integer(0), Float("1e-30"), 1e-4)
 
 
+ROUNDED_DECIMALS = [  # (answer, gold): correctly rounded decimals, right with math-verify alone and kept right
+    ("0.001429", "\\frac{1}{700}"),  # relative difference 3e-4 > rel_tol, but within half a unit (5e-7)
+    ("0.000143", "\\frac{1}{7000}"),  # relative difference 1e-3
+    ("-0.001429", "-\\frac{1}{700}"),
+    ("\\frac{1}{700}", "0.001429"),  # a rounded gold: its written precision counts too
+    ("0.00142857", "\\frac{1}{700}"),
+    ("0.0000002", "0.00000016"),  # the coarser side's precision: 0.00000016 rounds to 0.0000002
+]
+NOT_ROUNDINGS = [  # (answer, gold): wrong, although math-verify alone says equal (or, for 0.33, not)
+    ("0.0000002", "0.0000001"),  # a whole unit of the 7th decimal apart (half a unit: 5e-8)
+    ("0.0000000", "0.0000001"),
+    ("0.0000002", "0.00000014"),  # 0.00000014 rounds to 0.0000001
+    ("\\frac{1}{2^{98}}", "\\frac{1}{2^{99}}"),  # no decimal written: rel_tol alone
+    ("0.00002\\%", "0.00001\\%"),  # not a plain decimal number: rel_tol alone
+    ("(0.001429, 1)", "(\\frac{1}{700}, 1)"),  # inside a tuple: rel_tol alone (documented)
+    ("0.33", "\\frac{1}{3}"),  # math-verify's own verdict (6-decimal rounding), which a tolerance never widens
+]
+
+
+def test_correctly_rounded_decimals_stay_correct():
+    assert _verdicts(ROUNDED_DECIMALS, rel_tol=None) == [CORRECT] * len(ROUNDED_DECIMALS)  # math-verify alone
+    assert _verdicts(ROUNDED_DECIMALS) == [CORRECT] * len(ROUNDED_DECIMALS)
+    assert _verdicts(NOT_ROUNDINGS) == [WRONG] * len(NOT_ROUNDINGS)
+    assert _verdicts(NOT_ROUNDINGS[:5], rel_tol=None) == [CORRECT] * 5  # what the tolerance corrects
+    assert _verdicts(NOT_ROUNDINGS[-1:], rel_tol=None) == [WRONG]
+
+
+def test_half_unit_of_written_decimals():
+    h = mv._half_unit
+    written = ["0.001429", "-2.50", ".5", " +0.0000002 ", "3.0"]
+    assert [h(text) for text in written] == ["5e-7", "5e-3", "5e-2", "5e-8", "5e-2"]
+    for other in (None, "3", "1/2", "\\frac{1}{700}", "10^{-7}", "2.5 \\times 10^{-7}", "9.5\\%", "(0.5, 1)", "5."):
+        assert h(other) is None, other
+    from sympy import Float, Rational
+
+    assert not mv._relatively_different(Float("0.001429"), Rational(1, 700), 1e-4, "5e-7")
+    assert mv._relatively_different(Float("0.001429"), Rational(1, 700), 1e-4, "5e-8")
+    assert mv._relatively_different(Float("0.001429"), Rational(1, 700), 1e-4)
+    assert mv._relatively_different(Float("0.00000015"), Float("0.0000001"), 1e-4, "5e-8")  # an exact tie is out
+    assert not mv._relatively_different(Float("0.000000149"), Float("0.0000001"), 1e-4, "5e-8")
+
+
+def test_numeric_hook_falls_back_when_math_verify_changed():
+    import types
+
+    from math_verify import parse, verify
+    from math_verify import grader as real_grader
+
+    def same(gold, answer):
+        return verify(parse("\\boxed{%s}" % gold), parse("\\boxed{%s}" % answer))
+
+    def accept(a, b):
+        return not mv._relatively_different(a, b, 1e-4)
+
+    # no such function any more: nothing is patched, the message says what happens
+    missing = types.SimpleNamespace()
+    problem = mv._install_numeric_hook(missing, accept, same)
+    assert "rel_tol=None" in problem and "sympy_numeric_eq" in problem and "math-verify>=0.8,<0.10" in problem
+    assert vars(missing) == {}
+    # the function exists but math-verify no longer calls it: the wrapper is taken out again
+    unused = types.SimpleNamespace(sympy_numeric_eq=real_grader.sympy_numeric_eq)
+    assert mv._install_numeric_hook(unused, accept, same) is not None
+    assert unused.sympy_numeric_eq is real_grader.sympy_numeric_eq
+    # the wrapper fails inside math-verify (which swallows the error): also taken out
+    original = real_grader.sympy_numeric_eq
+    try:
+        assert mv._install_numeric_hook(real_grader, lambda a, b: 1 / 0, same) is not None
+        assert real_grader.sympy_numeric_eq is original
+        # the installed math-verify: the hook is in use
+        assert mv._install_numeric_hook(real_grader, accept, same) is None
+        assert real_grader.sympy_numeric_eq is not original
+        assert not same("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}")
+    finally:
+        real_grader.sympy_numeric_eq = original
+
+
+_IGNORE_HOOK = """
+import types
+import math_verify.grader as grader
+
+
+class _Frozen(types.ModuleType):  # a math-verify whose comparison cannot be rerouted
+    def __setattr__(self, name, value):
+        if name != "sympy_numeric_eq":
+            super().__setattr__(name, value)
+
+
+grader.__class__ = _Frozen
+"""
+
+_FALLBACK_SCRIPT = """
+import warnings
+from trl_prime.rewards import math_verifier as mv
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    answers, golds = ["\\\\boxed{\\\\frac{1}{2^{98}}}", "\\\\boxed{3}"], ["\\\\frac{1}{2^{99}}", "4"]
+    first = mv.verify_math(answers, golds, num_workers=2)
+    second = mv.verify_math(["\\\\boxed{0.0000002}"], ["0.0000001"], num_workers=2)
+print([r.reason for r in first + second])
+print([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+"""
+
+
+def test_workers_fall_back_to_math_verify_alone_with_one_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(_IGNORE_HOOK)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(mv.__file__))))  # the tested checkout
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    done = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_SCRIPT], env=env, capture_output=True, text=True, timeout=240, cwd=root
+    )
+    assert done.returncode == 0, done.stderr
+    reasons, warned = done.stdout.strip().splitlines()[-2:]
+    assert eval(reasons) == ["correct", "wrong", "correct"]  # math-verify's verdicts, not "error"
+    (message,) = eval(warned)  # one warning for two calls and two workers
+    assert "rel_tol=None" in message and "sympy_numeric_eq" in message
+
+
 # ------------------------------------------------------------------------------------ item 15: the pre-pass
 
 

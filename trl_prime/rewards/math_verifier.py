@@ -42,7 +42,13 @@ dropped in runs of three-digit groups (``5\\,600`` -> ``5600``, which math-verif
 Numbers: math-verify rounds floats to 6 decimals (and chops differences below ~1e-15), so all small numbers
 looked equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` = ``\\frac{1}{2^{99}}``). A numeric "equal" of
 math-verify now also needs agreement to a relative tolerance, ``rel_tol`` (default ``1e-4``; see
-:func:`verify_math`); this can only turn "equal" into "not equal", and changes nothing above ~0.01 in magnitude.
+:func:`verify_math`), or, when the final answer or the gold is written as one plain decimal number, agreement
+by less than half a unit in its last written decimal place (a correctly rounded decimal stays right: ``0.001429`` =
+``\\frac{1}{700}``, ``0.000143`` = ``\\frac{1}{7000}``; ``0.0000002`` != ``0.0000001``, which differ by a whole
+unit of their 7th decimal). This can only turn "equal" into "not equal", and changes nothing above ~0.01 in
+magnitude. If the installed math-verify cannot take the tolerance (its numeric comparison is no longer
+``math_verify.grader.sympy_numeric_eq``), the workers fall back to math-verify's verdict alone
+(``rel_tol=None``) and one ``RuntimeWarning`` says so.
 
 Known blind spots (math-verify 0.9 readings this verifier does not correct):
 
@@ -365,14 +371,34 @@ def _normalize_forms(text: str) -> str:
     return text
 
 
-def _relatively_different(a: Any, b: Any, rel_tol: float) -> bool:
-    """Whether two SymPy expressions are numbers that differ by more than ``rel_tol`` relative to the larger.
+_PLAIN_DECIMAL_RE = re.compile(r"[+-]?\d*\.(\d+)")
+
+
+def _half_unit(text: str | None) -> str | None:
+    """Half a unit in the last decimal place of ``text`` when it is one plain decimal number, else None.
+
+    ``"0.001429"`` -> ``"5e-7"``, ``"-2.50"`` -> ``"5e-3"`` (written trailing zeros count), ``".5"`` -> ``"5e-2"``.
+    Anything else (integers, fractions, ``10^{-7}``, ``2.5 \\times 10^{-7}``, percentages, tuples) -> None. The
+    precision is read from the text the answer or gold was written in, before math-verify parses it into a
+    number that no longer knows how many decimals it was written with.
+    """
+    if text is None:
+        return None
+    m = _PLAIN_DECIMAL_RE.fullmatch(text.strip())
+    return None if m is None else f"5e-{len(m.group(1)) + 1}"
+
+
+def _relatively_different(a: Any, b: Any, rel_tol: float, abs_tol: str | None = None) -> bool:
+    """Whether two SymPy expressions are numbers that differ by more than ``rel_tol`` relative to the larger
+    (and, when ``abs_tol`` is given, also by ``abs_tol`` or more: half a unit in the last written decimal place
+    of a plain-decimal answer or gold, see :func:`_half_unit`).
 
     Used (in the workers) to veto math-verify's numeric "equal", which rounds floats to 6 decimals and chops
     differences below ~1e-15 absolute. Compared: ``a`` and ``b`` when neither has a free symbol (numbers, also
     complex; a percentage ``9\\%`` is compared both as 0.09 and as 9, as math-verify accepts either); else, when
     the symbols cancel in ``a - b`` (``x - 2^{-99}`` vs ``x - 2^{-98}``, the sides of two equations), their
-    symbol-free terms. ``|a - b| <= rel_tol * max(|a|, |b|)`` at 50 significant digits counts as close. Anything
+    symbol-free terms. ``|a - b| <= rel_tol * max(|a|, |b|)`` or ``|a - b| < abs_tol`` at 50 significant digits
+    counts as close. Anything
     else (symbols left in ``a - b``, sets, non-finite values, an evaluation error) is not judged here: False.
     """
     from sympy import Abs, Basic, Float, Mul, Rational, UnevaluatedExpr
@@ -402,9 +428,61 @@ def _relatively_different(a: Any, b: Any, rel_tol: float) -> bool:
                 return False
             if diff <= Float(rel_tol, 50) * scale:
                 return False
+            # less than half a unit; a tie (0.00000015 vs 0.0000001) is out, also when the binary rounding of the
+            # parsed floats (53 bits: ~1e-16 relative) puts it a hair inside
+            if abs_tol is not None and diff < Float(abs_tol, 50) * (1 - Float("1e-9", 50)):
+                return False
         return True
     except Exception:  # math-verify's verdict stands
         return False
+
+
+_HOOK_UNUSABLE = (
+    "trl_prime math verifier: the installed math-verify ({version}) does not compare numbers through "
+    "math_verify.grader.sympy_numeric_eq as versions 0.8/0.9 do, so the relative tolerance cannot be applied; "
+    "falling back to math-verify's verdict alone (rel_tol=None: numbers below ~1e-6 all compare equal). Install "
+    "math-verify>=0.8,<0.10 to restore it."
+)
+
+
+def _install_numeric_hook(
+    grader: Any, accept: Callable[[Any, Any], bool], same: Callable[[str, str], bool]
+) -> str | None:
+    """Make math-verify's numeric "equal" also require ``accept(a, b)``; returns None, or why it could not.
+
+    Wraps ``grader.sympy_numeric_eq`` (``grader`` is ``math_verify.grader``, through which math-verify 0.8/0.9
+    compares every pair of numbers, also inside tuples, sets, intervals, matrices and equations), then checks with
+    ``same(gold_text, answer_text)`` (a full math-verify comparison) that the wrapper is in use and works:
+    ``\\frac{1}{3}`` must still equal ``0.333333`` (equal only through the numeric comparison) and
+    ``\\frac{1}{2^{98}}`` must no longer equal ``\\frac{1}{2^{99}}`` (``accept`` must reject that pair, as it does
+    for any ``rel_tol`` below 1/2). When the function is missing or the check fails (a math-verify that compares
+    numbers elsewhere, or where the wrapper raises), ``grader`` is left as it was and the
+    returned message says so; the worker then runs with math-verify's verdict alone (``rel_tol=None``).
+    """
+    try:
+        from importlib.metadata import version
+
+        installed = version("math-verify")
+    except Exception:
+        installed = "unknown version"
+    original = getattr(grader, "sympy_numeric_eq", None)
+    if not callable(original):
+        return _HOOK_UNUSABLE.format(version=installed)
+
+    def numeric_eq_with_tolerance(a, b, *args, **kwargs):
+        return original(a, b, *args, **kwargs) and accept(a, b)
+
+    grader.sympy_numeric_eq = numeric_eq_with_tolerance
+    try:
+        used = same("\\frac{1}{3}", "0.333333") and not same("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}")
+    except MemoryError:
+        raise
+    except Exception:
+        used = False
+    if used:
+        return None
+    grader.sympy_numeric_eq = original
+    return _HOOK_UNUSABLE.format(version=installed)
 
 
 _WORD_GOLD_RE = re.compile(r"[A-Za-z]+(?:\s+[A-Za-z]+)*")
@@ -505,19 +583,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
     config = [LatexExtractionConfig(boxed_match_priority=0)]
 
-    # relative tolerance: every numeric "equal" of math-verify (also inside tuples, sets, intervals, matrices and
-    # equations, which it compares element by element through this function) must pass _relatively_different
     import math_verify.grader as grader
 
     rel_tol = [DEFAULT_REL_TOL]  # of the request being served
-    numeric_eq = grader.sympy_numeric_eq
+    abs_tol: list[str | None] = [None]  # half a unit in the last place of a plain-decimal answer or gold, if any
 
-    def numeric_eq_within_rel_tol(a, b, float_rounding, numeric_precision):
-        if not numeric_eq(a, b, float_rounding, numeric_precision):
-            return False
-        return rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0])
-
-    grader.sympy_numeric_eq = numeric_eq_within_rel_tol
+    def within_tolerance(a, b) -> bool:
+        return rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0])
 
     def parse_box(text: str) -> list:
         try:
@@ -595,16 +667,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             pass
 
     probe = parse_box(_PROBE)
-    if same(parse_box("\\frac{1}{2^{99}}"), parse_box("\\frac{1}{2^{98}}")):  # the hook above must be in use
-        raise RuntimeError(
-            "math-verify no longer compares numbers through math_verify.grader.sympy_numeric_eq, so the relative "
-            "tolerance (rel_tol) cannot be applied; install a math-verify version this verifier supports (0.8/0.9)"
-        )
+    # every numeric "equal" of math-verify must also pass within_tolerance; if it cannot: math-verify alone
+    hook_problem = _install_numeric_hook(grader, within_tolerance, lambda g, a: same(parse_box(g), parse_box(a)))
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
         same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
         same(parse_box(a), probe)
     golds: OrderedDict[str, tuple[str, list, str | None]] = OrderedDict()  # gold -> (status, parsed, text key)
-    send(["ready", os.getpid()])
+    send(["ready", os.getpid(), hook_problem])
 
     while True:
         line = stdin.readline()
@@ -612,7 +681,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return  # parent gone
         request = json.loads(line)
         gold_text, answers, seconds = request["g"], request["a"], float(request["t"])
-        rel_tol[0] = request.get("r", DEFAULT_REL_TOL)
+        rel_tol[0] = None if hook_problem else request.get("r", DEFAULT_REL_TOL)
+        abs_tol[0] = None
         try:
             memory_cap(request["m"])
             cpu_budget(seconds)
@@ -648,7 +718,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 if not parsed:
                     send(["a", "no_answer", None])
                 else:
-                    send(["a", "correct" if same(gold, parsed) else "wrong", show(parsed)])
+                    units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
+                    abs_tol[0] = max(units, key=float) if units else None  # the coarser written precision
+                    verdict = "correct" if same(gold, parsed) else "wrong"
+                    abs_tol[0] = None
+                    send(["a", verdict, show(parsed)])
             except MemoryError:
                 send(["a", "memory", None])
 
@@ -819,6 +893,8 @@ class _Pool:
             if kind == "ready":
                 w.ready = True
                 w.since = now
+                if len(msg) > 2 and msg[2]:
+                    _warn_once(msg[2])
                 return
             c = w.chunk
             if c is None:
@@ -1006,6 +1082,18 @@ _GOLD_CACHE: OrderedDict[str, bool] = OrderedDict()  # gold -> parseable (determ
 _GOLD_TIMEOUTS: OrderedDict[str, float] = OrderedDict()
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A worker's start-up problem (e.g. the tolerance hook cannot be applied), warned once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
 def _get_pool(num_workers: int) -> _Pool:
     global _POOL
     pool = _POOL
@@ -1164,7 +1252,14 @@ def verify_math(
             intervals, matrices and the sides of equations) therefore also needs
             ``|a - b| <= rel_tol * max(|a|, |b|)``. It only ever turns "equal" into "not equal": above ~0.01 in
             magnitude math-verify's verdicts are unchanged (``0.333333`` = ``\\frac{1}{3}``, ``3.141593`` = ``\\pi``,
-            ``0.5`` = ``\\frac{1}{2}``; ``3.14159`` != ``\\pi`` as before). None: math-verify's verdict alone.
+            ``0.5`` = ``\\frac{1}{2}``; ``3.14159`` != ``\\pi`` and ``0.33`` != ``\\frac{1}{3}`` as before). A
+            correctly rounded decimal stays right: when the answer or the gold is one plain decimal number
+            (``0.001429``), a difference below half a unit in its last written decimal place (``5e-7``; the
+            coarser of the two when both are; an exact tie is out) also counts as agreement, so ``0.001429`` =
+            ``\\frac{1}{700}`` and ``0.000143`` = ``\\frac{1}{7000}``, while ``0.0000002`` != ``0.0000001`` (a whole
+            unit apart). Decimals inside tuples, sets or expressions get ``rel_tol`` alone. None: math-verify's
+            verdict alone; also what the workers fall back to, with one ``RuntimeWarning``, when the installed
+            math-verify cannot take the tolerance (tested: 0.9).
 
     Returns:
         One :class:`MathResult` per completion, in order. ``reason`` is one of :data:`REASONS`: ``correct``
