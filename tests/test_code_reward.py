@@ -1068,6 +1068,55 @@ def test_hanging_backend_hits_the_outer_deadline(monkeypatch):
         release.set()
 
 
+
+def test_abandoned_runs_are_capped_and_capacity_returns_when_they_finish(monkeypatch):
+    """A hanging backend: runs past their outer deadline are abandoned but counted; with MAX_ABANDONED_PER_WORKER *
+    max_workers of them still going, further completions are scored None / sandbox_error at once, starting no
+    thread and no sandbox; once the hung calls return, completions run again."""
+    end = time.monotonic() + 30
+    while cv._ABANDONED[0] and time.monotonic() < end:  # earlier tests' released runs finishing
+        time.sleep(0.05)
+    assert cv._ABANDONED[0] == 0
+    assert cv.MAX_ABANDONED_PER_WORKER == 2
+    release = threading.Event()
+    calls = []
+
+    def hang(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        if not release.is_set():
+            release.wait()
+        return sbx.SandboxRun(ok=False, error="released")
+
+    monkeypatch.setattr(cv, "run_program", hang)
+    threads0 = threading.active_count()
+    try:
+        rs = verify_code(["print(1)"] * 3, [_stdin(("", "1"))] * 3, deadline=0.3, max_workers=1)
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 3
+        assert ["did not return within" in r.detail for r in rs] == [True, True, False], rs
+        assert "not run: 2 earlier sandbox runs abandoned" in rs[2].detail and "= 2)" in rs[2].detail, rs[2]
+        assert len(calls) == 2 and cv._ABANDONED[0] == 2
+        assert threading.active_count() == threads0 + 2
+        t0 = time.monotonic()
+        rs = verify_code(["print(1)"] * 4, [_stdin(("", "1"))] * 4, deadline=0.3, max_workers=1)
+        assert time.monotonic() - t0 < 0.3  # at once, no deadline waited for
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 4
+        assert all("not run" in r.detail for r in rs), rs
+        assert len(calls) == 2 and threading.active_count() == threads0 + 2  # no thread, no sandbox started
+        # a larger max_workers allows more (cap 2 * 2 = 4): two more start and are abandoned
+        rs = verify_code(["print(1)"] * 2, [_stdin(("", "1"))] * 2, deadline=0.3, max_workers=2)
+        assert all("did not return within" in r.detail for r in rs), rs
+        assert len(calls) == 4 and cv._ABANDONED[0] == 4
+        rs = verify_code(["print(1)"], [_stdin(("", "1"))], deadline=0.3, max_workers=2)
+        assert "not run: 4 earlier" in rs[0].detail and len(calls) == 4, rs
+    finally:
+        release.set()
+    end = time.monotonic() + 10
+    while (cv._ABANDONED[0] or threading.active_count() > threads0) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert cv._ABANDONED[0] == 0 and threading.active_count() == threads0
+    rs = verify_code(["print(1)"], [_stdin(("", "1"))], deadline=5.0, max_workers=1)
+    assert len(calls) == 5 and rs[0].reason == "sandbox_error" and "released" in rs[0].detail, rs
+
 def _stat(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -1102,7 +1151,10 @@ def _freeze_sandbox(comm: str, stopped: list, resume_after: float | None = None)
             if resume_after is not None:
                 time.sleep(resume_after)
                 for pid in members:
-                    os.kill(pid, signal.SIGCONT)
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:  # the resumed harness already killed and reaped it
+                        pass
             return
         time.sleep(0.01)
 
@@ -1158,6 +1210,62 @@ def test_sandbox_suspended_past_the_limit_is_sandbox_error_and_a_real_loop_is_ti
                      timeout=2.0, total_timeout=3.0)
     assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 2, rs
 
+
+
+def test_a_stall_is_sandbox_error_only_when_it_cut_the_limit_short(monkeypatch):
+    """The verdict on a wall-clock timeout (hand-computed windows, monotonic seconds): the program's timeout when
+    the harness ran for the whole limit, window length minus stalled seconds >= limit, for the case's window or
+    the run's; sandbox_error only when stalls cut both short. A stall moves the deadline later (see below), so a
+    short stall in an infinite loop still ends as the program's timeout."""
+    assert sbx._limit_reached(100.0, 105.5, 1.5, 4.0)  # 1.5 s stall in a 4 s loop, deadline moved to 105.5
+    assert sbx._limit_reached(100.0, 104.0, 0.0, 4.0)  # no stall
+    assert not sbx._limit_reached(100.0, 106.0, 5.5, 4.0)  # stall covering the window: ran 0.5 s of 4
+    assert not sbx._limit_reached(100.0, 105.0, 1.5, 4.0)  # ran 3.5 s of 4
+    job = {"timeout": 4.0, "total_timeout": 10.0}
+    monkeypatch.setattr(sbx, "_RUN_START", [100.0])
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._wall_timeout(job, 100.0, 105.5, 1.5)["status"] == "timeout"
+    assert sbx._wall_timeout(job, 100.0, 104.9, 1.5)["status"] == "sandbox_error"
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    v = sbx._wall_timeout(job, 100.0, 106.0, 6.0)
+    assert v["status"] == "sandbox_error" and "suspended for 6.0 s" in v["detail"], v
+    # total limit: the run started at 100 with 10 s; the case (no stall of its own) started at 108
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._wall_timeout(job, 108.0, 111.5, 0.0)["status"] == "timeout"  # run window: 11.5 - 1.5 = 10
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    assert sbx._wall_timeout(job, 108.0, 111.5, 0.0)["status"] == "sandbox_error"  # 5.5 of 10, case 3.5 of 4
+    assert sbx._wall_timeout(job, 111.5, 111.5, 0.0)["status"] == "sandbox_error"  # before a case
+    assert sbx._wall_timeout(job, 116.0, 116.0, 0.0)["status"] == "timeout"  # 16 - 6 = 10
+    # the deadlines a stall may move: the run's by at most one timeout, a case's up to one more timeout
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._total_deadline(job) == 111.5
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    assert sbx._total_deadline(job) == 114.0
+    assert sbx._case_deadlines(job, 101.0, 110.0) == (105.0, 109.0)
+    assert sbx._case_deadlines(job, 108.0, 110.0) == (110.0, 114.0)
+
+
+def test_wait_case_moves_its_deadline_by_a_stall_up_to_the_latest():
+    """_wait_case on a real child, with the harness "stalled" for 3 s before it starts waiting (``since`` 3 s
+    back): the 0.5 s deadline moves 3 s later, up to ``latest``."""
+    for latest, lo, hi in ((10.0, 3.3, 6.0), (1.0, 0.9, 2.5)):
+        child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            now = time.monotonic()
+            _, _, timed_out, _, stalled = sbx._wait_case(child.pid, now + 0.5, None, now - 3.0, now + latest)
+            took = time.monotonic() - now
+        finally:
+            child.returncode = -9  # reaped by _wait_case
+        assert timed_out and 2.9 < stalled < 4.0 and lo < took < hi, (latest, stalled, took)
+
+
+def test_sandbox_suspended_briefly_in_an_infinite_loop_is_still_timeout():
+    """The sandbox frozen for 2.5 s (a stall the harness sees) while an infinite loop runs with a 3 s limit: the
+    deadline moves 2.5 s later, the loop gets its whole 3 s and ends as the program's timeout = 0."""
+    comm = f"trlsb{os.getpid() % 100000}"
+    r, took = _run_frozen(NAMED + "while True:\n    pass", comm, 2.5, timeout=3.0, total_timeout=4.0)
+    assert (r.reward, r.reason) == (0.0, "timeout"), r
+    assert took > 5.0, took
 
 def test_program_stopping_itself_or_its_harness_is_still_its_timeout():
     """A program cannot turn its own timeout into an unscored infrastructure failure by stopping processes: a

@@ -512,11 +512,18 @@ def verify_code(
             with reason ``sandbox_error`` (an infrastructure failure, counted in
             ``verifier/failure_rate``); its thread is left to finish in the background. The sandbox
             enforces its own limits well within this: the deadline only catches a backend that hangs.
+            While ``MAX_ABANDONED_PER_WORKER * max_workers`` abandoned runs (over all calls in this
+            process) are still going, further completions are not started but scored ``None`` /
+            ``sandbox_error`` at once, so a hanging backend cannot pile up sandboxes step after step.
         **overrides: fields of ``SandboxConfig`` to replace (e.g. ``timeout=1.0``).
 
     Returns:
         One :class:`CodeResult` per completion, in order. The call takes at most about
-        ``ceil(completions / max_workers) * deadline`` seconds, whatever the backend does.
+        ``ceil(completions / max_workers) * deadline`` seconds, whatever the backend does. It runs at most
+        ``max_workers`` sandboxes at once, plus the abandoned runs still going in the background; as new runs
+        start only while fewer than ``MAX_ABANDONED_PER_WORKER * max_workers`` are abandoned (see
+        ``deadline``), fewer than ``(MAX_ABANDONED_PER_WORKER + 1) * max_workers`` sandboxes are ever alive at
+        once (for calls with the same ``max_workers``).
 
     Raises:
         ValueError: ``len(completions) != len(tests)``; a malformed ``tests`` entry when ``strict``
@@ -526,9 +533,10 @@ def verify_code(
 
     Timeouts and infrastructure failures: ``timeout`` (reward 0) is the program's verdict only when the
     sandbox's harness saw the limit run out while it was itself running. A sandbox stopped or frozen
-    from outside (SIGSTOP to its processes, a cgroup freezer, a paused container, a stalled machine) is
-    ``sandbox_error`` (reward ``None``): the harness notices that it was suspended (a wake-up more than
-    1 s late) when it resumes, and the parent gives up on a harness that stays silent past
+    from outside (SIGSTOP to its processes, a cgroup freezer, a paused container, a stalled machine) long
+    enough to cut the limit's window short is ``sandbox_error`` (reward ``None``): the harness notices that
+    it was suspended (a wake-up more than 2 s late) when it resumes, moves the deadline later by the lost
+    time (at most one ``timeout``), and the parent gives up on a harness that stays silent past
     ``startup_grace + total_timeout + timeout`` (see :mod:`trl_prime.rewards.sandbox`).
     """
     if len(completions) != len(tests):
@@ -557,38 +565,64 @@ def verify_code(
         workers = max(1, min(max_workers or _default_workers(), len(jobs)))
         limits = {i: deadline if deadline is not None else default_deadline(cfg, _n_cases(spec))
                   for i, _, spec in jobs}
-        for i, r in _run_with_deadlines(jobs, cfg, workers, limits).items():
+        cap = MAX_ABANDONED_PER_WORKER * (max_workers or _default_workers())
+        for i, r in _run_with_deadlines(jobs, cfg, workers, limits, cap).items():
             results[i] = r
     return results  # type: ignore[return-value]
 
 
-def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float]) -> dict[int, CodeResult]:
+# Abandoned runs (past their outer deadline, their thread and sandbox still going) allowed per worker
+# (``max_workers`` of the call) before new completions are scored ``sandbox_error`` without being started.
+MAX_ABANDONED_PER_WORKER = 2
+_ABANDONED_LOCK = threading.Lock()
+_ABANDONED = [0]  # abandoned runs still going, over all calls in this process
+
+
+def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float],
+                        cap: int) -> dict[int, CodeResult]:
     """Run the jobs on at most ``workers`` daemon threads; a job past its limit is scored ``sandbox_error``.
 
     Python cannot stop a thread: a job past its deadline is abandoned (its late result is dropped) and
     a new thread takes its slot, so one hung backend call delays no other completion. The threads are
-    daemons: an abandoned one cannot keep the interpreter from exiting.
+    daemons: an abandoned one cannot keep the interpreter from exiting. Abandoned jobs still going are
+    counted over all calls (``_ABANDONED``; a job leaves the count when its backend call finally returns);
+    while there are ``cap`` of them, a job is scored ``sandbox_error`` at once and no thread is started.
     """
     done: queue.SimpleQueue = queue.SimpleQueue()
     out: dict[int, CodeResult] = {}
     pending = list(reversed(jobs))
     running: dict[int, float] = {}  # job index -> time its outer deadline expires
+    state: dict[int, list[str]] = {}  # job index -> ["running" | "done" | "abandoned"], under _ABANDONED_LOCK
 
-    def work(job):
+    def work(job, st):
         i, c, spec = job
         try:
             r = _verify_one(c, spec, cfg)
         except Exception as e:  # noqa: BLE001 - an infrastructure bug must not look like a 0
             r = CodeResult(None, "sandbox_error", detail=f"{type(e).__name__}: {e}")
+        with _ABANDONED_LOCK:
+            if st[0] == "abandoned":
+                _ABANDONED[0] -= 1
+            st[0] = "done"
         done.put((i, r))
 
     while pending or running:
         while pending and len(running) < workers:
             job = pending.pop()
             i = job[0]
+            with _ABANDONED_LOCK:
+                stuck = _ABANDONED[0]
+            if stuck >= cap:
+                out[i] = CodeResult(
+                    None, "sandbox_error",
+                    detail=f"not run: {stuck} earlier sandbox runs abandoned past their outer deadline are still "
+                    f"going (cap MAX_ABANDONED_PER_WORKER * max_workers = {cap}); the sandbox backend hangs",
+                )
+                continue
             running[i] = time.monotonic() + limits[i]
+            state[i] = ["running"]
             try:
-                threading.Thread(target=work, args=(job,), name=f"code_reward-{i}", daemon=True).start()
+                threading.Thread(target=work, args=(job, state[i]), name=f"code_reward-{i}", daemon=True).start()
             except RuntimeError as e:  # no thread could be started
                 del running[i]
                 out[i] = CodeResult(None, "sandbox_error", detail=f"could not start a worker thread: {e}")
@@ -599,6 +633,11 @@ def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int
         except queue.Empty:
             now = time.monotonic()
             for i in [i for i, t in running.items() if t <= now]:
+                with _ABANDONED_LOCK:
+                    if state[i][0] == "done":  # returned just now: its result is in the queue
+                        continue
+                    state[i][0] = "abandoned"
+                    _ABANDONED[0] += 1
                 del running[i]
                 out[i] = CodeResult(
                     None, "sandbox_error", elapsed=limits[i],

@@ -55,10 +55,13 @@ itself was running. Two checks tell it from an infrastructure failure (``Sandbox
 ``sandbox_error`` in :mod:`trl_prime.rewards.code_verifier`), neither of which the program controls:
 
 - *suspension*: the harness waits for a case in wake-ups of at most ``_TICK`` (0.25 s); a wake-up more
-  than ``_STALL_GAP`` (1 s) late means the harness was not running (its processes stopped by SIGSTOP or a
-  cgroup freezer, a paused container, a stalled machine). A wall-clock limit that ran out in a window
-  holding such a stall (the case's own window, or the whole run for the total limit) is a
-  ``sandbox_error``, whatever the program did. A program that burned its CPU limit is still ``timeout``.
+  than ``_STALL_GAP`` (2 s) late means the harness was not running (its processes stopped by SIGSTOP or a
+  cgroup freezer, a paused container, a stalled machine). Such a stall moves the case's and the run's
+  deadlines later by its length (by at most one ``timeout`` each), so a short stall on a loaded host does
+  not cut the program's time. A wall-clock limit is the program's ``timeout`` when the harness was running
+  for the whole limit in that limit's window (window length minus stalled seconds >= limit, for the case's
+  own window or the run's total window); when stalls cut the window short, it is a ``sandbox_error``,
+  whatever the program did. A program that burned its CPU limit is still ``timeout``.
 - *silence*: a harness that stays stopped cannot report at all; the parent waits ``startup_grace +
   total_timeout + timeout`` seconds (beyond every limit the harness enforces), then reports the run as
   an infrastructure failure naming the states of the sandbox's processes (e.g. ``stopped x4``) instead
@@ -1522,16 +1525,18 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
         import json  # noqa: F401 - imported once here, so that every case process has it ready
 
     pidns = "pidns" in layers
-    total_deadline = time.monotonic() + job["total_timeout"]
+    _RUN_START[0] = time.monotonic()
     last = time.monotonic()
     for i in range(job["n_cases"]):
         now = time.monotonic()
         if now - last > _STALL_GAP:  # the harness did not run between two cases
             _HARNESS_STALLED[0] += now - last
+        total_deadline = _total_deadline(job)
         if now >= total_deadline:
             rec = {"event": "case", "i": i, "status": "timeout", "detail": "total time limit reached before this case"}
-            if _HARNESS_STALLED[0] > 0:
-                rec.update(_wall_timeout(job, total_deadline, total_deadline, 0.0))
+            verdict = _wall_timeout(job, now, now, 0.0)
+            if verdict["status"] == "sandbox_error":
+                rec.update(verdict)
             send(rec)
             last = time.monotonic()
             continue
@@ -1613,29 +1618,57 @@ def _dir_usage(path: str, limit_files: int) -> tuple[int, int]:
 
 # The harness wakes at least every _TICK seconds while a case runs; a wake-up later than _STALL_GAP seconds
 # beyond the one it asked for means the harness itself did not run (its processes stopped or frozen from
-# outside, the machine stalled): a wall-clock limit that ran out during such a stall is not the program's doing.
+# outside, the machine stalled). A limit's deadline moves later by the stalled seconds (by at most one
+# ``timeout`` per case and per run, so the harness still reports within the parent's startup_grace + total_timeout
+# + timeout); a limit is the program's only if the harness ran for the whole limit (see _limit_reached).
 _TICK = 0.25
-_STALL_GAP = 1.0
+_STALL_GAP = 2.0
 # seconds the harness lost to stalls so far in this run (harness process only)
 _HARNESS_STALLED = [0.0]
+# monotonic time at which the harness started its first case (the start of the total limit's window)
+_RUN_START = [0.0]
 
 
-def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None):
+def _total_deadline(job: dict) -> float:
+    """The run's total wall-clock deadline: ``total_timeout`` after the first case, moved later by the seconds the
+    harness was stalled (by at most ``timeout``)."""
+    return _RUN_START[0] + job["total_timeout"] + min(_HARNESS_STALLED[0], job["timeout"])
+
+
+def _case_deadlines(job: dict, start: float, total_deadline: float) -> tuple[float, float]:
+    """(deadline, latest deadline) of a case started at ``start``: its wall-clock deadline, and how far stalls of
+    the harness may move it (one more ``timeout``, never past the run's total deadline plus ``timeout``)."""
+    latest = min(start + 2 * job["timeout"], _RUN_START[0] + job["total_timeout"] + job["timeout"])
+    return min(start + job["timeout"], total_deadline), latest
+
+
+def _limit_reached(start: float, end: float, lost: float, limit: float) -> bool:
+    """Whether a wall-clock ``limit`` whose window ran from ``start`` to ``end`` (monotonic seconds) really ran
+    out: the harness was running for at least ``limit`` seconds of the window, i.e. ``(end - start) - lost >=
+    limit`` with ``lost`` the seconds it was stalled in the window (1 ms of slack for float rounding). When it
+    did not, a stall cut the window short: the timeout is the sandbox's, not the program's."""
+    return (end - start) - lost >= limit - 1e-3
+
+
+def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None, latest: float | None = None):
     """Wait for ``pid`` until ``deadline``; ``guard()`` (disk quota) is polled every 0.1 s when given.
 
     Returns (wait status, rusage, timed_out, guard_hit, stalled). On timeout or guard hit the process is
     killed. ``stalled``: seconds the harness itself was not running while it waited (sum of the wake-ups
-    late by more than ``_STALL_GAP``, counted from ``since``); also added to ``_HARNESS_STALLED``.
+    late by more than ``_STALL_GAP``, counted from ``since``); also added to ``_HARNESS_STALLED``. Each stall
+    moves ``deadline`` later by its length, up to ``latest`` (default: ``deadline``, i.e. never).
     """
     timed_out = guard_hit = False
     stalled = 0.0
     prev, asked = (time.monotonic() if since is None else since), 0.0
+    latest = deadline if latest is None else max(latest, deadline)
 
     def late(now: float) -> None:
-        nonlocal stalled
+        nonlocal stalled, deadline
         gap = now - prev - asked
         if gap > _STALL_GAP:
             stalled += gap
+            deadline = min(deadline + gap, latest)
 
     pfd = None
     try:
@@ -1698,12 +1731,15 @@ def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None
     return status, ru, timed_out, guard_hit, stalled
 
 
-def _wall_timeout(job: dict, deadline: float, total_deadline: float, stalled: float) -> dict:
-    """Status and detail of a case whose wall-clock ``deadline`` ran out: the program's ``timeout``, or a
-    ``sandbox_error`` when the harness was stalled in the window that limit measured (the case's own
-    window, or the whole run's when the total limit was the one that ran out)."""
-    lost = stalled if deadline < total_deadline else _HARNESS_STALLED[0]
-    if lost > 0:
+def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
+    """Status and detail of a case (started at ``start``) whose wall-clock deadline ran out at ``end``: the
+    program's ``timeout`` when the case's limit or the run's total limit really ran out (:func:`_limit_reached`
+    on the case's window with the ``stalled`` seconds in it, or on the run's window with all stalls so far), else
+    a ``sandbox_error``: stalls of the harness cut the window short."""
+    case = _limit_reached(start, end, stalled, job["timeout"])
+    run = _limit_reached(_RUN_START[0], end, _HARNESS_STALLED[0], job["total_timeout"])
+    if not (case or run):
+        lost = max(stalled, _HARNESS_STALLED[0])
         return {"status": "sandbox_error",
                 "detail": f"the sandbox was suspended for {lost:.1f} s while the wall-clock limit ran (its "
                           "processes stopped or frozen from outside, or the machine stalled); not the program's "
@@ -1822,7 +1858,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
         oom0 = _oom_kills(job.get("oom_fd"))
         setup_r, setup_w = os.pipe()
         start = time.monotonic()
-        deadline = min(start + job["timeout"], total_deadline)
+        deadline, latest = _case_deadlines(job, start, total_deadline)
         pid = os.fork()
         if pid == 0:
             os.close(setup_r)
@@ -1831,8 +1867,9 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
             _case_child(job, plan, stdin_fd, files["out"], files["err"], extra, setup_w, cap,
                         lambda: _execute_candidate(job, i, code, extra))  # never returns
         os.close(setup_w)
-        status, ru, timed_out, guard_hit, stalled = _wait_case(pid, deadline, _disk_guard(job, plan), start)
-        elapsed = time.monotonic() - start
+        status, ru, timed_out, guard_hit, stalled = _wait_case(pid, deadline, _disk_guard(job, plan), start, latest)
+        end = time.monotonic()
+        elapsed = end - start
         _cleanup_case_processes([pid], pidns)
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
@@ -1860,7 +1897,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
     text = stdout.decode("utf-8", "replace")
     rec["stdout"] = text if mode == "stdin" else text[:2000]
     if timed_out:
-        rec.update(_wall_timeout(job, deadline, total_deadline, stalled))
+        rec.update(_wall_timeout(job, start, end, stalled))
     elif guard_hit:
         rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
                                                  f"{job['max_files']} files) exceeded")
@@ -1899,7 +1936,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         pipes = [req_r, req_w, resp_r, resp_w, setup_c_r, setup_c_w, setup_j_r, setup_j_w]
         oom0 = _oom_kills(job.get("oom_fd"))
         start = time.monotonic()
-        deadline = min(start + job["timeout"], total_deadline)
+        deadline, latest = _case_deadlines(job, start, total_deadline)
         # the judge first: a program that forks up to the process limit cannot keep it from starting
         jpid = os.fork()
         if jpid == 0:
@@ -1921,8 +1958,10 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             if fd not in (setup_c_r, setup_j_r):
                 os.close(fd)
         pipes = [setup_c_r, setup_j_r]
-        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start)
-        elapsed = time.monotonic() - start
+        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start,
+                                                                 latest)
+        end = time.monotonic()
+        elapsed = end - start
         cand_done = _exited_already(cpid)
         try:
             os.killpg(cpid, signal.SIGKILL)
@@ -1968,7 +2007,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         rec.update(status="check_error", detail=jdetail.split(": ", 1)[-1])
         return rec
     if timed_out:
-        rec.update(_wall_timeout(job, deadline, total_deadline, stalled))
+        rec.update(_wall_timeout(job, start, end, stalled))
         return rec
     if guard_hit:
         rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
