@@ -54,9 +54,10 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         default="ce",
         metadata={
             "help": "PRM loss on the outcome labels: 'ce' (BCE(sigmoid(r(y)), label), the paper's), 'dpo', 'kto' or "
-            "'nca' (SPEC 1). They see the global batch: 'dpo'/'nca' pair the completions of each prompt's group (also "
-            "a group split across processes) and 'kto' takes its reference points over all rows; each process "
-            "gathers the others' sequence rewards detached, so gradients flow through its own rows only."
+            "'nca' (Implicit PRM, arXiv 2412.01981, section 3). They see the global batch: 'dpo'/'nca' pair the "
+            "completions of each prompt's group (also a group split across processes) and 'kto' takes its "
+            "reference points over all rows; each process gathers the others' sequence rewards detached, so "
+            "gradients flow through its own rows only."
         },
     )
     prm_update: str = field(
