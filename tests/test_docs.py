@@ -157,3 +157,9 @@ def test_mkdocs_config_lists_every_page():
     for page in DOCS.rglob("*.md"):
         assert str(page.relative_to(DOCS)) in text, f"{page} is not in mkdocs.yml's nav"
     assert "font: false" in text and "strict: true" in text
+
+
+def test_no_docstring_cites_the_working_notes():
+    """The API reference renders the package's docstrings: they cite papers and equations too."""
+    for path in sorted((ROOT / "trl_prime").rglob("*.py")):
+        assert not re.search(r"\bSPEC\b", path.read_text()), f"{path.relative_to(ROOT)} cites SPEC"
