@@ -163,3 +163,16 @@ def test_no_docstring_cites_the_working_notes():
     """The API reference renders the package's docstrings: they cite papers and equations too."""
     for path in sorted((ROOT / "trl_prime").rglob("*.py")):
         assert not re.search(r"\bSPEC\b", path.read_text()), f"{path.relative_to(ROOT)} cites SPEC"
+
+
+def test_readme_links_resolve():
+    """The README is a landing page into the docs (mkdocs checks the docs' own links, not the README's)."""
+    text = (ROOT / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not t.startswith(("http://", "https://"))]
+    assert sum(t.startswith("docs/") for t in targets) >= 10, targets
+    for target in targets:
+        path, _, anchor = target.partition("#")
+        assert (ROOT / path).exists(), f"README links to a missing {path}"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.M)
+            assert anchor in {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}, target

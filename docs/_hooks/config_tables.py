@@ -8,6 +8,7 @@ changes. The tables therefore cannot drift from the code; ``tests/test_docs.py``
 from __future__ import annotations
 
 import dataclasses
+import html
 import importlib
 import re
 
@@ -33,7 +34,12 @@ def _default(f: dataclasses.Field):
 
 
 def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """One table cell of help text: Markdown and HTML in it are shown literally (``<extra_0>``, ``beta * x``), its
+    `code spans` stay code."""
+    parts = " ".join(str(text).split()).split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        parts[i] = html.escape(parts[i], quote=False).replace("*", "\\*").replace("_", "\\_")
+    return "`".join(parts).replace("|", "\\|")
 
 
 def config_fields(cls) -> tuple[list[dataclasses.Field], list[tuple[dataclasses.Field, object]]]:
