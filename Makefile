@@ -1,13 +1,14 @@
 # trl-prime: the two Quickstart commands. Each sets itself up on a fresh machine.
 #   make demo   PRIME training on the embedded default model and problems
 #   make test   the test suite
+#   make docs   the documentation site (mkdocs build --strict into site/)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # On a machine without an NVIDIA GPU, install the CPU build of torch first (else pip pulls a CUDA build).
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,5 +32,9 @@ test: setup
 demo: setup
 	$(PY) recipes/demo.py $(DEMO_ARGS)
 
+# --strict: a broken link, a missing page or an unresolved API reference fails the build
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs .pytest_cache site

@@ -1,5 +1,5 @@
 """Every Accelerate config in accelerate_configs/ loads with accelerate's own loader, holds the values its name
-promises, and is used: named by a recipe, the README or a test."""
+promises, and is used: named by a recipe, the README, a docs page or a test."""
 
 from __future__ import annotations
 
@@ -78,4 +78,5 @@ def test_config_is_used_by_a_recipe_or_a_test(name):
     if name.startswith("cpu_"):
         assert any(u.startswith("tests/test_") for u in users), f"{name} should be launched by a test"
     else:
-        assert any(u.startswith(("recipes/", "README")) for u in users), f"{name} should be documented by a recipe"
+        documented = any(u.startswith(("recipes/", "README", "docs/")) for u in users)
+        assert documented, f"{name} should be documented by a recipe"

@@ -198,8 +198,8 @@ def test_temperature_choices_are_documented():
     for doc in (PRLConfig.__doc__, PRLGRPOTrainer.__doc__):
         assert "sampling ``temperature``" in doc and "PRL section 3.1" in doc
     assert "temperature 1" in PrimeMixin.__doc__ and "PRIME Eq. 3" in PrimeMixin.__doc__
-    readme = (ROOT / "README.md").read_text()
-    assert "PRL computes its KL-to-go `S_t` from the rollout-policy and reference log-probs at the sampling" in readme
+    page = (ROOT / "docs" / "methods" / "prl.md").read_text()
+    assert "PRL computes its KL-to-go `S_t` from the rollout-policy and reference log-probs at the sampling" in page
 
 
 def test_prl_kl_to_go_uses_the_sampling_temperature(tiny_model_path, tmp_path):

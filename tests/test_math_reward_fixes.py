@@ -284,7 +284,7 @@ def test_normalize_forms_rules():
 
 
 def test_known_blind_spots_are_documented():
-    # subscript bases are ignored by math-verify: 52_9 equals 52_8 (listed in the module docstring and README)
+    # subscript bases are ignored by math-verify: 52_9 equals 52_8 (listed in the module docstring and docs/guides/verifiers.md)
     assert _verdicts([("52_9", "52_8"), ("11", "1011_2")]) == [CORRECT, WRONG]
     doc = mv.__doc__
     assert "Known blind spots" in doc

@@ -65,9 +65,9 @@ class PrimeCallback(TrainerCallback):
             token_rewards: ``(B, T)`` implicit PRM rewards ``beta * (log pi_phi - log pi_ref)``.
             sequence_rewards: ``(B,)`` their sums; outcome_rewards: ``(B,)``; kept_mask: ``(B,)`` bool.
             advantages: ``(B, T)`` the advantages fed to the policy loss; loss_mask: ``(B, T)`` its token weights.
-            prm_logps, ref_logps: ``(B, T)`` log-probs under the PRM and its reference.
-            (``token_rewards``, ``sequence_rewards``, ``prm_logps`` and ``ref_logps`` are NaN on the rows of filtered
-            prompts when ``prm_score_filtered_rows=False``: those rows are not scored.)
+            prm_logps, ref_logps: ``(B, T)`` log-probs under the PRM and its reference. (``token_rewards``,
+                ``sequence_rewards``, ``prm_logps`` and ``ref_logps`` are NaN on the rows of filtered prompts when
+                ``prm_score_filtered_rows=False``: those rows are not scored.)
             advantage_inputs: dict, the exact keyword arguments given to
                 :func:`trl_prime.functional.prime_advantages` (global, gathered and padded tensors).
             global_advantages: ``(B_global, T_max)`` its result; process_slice: this process's rows in it.

@@ -6,7 +6,7 @@ only randomness, PROF's ``mode="correct"``, goes through an explicit ``torch.Gen
 on any device and floating dtype (half precision inputs are reduced in float32 internally and cast back),
 keep the autograd graph of their inputs, and are vectorised over tokens.
 
-Conventions (SPEC section 0):
+Conventions:
 
 * ``B`` completions, ``T`` padded completion length, completions right-padded. ``mask`` is ``(B, T)``
   bool or 0/1 and is 1 on real completion tokens (EOS included). Masks are never inferred from token
@@ -16,7 +16,7 @@ Conventions (SPEC section 0):
   ``num_generations``.
 * Outcome rewards ``(B,)`` may be ``NaN`` = unscorable: such rows are excluded from every mean, std and
   baseline, get advantage 0 and loss weight 0.
-* Values at padded positions are unspecified by the SPEC; the advantage functions here return 0 there.
+* Values at padded positions are unspecified by the papers; the advantage functions here return 0 there.
 
 Sources: PRIME (arXiv 2502.01456), Implicit PRM (arXiv 2412.01981), PRL (arXiv 2601.10201), PROF
 (arXiv 2509.03403). Where the authors' released code differs from the paper, the paper is the default
@@ -514,7 +514,7 @@ def fill_from_step_end(values: torch.Tensor, step_ends: torch.Tensor) -> torch.T
     Returns:
         ``(B, T)`` tensor, same dtype as ``values``.
 
-    Source: PRL Algorithm 1 (segment-level weights), with the zero-boundary fix of SPEC section 3.
+    Source: PRL Algorithm 1 (segment-level weights), with an explicit step-end mask (a value of exactly 0 is kept).
     """
     _check_2d("values", values)
     _check_same_shape("values", values, "step_ends", step_ends)
@@ -895,7 +895,7 @@ def split_steps(text: str, *, delimiter: str = "\n\n") -> list[str]:
     Raises:
         ValueError: if ``delimiter`` is empty.
 
-    Source: PROF released code (``prof_dp_rm.compute_prm_step_rewards``); SPEC section 1 steps.
+    Source: PROF released code (``prof_dp_rm.compute_prm_step_rewards``); Implicit PRM §3 steps.
     """
     if not delimiter:
         raise ValueError("`delimiter` must be a non-empty string.")
@@ -980,7 +980,7 @@ def step_end_mask(
     Raises:
         ValueError: on an unknown ``split``, a missing tokenizer/``step_len``, or mismatched shapes.
 
-    Source: PRL §3 segmentation (length / newline), Implicit PRM / PRIME step delimiters (SPEC section 1).
+    Source: PRL §3 segmentation (length / newline), Implicit PRM / PRIME step delimiters (Implicit PRM §3).
     """
     _check_choice("split", split, _STEP_SPLITS)
     _check_2d("completion_ids", completion_ids)
@@ -1814,7 +1814,7 @@ def prof_step_scores_from_implicit(
     Raises:
         ValueError: on ``temperature <= 0`` or mismatched shapes.
 
-    Source: SPEC section 4 (implicit PRM as PROF's step PRM); Implicit PRM §3 (step rewards).
+    Source: PROF (arXiv 2509.03403), the implicit PRM as its step PRM; Implicit PRM §3 (step rewards).
     """
     if not (temperature > 0):
         raise ValueError(f"temperature={temperature!r} must be > 0.")

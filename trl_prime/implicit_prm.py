@@ -1,7 +1,7 @@
 """The implicit process reward model (Implicit PRM, arXiv 2412.01981; PRIME arXiv 2502.01456 Eq. 3).
 
 An implicit PRM is a causal language model ``pi_phi`` read against a reference ``pi_ref``: the reward of token
-``y_t`` is ``r_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))`` (SPEC section 1). Summed over a
+``y_t`` is ``r_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))`` (PRIME Eq. 3). Summed over a
 completion it is the outcome reward ``r(y)`` the model is trained on (cross-entropy on outcome labels); its prefix
 sums are Q-values and its per-step sums are step rewards, usable for best-of-N (min over steps by default).
 
@@ -344,7 +344,7 @@ def tokenize_prompt_completion(
 
 
 class ImplicitPRM:
-    """An implicit PRM: a causal LM ``pi_phi`` and its reference ``pi_ref`` (SPEC section 1; PRIME Eq. 3).
+    """An implicit PRM: a causal LM ``pi_phi`` and its reference ``pi_ref`` (Implicit PRM section 3; PRIME Eq. 3).
 
     Args:
         model: ``pi_phi``, a causal LM, or a ``PeftModel`` holding the PRM as adapter ``adapter_name``. May be wrapped
@@ -490,7 +490,7 @@ class ImplicitPRM:
         with_reference: bool = True,
         include_last_token: bool | None = None,
     ) -> torch.Tensor:
-        """Token rewards ``r_t = beta * (log pi_phi - log pi_ref) * mask`` (SPEC 1; PRIME Eq. 3), no grad.
+        """Token rewards ``r_t = beta * (log pi_phi - log pi_ref) * mask`` (PRIME Eq. 3), no grad.
 
         Args:
             input_ids: ``(B, L)`` prompt (left-padded) + completion (right-padded) token ids.
@@ -534,7 +534,7 @@ class ImplicitPRM:
         step_len: int | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step rewards (SPEC 1): the sum of each step's token rewards (= Q at its end minus Q at the previous end).
+        """Step rewards (Implicit PRM §3): each step's token rewards summed (Q at its end minus Q at the previous one).
 
         Steps end at ``step_ends`` (``(B, T)`` bool) if given, else at ``delimiter`` in the decoded completion or
         every ``step_len`` tokens (:func:`trl_prime.functional.step_end_mask`, the splitter of PRL and PROF: runs of

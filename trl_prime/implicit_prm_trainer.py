@@ -1,4 +1,4 @@
-"""Offline training of an implicit PRM on outcome labels (Implicit PRM arXiv 2412.01981; SPEC section 1).
+"""Offline training of an implicit PRM on outcome labels (Implicit PRM arXiv 2412.01981).
 
 :class:`ImplicitPRMTrainer` trains :class:`~trl_prime.ImplicitPRM`'s ``pi_phi`` on rows ``{prompt, completion,
 label}`` (labels 0/1 or fractional in [0, 1]) with :func:`trl_prime.functional.implicit_prm_loss`:
@@ -266,7 +266,7 @@ def freeze_lower_layers(model: nn.Module, n: int) -> list[str]:
 # Trainer
 # ----------------------------------------------------------------------------------------------------------------
 class ImplicitPRMTrainer(Trainer):
-    """Trains an implicit PRM offline on ``{prompt, completion, label}`` rows (SPEC section 1).
+    """Trains an implicit PRM offline on ``{prompt, completion, label}`` rows (Implicit PRM section 3).
 
     Args:
         model: the PRM's initial checkpoint: a path / Hub id or a causal LM (or a ``peft.PeftModel``).
@@ -1011,7 +1011,7 @@ def score_candidates(
     """:meth:`ImplicitPRM.score` for many completions of one prompt and several aggregations at once.
 
     The prompt is run once per model (shared KV cache) and each model's log-probs are computed once for all
-    ``aggregations`` x ``with_reference`` variants; the values equal :meth:`ImplicitPRM.score`'s (SPEC section 1:
+    ``aggregations`` x ``with_reference`` variants; the values equal :meth:`ImplicitPRM.score`'s (Implicit PRM §3:
     ``r_t = beta (log pi_phi - log pi_ref)``, step rewards summed between step ends, then ``min``/``mean``/``sum``/
     ``last``; without reference ``beta * log pi_phi``).
 

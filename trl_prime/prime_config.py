@@ -1,4 +1,4 @@
-"""Configs of the PRIME trainers (PRIME arXiv 2502.01456, Algorithm 1; SPEC section 2).
+"""Configs of the PRIME trainers (PRIME arXiv 2502.01456, Algorithm 1).
 
 :class:`PrimeRLOOConfig` extends TRL's ``RLOOConfig`` and :class:`PrimeGRPOConfig` extends ``GRPOConfig`` with the
 same PRIME options (one shared dataclass, :class:`PrimeOptions`). Every option is a named field with the paper's
@@ -33,7 +33,7 @@ PRM_SCHEDULERS = (
 @dataclass
 class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof.py; prof_mode="off" by default)
     # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/_guards.py)
-    """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (SPEC section 2).
+    """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (PRIME, arXiv 2502.01456).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
     on the outcome labels, its own AdamW at lr 1e-6, single forward, a frozen copy of the initial (SFT) policy as
@@ -54,9 +54,10 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         default="ce",
         metadata={
             "help": "PRM loss on the outcome labels: 'ce' (BCE(sigmoid(r(y)), label), the paper's), 'dpo', 'kto' or "
-            "'nca' (SPEC 1). They see the global batch: 'dpo'/'nca' pair the completions of each prompt's group (also "
-            "a group split across processes) and 'kto' takes its reference points over all rows; each process "
-            "gathers the others' sequence rewards detached, so gradients flow through its own rows only."
+            "'nca' (Implicit PRM, arXiv 2412.01981, section 3). They see the global batch: 'dpo'/'nca' pair the "
+            "completions of each prompt's group (also a group split across processes) and 'kto' takes its "
+            "reference points over all rows; each process gathers the others' sequence rewards detached, so "
+            "gradients flow through its own rows only."
         },
     )
     prm_update: str = field(
@@ -255,7 +256,7 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
 class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
     """Configuration of :class:`~trl_prime.PrimeRLOOTrainer`: TRL's ``RLOOConfig`` plus the PRIME options.
 
-    PRIME overrides of TRL's ``RLOOConfig`` defaults (SPEC section 2, PRIME Table 5):
+    PRIME overrides of TRL's ``RLOOConfig`` defaults (PRIME Table 5):
 
     - ``beta`` (KL coefficient) 0.0 (TRL: 0.05): the paper uses no KL; TRL then loads no reference model, the PRIME
       trainer owns the implicit PRM's reference;
@@ -311,7 +312,7 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
 class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     """Configuration of :class:`~trl_prime.PrimeGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRIME options.
 
-    PRIME overrides of TRL's ``GRPOConfig`` defaults (SPEC section 2, PRIME Table 5):
+    PRIME overrides of TRL's ``GRPOConfig`` defaults (PRIME Table 5):
 
     - ``num_generations`` 4 (TRL: 8): the paper's K;
     - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``

@@ -1,6 +1,6 @@
 """PRIME trainers: online implicit-PRM process rewards on top of TRL's RLOO and GRPO (PRIME arXiv 2502.01456).
 
-Each step (PRIME Algorithm 1; SPEC section 2):
+Each step (PRIME Algorithm 1):
 
 1. TRL generates ``K`` completions per prompt and scores them with the reward functions (outcome rewards, gathered
    over processes; ``NaN`` = unscorable).

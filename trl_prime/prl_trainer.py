@@ -1,6 +1,6 @@
 """PRL: process reward learning from KL-regularised reward-to-go, on TRL's ``GRPOTrainer`` (arXiv 2601.10201).
 
-Each step (SPEC section 3; PRL Algorithm 1):
+Each step (PRL Algorithm 1):
 
 1. TRL generates ``K`` completions per prompt and scores them (outcome rewards, gathered over processes).
 2. Log-probs of the sampled tokens under the rollout policy ``pi_old`` (TRL's own when it computed them, else one
@@ -48,7 +48,7 @@ _MM_KEYS = (
 
 @dataclass
 class PRLConfig(GuardOptions, GRPOConfig):
-    """Configuration of :class:`~trl_prime.PRLGRPOTrainer`: TRL's ``GRPOConfig`` plus the PRL options (SPEC section 3).
+    """Configuration of :class:`~trl_prime.PRLGRPOTrainer`: TRL's ``GRPOConfig`` plus the options of PRL (2601.10201).
 
     Defaults are the paper's: ``eta`` 200 (range 100-300), segments of 256 tokens, the GRPO outcome advantage first
     (group mean and unbiased std, eps 1e-6), no KL loss term (TRL's ``beta`` 0: the KL regularisation is inside the
@@ -144,7 +144,7 @@ class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,
     ``processing_class``, ``callbacks``, ``peft_config``, ...).
 
-    Reference ``pi_ref`` (SPEC section 3), needed even with ``beta=0`` (TRL then loads none):
+    Reference ``pi_ref`` (PRL section 3.1), needed even with ``beta=0`` (TRL then loads none):
 
     - TRL's ``beta > 0``: TRL's own reference and its log-probs (no extra model, no extra forward);
     - PEFT with a fresh adapter (``peft_config``): the base model with adapters disabled;
@@ -306,7 +306,7 @@ class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
         output["advantages"] = advantages_g[local, :T]
-        if not bool(scorable.all()):  # SPEC 0: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
+        if not bool(scorable.all()):  # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
             mask_loss_rows(acc, output, scorable[local])
         replace_logged_advantages(self, advantages_g[:, 0])
         self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)

@@ -1,4 +1,4 @@
-"""PROF: process-consistency filtering of GRPO / RLOO rollouts with a step PRM (PROF arXiv 2509.03403; SPEC section 4).
+"""PROF: process-consistency filtering of GRPO / RLOO rollouts with a step PRM (PROF arXiv 2509.03403).
 
 After outcome verification and before the advantages, each completion's reasoning steps are scored by a step PRM
 (probabilities in [0, 1]), their mean is the completion's process *consistency* (penalised when it has fewer than
@@ -101,7 +101,7 @@ def check_prof_prm_path(prof_prm) -> None:
 
 @dataclass
 class ProfOptions:
-    """The PROF options (SPEC section 4), shared by every trainer that can filter with PROF.
+    """The PROF options (PROF, arXiv 2509.03403), shared by every trainer that can filter with PROF.
 
     ``prof_mode="off"`` (default here; :class:`ProfGRPOConfig` defaults to ``"both"``) leaves the trainer unchanged.
     Defaults otherwise are the paper's: keep ``m = n/2`` (``n=8, m=4``), penalty ``lambda=10`` outside 2..30 steps,
@@ -368,7 +368,7 @@ def _question(prompt: Any) -> str:
 
 
 class TokenClassificationStepPRM:
-    """An external step PRM in the style of Qwen2.5-Math-PRM-7B (SPEC section 4; PROF's released scoring).
+    """An external step PRM in the style of Qwen2.5-Math-PRM-7B (PROF's released scoring).
 
     Each completion is split into steps at ``delimiter`` (:func:`trl_prime.functional.split_steps`: stripped, empty
     steps dropped), the steps are joined with ``separator`` after every step (:func:`~trl_prime.functional.join_steps`),
@@ -483,7 +483,7 @@ class TokenClassificationStepPRM:
 
 
 class ImplicitStepPRM:
-    """The implicit PRM as PROF's step PRM (SPEC section 4): step rewards mapped to [0, 1] with a sigmoid.
+    """The implicit PRM as PROF's step PRM: step rewards mapped to [0, 1] with a sigmoid.
 
     Steps end at ``delimiter`` in the decoded completion (:func:`trl_prime.functional.step_end_mask`, robust to how
     the tokenizer merges it) and at the last token; a step's reward is the sum of its token rewards

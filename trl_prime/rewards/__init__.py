@@ -1,4 +1,4 @@
-"""Outcome verifiers as TRL reward functions (SPEC section 5).
+"""Outcome verifiers as TRL reward functions.
 
 - :func:`math_reward`: final answers checked with ``math-verify`` in worker processes with hard timeouts.
 - :func:`code_reward`: programs run against test cases in a sandboxed subprocess.

@@ -1,4 +1,4 @@
-"""Code outcome verifier: run a completion's program against test cases in a sandbox (SPEC section 5).
+"""Code outcome verifier: run a completion's program against test cases in a sandbox.
 
 Public API
 ----------

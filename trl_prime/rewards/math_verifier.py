@@ -1,4 +1,4 @@
-"""Math outcome verifier: final answers checked with ``math-verify`` under hard timeouts (SPEC section 5).
+"""Math outcome verifier: final answers checked with ``math-verify`` under hard timeouts.
 
 What counts as the final answer
 -------------------------------

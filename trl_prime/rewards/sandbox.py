@@ -1,4 +1,4 @@
-"""Process sandbox for untrusted, model-written Python programs (SPEC section 5).
+"""Process sandbox for untrusted, model-written Python programs.
 
 This module is the isolation layer under :func:`trl_prime.rewards.code_reward`. It only imports the
 standard library, because the same file is also the sandbox's bootstrap: each run starts
