@@ -109,9 +109,12 @@ def build(data_args: DataArguments, training_args, model_args):
     if model_args.attn_implementation is not None:
         kwargs.setdefault("attn_implementation", model_args.attn_implementation)
     if quantization_config is not None:
+        import torch
         from accelerate import PartialState
 
-        kwargs.update(quantization_config=quantization_config, device_map={"": PartialState().local_process_index})
+        on_cpu = getattr(training_args, "use_cpu", False) or not torch.cuda.is_available()
+        device = "cpu" if on_cpu else PartialState().local_process_index
+        kwargs.update(quantization_config=quantization_config, device_map={"": device})
     training_args.model_init_kwargs = kwargs
     return model_path, load_train_dataset(data_args), reward_functions(data_args), get_peft_config(model_args)
 

@@ -3,8 +3,8 @@
 - Policy = adapter ``"default"`` (TRL's PEFT model), implicit PRM = adapter ``"prm"`` on the same base with its own
   AdamW, PRM reference = the same base with adapters disabled (the SFT model, no extra copy). One set of base weights
   in memory instead of three (policy, PRM, reference).
-- Optionally a 4-bit base (``--load_in_4bit true``: bitsandbytes NF4, CUDA only), which fits a 7B model and both
-  adapters on a single 24 GB GPU.
+- Optionally a 4-bit base (``--load_in_4bit true``: bitsandbytes NF4), which fits a 7B model and both adapters on a
+  single 24 GB GPU. It also trains on a CPU (``--use_cpu true``, slowly: tests and debugging); 8-bit needs CUDA.
 - Same data, verifiers and PRIME options as ``recipes/prime_qwen7b.py`` (Eurus-2-RL-Data routed to math_reward /
   code_reward, K=4, filter 0.2-0.8, the released code's advantage options), with LoRA learning rates and a smaller
   batch (see ``recipes/configs/prime_lora.yaml``).
@@ -42,7 +42,8 @@ def with_default_config(argv: list[str] | None = None, default: str = DEFAULT_CO
 
 
 def check_args(training_args, model_args) -> None:
-    """Fail early, naming the option and the fix: LoRA must be on, and a quantized base needs CUDA + bitsandbytes."""
+    """Fail early, naming the option and the fix: LoRA must be on, a quantized base needs bitsandbytes, and an 8-bit
+    base CUDA (4-bit trains on a CPU too)."""
     if not model_args.use_peft:
         raise ValueError(
             "recipes/prime_lora.py trains the policy and the PRM as LoRA adapters: set `use_peft: true` (--use_peft "
@@ -54,10 +55,11 @@ def check_args(training_args, model_args) -> None:
         import torch
 
         flag = "load_in_4bit" if model_args.load_in_4bit else "load_in_8bit"
-        if not torch.cuda.is_available() or getattr(training_args, "use_cpu", False):
+        if model_args.load_in_8bit and (not torch.cuda.is_available() or getattr(training_args, "use_cpu", False)):
             raise ValueError(
-                f"`{flag}`=true quantizes the base with bitsandbytes, which needs a CUDA GPU, and none is in use here. "
-                f"Set `{flag}: false` (--{flag} false) to train the LoRA adapters on a full-precision base."
+                "`load_in_8bit`=true quantizes the base with bitsandbytes' 8-bit kernels, which need a CUDA GPU, and "
+                "none is in use here. Set `load_in_4bit: true` (NF4, also on a CPU) or `load_in_8bit: false` "
+                "(--load_in_8bit false) to train the LoRA adapters on a full-precision base."
             )
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ValueError(

@@ -332,18 +332,26 @@ def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl
     assert saved_prm and all(t.abs().sum() > 0 for k, t in saved_prm.items() if "lora_B" in k)
 
 
-def test_prime_lora_4bit_without_cuda_is_a_clear_error(tmp_path):
-    import torch
+def test_prime_lora_8bit_without_cuda_or_4bit_without_bitsandbytes_is_a_clear_error(tmp_path, monkeypatch):
+    """8-bit needs CUDA; 4-bit runs on a CPU too (tests/test_lora_4bit.py) but needs bitsandbytes."""
+    import importlib.util
 
     from trl_prime import PrimeRLOOConfig
 
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is present: 4-bit is allowed")
     mod = _recipe("prime_lora")
-    data, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
-        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--load_in_4bit", "true"]))
-    with pytest.raises(ValueError, match=r"`load_in_4bit`=true .*CUDA.*--load_in_4bit false"):
+    cpu = ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
+    data, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config([*cpu, "--load_in_8bit", "true"]))
+    with pytest.raises(ValueError, match=r"`load_in_8bit`=true .*CUDA.*`load_in_4bit: true`.*--load_in_8bit false"):
         mod.main(data, args, model_args)
+    _, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config([*cpu, "--load_in_4bit", "true"]))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(
+        name, *a))
+    with pytest.raises(ValueError, match=r"`load_in_4bit`=true needs bitsandbytes: `pip install bitsandbytes`"):
+        mod.check_args(args, model_args)
+    monkeypatch.undo()
+    if find_spec("bitsandbytes") is not None:
+        mod.check_args(args, model_args)  # with bitsandbytes, 4-bit on a CPU is fine
     _, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
         ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--use_peft", "false"]))
     with pytest.raises(ValueError, match=r"use_peft: true"):

@@ -8,6 +8,8 @@ failures, degenerate batches, atomic checkpoints).
   missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
   causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:
   :func:`trl_prime.implicit_prm.check_peft_adapter_supported`).
+- :func:`keep_4bit_layers_differentiable`: a 4-bit (bitsandbytes NF4/FP4) base keeps the layout that backpropagates
+  on a CPU with AVX512-BF16 (below), so LoRA adapters on it train.
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
 
   * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch
@@ -61,6 +63,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +328,27 @@ def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None,
     return bad.any(-1)
 
 
+def keep_4bit_layers_differentiable(model: nn.Module) -> int:
+    """Keep every bitsandbytes ``Linear4bit`` of ``model`` in the layout that backpropagates; return how many.
+
+    On a CPU with AVX512-BF16, bitsandbytes (seen with 0.50.2) repacks a ``Linear4bit`` weight, in place and for good, the
+    first time the layer runs in eval mode on an input without grad (generation does exactly that): the packed layout
+    stores ``absmax`` in bfloat16 (the base's quantisation state changes) and its ``gemv_4bit`` kernel has no
+    autograd, so from then on no gradient flows through any 4-bit layer: a LoRA adapter whose output passes through
+    one (``q_proj``/``v_proj`` through ``o_proj``) gets zero gradients, silently (``grad_norm`` 0). Turning the
+    repacking off keeps the layers on bitsandbytes' differentiable ``MatMul4Bit`` path. GPUs are unaffected (the
+    repacking is CPU only). A no-op without bitsandbytes or without 4-bit layers.
+    """
+    bnb = sys.modules.get("bitsandbytes")  # not imported: no model holds its layers
+    if bnb is None:
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for m in layers:
+        if hasattr(m, "support_avx512bf16_for_cpu"):
+            m.support_avx512bf16_for_cpu = False
+    return len(layers)
+
+
 class GuardsMixin:
     """Reliability machinery shared by the trl-prime trainers (see the module docstring). Place it before TRL's
     trainer class in the bases; call :meth:`_guard_setup` at the end of ``__init__``."""
@@ -340,6 +364,7 @@ class GuardsMixin:
         self._guard_saving = False
         self._guard_staging_root: str | None = None
         check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
+        keep_4bit_layers_differentiable(self.model)
 
     def _guard_args(self, name, default):
         return getattr(self.args, name, default)
@@ -691,6 +716,19 @@ class GuardsMixin:
     def _save_checkpoint(self, model, trial):
         with self._guard_atomic_checkpoint(trial):
             super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Trainer's weight loading, keeping every parameter's dtype. On a quantised base TRL casts the trainable LoRA
+        weights to bfloat16 (QLoRA), but Trainer reloads a PEFT checkpoint with ``PeftModel.load_adapter``, whose
+        ``autocast_adapter_dtype`` upcasts them to float32: the resumed run would train another model than the
+        interrupted one (and its optimizer state would be cast to float32). The values saved are bfloat16, so the
+        cast back is exact."""
+        target = self.model if model is None else model
+        dtypes = {n: p.dtype for n, p in target.named_parameters()}
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        for n, p in target.named_parameters():
+            if n in dtypes and p.dtype != dtypes[n]:
+                p.data = p.data.to(dtypes[n])
 
     # --------------------------------------------------------------------------------------------------------
     # Buffered generation batch and prompt order (exact resume inside a generation window, in a later epoch)
