@@ -19,6 +19,10 @@ glibc's defaults (what a plain CPU run sees); an allocator setting already in th
 - ``prime_full``: ``PrimeGRPOTrainer`` without PEFT: policy, PRM and reference are three full models, policy and PRM
   with full AdamW states.
 - ``grpo_full``: TRL's ``GRPOTrainer`` without PEFT, for scale.
+- ``prime_lora_4bit``: ``prime_lora`` on a 4-bit base (bitsandbytes NF4 through ``model_init_kwargs``; compute dtype
+  bfloat16 with ``--bf16``, else float32). Needs ``bitsandbytes``.
+
+Each worker also reports its median seconds per training step (``step_seconds``).
 
 Examples::
 
@@ -41,7 +45,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-CONFIGS = ("grpo_lora", "prime_lora", "prime_full", "grpo_full")
+CONFIGS = ("grpo_lora", "prime_lora", "prime_full", "grpo_full", "prime_lora_4bit")
+# the default run: every configuration that needs nothing beyond the core dependencies
+DEFAULT_CONFIGS = ("grpo_lora", "prime_lora", "prime_full", "grpo_full")
 
 
 def _rss_mib() -> float:
@@ -58,8 +64,11 @@ def _worker(opts) -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
+    import statistics
+
     import trl
     from peft import LoraConfig
+    from transformers import TrainerCallback
 
     import trl_prime
     from trl_prime.rewards import math_reward
@@ -80,11 +89,17 @@ def _worker(opts) -> None:
     )
     if prime:
         kw.update(filter_lower=0.0, filter_upper=1.0)  # the PRM is updated every step
+    if name.endswith("_4bit"):
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.bfloat16 if on_gpu and opts.bf16 else torch.float32
+        kw["model_init_kwargs"] = {"dtype": compute, "quantization_config": BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)}
     extra = {}
-    if name.endswith("lora"):
+    if "lora" in name:
         extra["peft_config"] = LoraConfig(r=opts.lora_r, lora_alpha=2 * opts.lora_r, target_modules="all-linear",
                                           task_type="CAUSAL_LM")
-    if opts.model_path.endswith("/tiny"):
+    if opts.model_path.endswith("/tiny") or opts.dataset == "tiny":
         from tiny import tiny_prompt_dataset
 
         ds = tiny_prompt_dataset(64)
@@ -94,11 +109,26 @@ def _worker(opts) -> None:
         ds = load_prompt_dataset(opts.dataset, size=64, seed=opts.seed)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
+    step_seconds = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if on_gpu:
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if on_gpu:
+                torch.cuda.synchronize()
+            step_seconds.append(time.perf_counter() - self.t0)
+
     t0 = time.perf_counter()
-    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=cfg_cls(**kw), train_dataset=ds, **extra)
+    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=cfg_cls(**kw), train_dataset=ds,
+                  callbacks=[StepTimer()], **extra)
     trainer.train()
     out = {
         "config": name, "seconds": time.perf_counter() - t0, "base_rss_mib": base_rss,
+        "step_seconds": statistics.median(step_seconds) if step_seconds else float("nan"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     }
@@ -116,7 +146,7 @@ def main(argv=None) -> dict:
     p.add_argument("--dataset", default="embedded:arithmetic", help="prompt set (trl_prime.data.load_prompt_dataset)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU: torch.cuda.max_memory_allocated)")
     p.add_argument("--bf16", action="store_true", help="bf16 on GPU")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated, from {list(CONFIGS)}")
     p.add_argument("--batch", type=int, default=8, help="completions per step (per_device_train_batch_size)")
     p.add_argument("--num-generations", type=int, default=4, help="completions per prompt (K)")
     p.add_argument("--max-completion-length", type=int, default=128, help="tokens; completions are forced to it")
@@ -146,6 +176,11 @@ def main(argv=None) -> dict:
     for name in ("steps", "batch", "num_generations", "max_completion_length", "lora_r", "threads"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if any(c.endswith("_4bit") for c in configs):
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            p.error("the *_4bit configurations need bitsandbytes: pip install -e '.[bitsandbytes]'")
     work = tempfile.mkdtemp(prefix="bench_mem_")
     model_path = _common.resolve_model(opts.model, work)
     results = {}
@@ -174,7 +209,8 @@ def main(argv=None) -> dict:
               + f"  [{r['seconds']:.0f} s]", flush=True)
     key = "cuda_max_allocated_mib" if opts.device != "cpu" else "peak_rss_mib"
     ratios = {}
-    for a, b in (("prime_lora", "grpo_lora"), ("prime_full", "grpo_lora"), ("prime_full", "grpo_full")):
+    for a, b in (("prime_lora", "grpo_lora"), ("prime_full", "grpo_lora"), ("prime_full", "grpo_full"),
+                 ("prime_lora_4bit", "prime_lora")):
         if a in results and b in results:
             ratios[f"{a}/{b}"] = results[a][key] / results[b][key]
             if key == "peak_rss_mib":

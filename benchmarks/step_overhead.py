@@ -181,6 +181,8 @@ def _worker(opts) -> None:
             if steps and logs and "filter/kept_fraction" in logs:
                 steps[-1]["kept_fraction"] = logs["filter/kept_fraction"]
 
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds,
                   callbacks=[StepTimer()], **extra)
     if prime is not None:  # time the PRM's second forward ("double") and the reference forward
@@ -200,6 +202,8 @@ def _worker(opts) -> None:
            "completion_mean_length": completion_len,
            "prm_params": sum(p.numel() for p in trainer.prm_model.parameters()) if prime is not None else None,
            "policy_params": sum(p.numel() for p in trainer.model.parameters())}
+    if on_gpu:
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(opts.out).write_text(json.dumps(out))
 
 

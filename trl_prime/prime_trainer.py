@@ -38,6 +38,7 @@ from trl import GRPOTrainer, RLOOTrainer
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from trl_prime import functional as F
+from trl_prime._compat import check_trl_version_once
 from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
 from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_frozen
 from trl_prime._rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
@@ -54,6 +55,8 @@ from trl_prime.implicit_prm import (
 )
 from trl_prime.prime_config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
 from trl_prime.prof import ProfFilter, prime_prof_rows
+
+check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 PRM_ADAPTER = "prm"
 PRM_REF_ADAPTER = "prm_ref"

@@ -27,6 +27,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
+from trl_prime._compat import check_trl_version_once
 from trl_prime._guards import (
     DEFAULT_LR_SCHEDULER, GuardOptions, GuardsMixin, check_peft_config, check_sum_then_normalize,
 )
@@ -35,6 +36,8 @@ from trl_prime._rollout import (
     DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
 )
 from trl_prime.implicit_prm import eval_mode
+
+check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 PRL_STEP_SPLITS = ("length", "newline", "double_newline", "token")
 PRL_ORDERS = ("advantage_first", "process_first")

@@ -37,6 +37,7 @@ from torch import nn
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_prime import functional as F
+from trl_prime._compat import check_trl_version_once
 from trl_prime._guards import (
     DEFAULT_LR_SCHEDULER, GuardOptions, GuardsMixin, check_peft_config, check_sum_then_normalize,
 )
@@ -46,6 +47,8 @@ from trl_prime._rollout import (
 )
 from trl_prime.implicit_prm import CONFIG_NAME as IMPLICIT_PRM_CONFIG_NAME
 from trl_prime.implicit_prm import ImplicitPRM, eval_mode, position_ids_from_mask, unwrap
+
+check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 PROF_MODES = ("both", "correct", "off")
 PROF_PENALTY_POSITIONS = ("reference", "paper")
