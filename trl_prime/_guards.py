@@ -364,7 +364,8 @@ class GuardsMixin:
         self._guard_saving = False
         self._guard_staging_root: str | None = None
         check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
-        keep_4bit_layers_differentiable(self.model)
+        if isinstance(getattr(self, "model", None), nn.Module):
+            keep_4bit_layers_differentiable(self.model)
 
     def _guard_args(self, name, default):
         return getattr(self.args, name, default)
