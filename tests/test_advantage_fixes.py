@@ -354,3 +354,18 @@ def test_prof_grpo_trainer_single_row_group_zero_and_counted(tiny_model_path, tm
         assert kept[:n].tolist() == [True] + [False] * (n - 1) and int(kept[n:].sum()) == 4
         assert adv[0].item() == 0.0 and adv[n:][kept[n:]].abs().min() > 0
     assert _logged(tr, "guard/single_row_groups") == [1.0, 1.0]
+
+
+def test_grpo_outcome_std_outcomes_equal_up_to_rounding_have_no_scale():
+    """A weighted sum of two rewards in float32 (0 + 0.7 and 0.1 + 0.6) leaves outcomes that differ by rounding
+    (std ~3e-8): they count as equal, process term 0, not token rewards divided by ~1e-7 (max |A| was 572)."""
+    g = torch.Generator().manual_seed(4)
+    o = torch.tensor([0.0, 0.1, 0.0, 0.1]) + torch.tensor([0.7, 0.6, 0.7, 0.6])
+    assert o.std().item() > 0  # not exactly equal
+    P = 1e-3 * torch.randn(4, 6, generator=g)
+    adv = F.prime_advantages(P, o, torch.ones(4, 6), None, estimator="grpo", num_generations=4, outcome_coef=0.0)
+    assert torch.equal(adv, torch.zeros(4, 6))
+    # a real spread on a large reward scale still scales: rewards of a reward model around 50, std 1
+    o2 = torch.tensor([49.0, 51.0, 49.0, 51.0])
+    adv2 = F.prime_advantages(P, o2, torch.ones(4, 6), None, estimator="grpo", num_generations=4, outcome_coef=0.0)
+    close(adv2[:, 0], (P.mean(1) - P.mean()) / (o2.std() + EPS), atol=1e-7, rtol=1e-5)

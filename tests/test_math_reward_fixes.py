@@ -316,3 +316,14 @@ def test_answer_phrase_strips_emphasis_and_period(text):
 def test_answer_phrase_keeps_decimals_and_tuples():
     assert mv.extract_answer("answer: **73.5**.", "boxed_or_answer_phrase") == "73.5"
     assert mv.extract_answer("The final answer is: **(1, 2)**.", "boxed_or_answer_phrase") == "(1, 2)"
+
+
+def test_full_stop_after_a_whole_number_and_options_through_make_math_reward():
+    """A gold `5.` was unparseable (its rows dropped) and `\\boxed{5.}` scored 0 against 5; options passed to
+    math_reward itself would be read as dataset columns, so they go through make_math_reward (exported)."""
+    from trl_prime.rewards import make_math_reward
+
+    assert mv.math_reward(completions=["\\boxed{5}", "\\boxed{5.}", "\\boxed{5.5}"], solution=["5.", "5", "5"]) == [
+        1.0, 1.0, 0.0]
+    reward = make_math_reward("solution", extraction="boxed_or_answer_phrase")
+    assert reward(completions=["Final Answer: **73**.", "The answer is 72."], solution=["73", "73"]) == [1.0, 0.0]

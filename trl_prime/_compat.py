@@ -26,7 +26,7 @@ def tested_trl_specifier() -> str:
     return ",".join(TESTED_TRL)
 
 
-def check_trl_version(installed: str | None = None) -> bool:
+def check_trl_version(installed: str | None = None, *, stacklevel: int = 2) -> bool:
     """Warn (:class:`UntestedTRLVersionWarning`) when the installed TRL is outside :data:`TESTED_TRL`.
 
     A warning, not an error, so that a user can try a newer TRL. Called when a trainer module is imported (once per
@@ -58,7 +58,7 @@ def check_trl_version(installed: str | None = None) -> bool:
             "the exact versions of constraints/ci.txt), or, if you keep this one, report what breaks in a trl-prime "
             "issue with the output of `pip list`.",
             UntestedTRLVersionWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     return ok
 
@@ -68,4 +68,4 @@ def check_trl_version_once() -> None:
     global _checked
     if not _checked:
         _checked = True
-        check_trl_version()
+        check_trl_version(stacklevel=4)  # the trainer module's line that imports it

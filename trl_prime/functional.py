@@ -78,6 +78,10 @@ _RLOO_BASELINES = ("paper", "reference")
 _PROCESS_REWARD_NORMS = ("none", "batch_norm")
 _GRPO_PROCESS_FORMS = ("response", "token")
 _GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
+#: grpo_process_scale="outcome_std": a group whose outcome std is at most this times max(1, |group mean|) counts as
+#: having equal outcomes (float32 rounding of a weighted reward sum leaves a std around 1e-7, which as a divisor
+#: would blow the process term up by 10^7)
+_OUTCOME_SPREAD_RTOL = 1e-4
 _LOSS_TYPES = ("ce", "dpo", "kto", "nca")
 _AGGREGATIONS = ("min", "mean", "sum", "last")
 _STEP_SPLITS = ("double_newline", "newline", "length", "token")
@@ -1230,7 +1234,9 @@ def _prime_advantages_impl(
             if grpo_process_scale == "process_std":
                 proc_tok = _divide_by_std(proc_tok, std_r[:, None], eps)
             else:  # the outcome's group std; a group with equal outcomes has no scale: process term 0
-                proc_tok = torch.where((std_o > 0)[:, None], _divide_by_std(proc_tok, std_o[:, None], eps), zero)
+                # outcomes equal up to rounding (a weighted sum of rewards in float32) have no scale either
+                spread = std_o > _OUTCOME_SPREAD_RTOL * mean_o.abs().clamp(min=1.0)
+                proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, std_o[:, None], eps), zero)
         out_adv = _divide_by_std(o - mean_o, std_o, eps) if scale_rewards else o - mean_o
     else:  # reinforce: no baseline
         proc_tok = P
@@ -1396,7 +1402,8 @@ def prime_advantages(
       - ``"outcome_std"`` (default): ``std_g r_o + eps``, the outcome's group std, so both terms share one scale:
         PRIME's total reward (process + outcome) is normalised by the group statistics of the outcome, and the
         process term keeps its size relative to the outcome (as in Eq. 5). A group whose scorable outcomes are all
-        equal gets process term 0 as well (no scale to measure it in).
+        equal gets process term 0 as well (no scale to measure it in); so does one whose outcome std is at most
+        ``1e-4 * max(1, |mean_g r_o|)`` (outcomes equal up to rounding, e.g. a float32 weighted sum of rewards).
       - ``"process_std"``: ``std_g rbar + eps``, the process rewards' own group std (PRIME Appendix B.3 normalises
         them by their own group statistics). At ``t=0`` the ``"response"`` form is then exactly the group z-score
         of the completion's mean token reward.

@@ -241,7 +241,7 @@ class ProfOptions:
             return
         if K is not None and self.prof_num_keep is not None and not 1 <= self.prof_num_keep <= K:
             raise ValueError(
-                f"`prof_num_keep`={self.prof_num_keep} must lie in [1, num_generations={K}] (paper: n=8, m=4)."
+                f"`prof_num_keep`={self.prof_num_keep} must lie in [2, num_generations={K}] (paper: n=8, m=4; a group needs two kept rows for a baseline)."
             )
         if K is not None and self.prof_num_remove is not None and not 0 <= self.prof_num_remove < K:
             raise ValueError(

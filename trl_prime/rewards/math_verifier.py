@@ -361,7 +361,11 @@ def _normalize_forms(text: str) -> str:
       decimal point -> the digits alone (``5\\,600`` -> ``5600``, ``1\\,234\\,567`` -> ``1234567``); math-verify
       reads ``5\\,600`` as 605. Only groups of exactly three digits after a ``\\,`` count, so ``(1,\\,2)`` or
       ``2\\,x`` are left alone.
+    * A sentence's full stop after a whole number that ends the text or a ``{}`` group: ``5.`` -> ``5``,
+      ``\\boxed{5.}`` -> ``\\boxed{5}`` (math-verify reports the gold ``5.`` unparseable and scores ``\\boxed{5.}``
+      wrong against 5); decimals (``5.5``, ``.5``) are left alone.
     """
+    text = _TRAILING_STOP_RE.sub(r"\1", text)
     if "\\" in text or "{" in text:
         text = _UPRIGHT_CONSTANT_RE.sub(_plain_constant, text)
         text = _THIN_THOUSANDS_RE.sub(lambda m: m.group(0).replace("\\,", ""), text)
@@ -371,6 +375,7 @@ def _normalize_forms(text: str) -> str:
     return text
 
 
+_TRAILING_STOP_RE = re.compile(r"(?<![\d.])(\d+)\.(?=\s*(?:\}|$))")
 _PLAIN_DECIMAL_RE = re.compile(r"[+-]?\d*\.(\d+)")
 
 
