@@ -1,9 +1,14 @@
 """Does it learn? A controlled learning benchmark with seeds and error bars (issue 14).
 
-A tiny real model (a 1.06M-parameter Llama with a character-level tokenizer, warm-started with TRL's ``SFTTrainer``;
-``benchmarks/learning_task.py``) learns multi-operand addition written step by step (running sums, ``\\boxed{}``
-answer checked by ``trl_prime.rewards.math_reward``). Every method gets the same prompts, seeds, batch (8 prompts x
-4 completions), sampling (temperature 1), learning rate (constant schedule) and step budget:
+The task (``benchmarks/learning_task.py``): add 4 one-digit numbers step by step (running sums, one step per
+line pair, the answer in ``\\boxed{}`` checked by ``trl_prime.rewards.math_reward``); ``--difficulty OxD`` sets the
+operands and digits. The model: a 1.06M-parameter Llama with a character-level tokenizer, warm-started with TRL's
+``SFTTrainer`` on solutions of a teacher whose running sums are off by one in 30% of the steps, so that the warm
+start is right about 40% of the time sampled at temperature 1 (92% greedy) and an early slipped step decides the
+outcome. Cached by the hash of its recipe (``~/.cache/trl_prime/learning/<hash>/``, about 3 minutes to build).
+
+Every method gets the same prompts, seeds, batch (8 prompts x 4 completions), sampling (temperature 1), policy
+learning rate (``--lr``, constant schedule, AdamW) and step budget:
 
 - ``rloo`` TRL ``RLOOTrainer`` vs ``prime_rloo`` ``PrimeRLOOTrainer`` (PRIME Eq. 5);
 - ``grpo`` TRL ``GRPOTrainer`` vs ``prime_grpo`` ``PrimeGRPOTrainer`` (PRIME App. B.3);
@@ -13,22 +18,24 @@ answer checked by ``trl_prime.rewards.math_reward``). Every method gets the same
   (``PrimeGRPOTrainer``, ``prof_mode="both"``, ``prof_prm="implicit"``, ``process_coef=0``);
 - ablations: ``prime_rloo_frozen`` (the PRM is the offline implicit PRM of this task, trained with CE on outcome-
   labelled rollouts of the warm start, and never updated: ``prm_learning_rate=0``), ``prime_rloo_double``
-  (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise).
+  (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
+  ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
+  ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
+  ``--prm-lr``).
 
 PRIME's online prompt filter is opened to [0, 1] for every PRIME method, so every method trains on every row (TRL's
-RLOO/GRPO have no filter). Held-out accuracy (greedy and sampled at temperature 1, 256 problems never trained on) is
-measured every ``--eval-every`` steps. The report: mean and 95% t-interval curves per method, a table of start and
-final accuracy, area under the curve, steps to reach a threshold (the paper's sample-efficiency measure), PRIME's
-``prm/pair_accuracy`` trajectory, and a "paper claims" table. ``--offline-prm`` adds the Implicit PRM section: CE
-and DPO PRMs trained on outcome-labelled rollouts of the warm start, best-of-N (N = 4, 16, 64) against the first
-sample, majority vote and the oracle.
+RLOO/GRPO have no filter). Held-out accuracy (256 problems never trained on; sampled at temperature 1, 2 samples
+each, and greedy) is measured every ``--eval-every`` steps. The report: mean and 95% t-interval curves per method, a
+table of start and final accuracy, area under the curve, steps to reach RLOO's final accuracy (the paper's
+sample-efficiency measure), PRIME's ``prm/pair_accuracy`` trajectory, and a "paper claims" table. The offline
+implicit PRM section (on by default, off with ``--quick``): CE and DPO PRMs trained on outcome-labelled rollouts of
+the warm start, best-of-N (N = 4, 16, 64) against the first sample, majority vote and the oracle.
 
 Runs are spread over ``--workers`` processes with one torch thread each. Examples::
 
     python benchmarks/learning.py --quick --json docs/learning/quick.json --plot-dir docs/learning
-    python benchmarks/learning.py --json docs/learning/full.json --plot-dir docs/learning     # every method, 5 seeds
-    python benchmarks/learning.py --methods prime_grpo,grpo --seeds 5 --json prime_grpo.json   # rerun some rows
-    python benchmarks/learning.py --quick --device cuda --model-size 0.5b --workers 1        # GPU variant
+    python benchmarks/learning.py --json docs/learning/full.json --plot-dir docs/learning   # every method, 5 seeds
+    python benchmarks/learning.py --methods prime_grpo,grpo --seeds 5 --steps 100 --json prime_grpo.json  # some rows
 """
 
 from __future__ import annotations
@@ -65,11 +72,12 @@ METHODS = {
     "prime_rloo_frozen": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
                           {"prm_learning_rate": 0.0, "prm_model": "<offline>"}),
     "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
+    "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
 }
-QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prl", "prime_rloo_pc0"]
+QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prl", "prime_rloo_pc0", "prime_rloo_prm2x"]
 PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
 ESTIMATOR_PAIRS = [("rloo", "prime_rloo"), ("grpo", "prime_grpo"), ("reinforce", "prime_reinforce")]
@@ -485,7 +493,7 @@ def report(result: dict) -> str:
 
 GROUPS = [
     ("RLOO family", ["rloo", "prime_rloo", "prime_rloo_pc0", "prime_rloo_frozen", "prime_rloo_double",
-                     "prime_rloo_prm2x"]),
+                     "prime_rloo_prm2x", "prime_rloo_dpo"]),
     ("GRPO family", ["grpo", "prime_grpo", "prl", "prof_grpo"]),
     ("REINFORCE", ["reinforce", "prime_reinforce"]),
 ]
@@ -550,15 +558,15 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help=f"3 seeds, --steps 60, the main comparisons ({','.join(QUICK_METHODS)}), no offline PRM")
+                   help=f"3 seeds (instead of 5), the main comparisons ({','.join(QUICK_METHODS)}), no offline PRM")
     p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per method (default 5; --quick 3)")
     p.add_argument("--seed-offset", type=int, default=0, help="shift every seed by N (seeds are N, N+1, ...)")
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 100; --quick 60)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 60)")
     p.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every N steps")
     p.add_argument("--difficulty", default="4x1", help="OPERANDSxDIGITS, e.g. 4x1 (default) or 3x2")
     p.add_argument("--lr", type=float, default=5e-5, help="policy learning rate, every method (constant schedule)")
-    p.add_argument("--prm-lr", type=float, default=2e-5, help="implicit PRM learning rate (PRIME methods)")
+    p.add_argument("--prm-lr", type=float, default=1e-5, help="implicit PRM learning rate (PRIME methods)")
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--num-generations", type=int, default=4)
     p.add_argument("--heldout", type=int, default=256, help="held-out problems per evaluation")
@@ -572,16 +580,40 @@ def main(argv=None) -> dict:
     p.add_argument("--plot-dir", default=None, help="write the learning-curve plots (PNG) into this folder")
     p.add_argument("--tag", default=None, help="suffix of the plot files (default: quick / full)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--merge", action="append", default=[], metavar="JSON",
+                   help="start from the runs of an earlier --json file (same settings): only the (method, seed) pairs "
+                        "it lacks are run; repeatable")
+    p.add_argument("--rerun", action="store_true",
+                   help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)")
     a = p.parse_args(argv)
     methods = a.methods.split(",") if a.methods else (QUICK_METHODS if a.quick else list(METHODS))
     bad = [m for m in methods if m not in METHODS]
     if bad:
         p.error(f"unknown --methods {bad}; choose from {list(METHODS)}")
     seeds = a.seeds or (3 if a.quick else 5)
-    steps = a.steps or (60 if a.quick else 100)
+    steps = a.steps or 60
     use_offline = a.offline_prm if a.offline_prm is not None else (not a.quick or "prime_rloo_frozen" in methods)
     if "prime_rloo_frozen" in methods and not use_offline:
         p.error("prime_rloo_frozen needs the offline PRM: drop --no-offline-prm")
+    settings = {"difficulty": a.difficulty, "steps": steps, "eval_every": a.eval_every, "lr": a.lr,
+                "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step, "num_generations": a.num_generations,
+                "heldout": a.heldout}
+    merged: dict[tuple[str, int], dict] = {}
+    merged_offline = None
+    for path in a.merge:
+        old = json.loads(Path(path).read_text())
+        theirs = {**old["settings"], "difficulty": old["task"]["difficulty"], "heldout": old["task"]["heldout"]}
+        diff = {k: (theirs.get(k), v) for k, v in settings.items() if theirs.get(k) != v}
+        if diff:
+            p.error(f"--merge {path}: settings differ (theirs, ours): {diff}")
+        for m, d in old["methods"].items():
+            for i, seed in enumerate(d["seeds"]):
+                merged[(m, seed)] = {"method": m, "seed": seed, "steps": d["steps"], "sampled": d["accuracy"][i],
+                                     "greedy": d["accuracy_greedy"][i], "seconds": d["seconds"][i],
+                                     "pair_accuracy": d["prm_pair_accuracy"][i] if d["prm_pair_accuracy"] else []}
+        merged_offline = old.get("offline_prm") or merged_offline
+    if a.rerun:
+        merged = {k: v for k, v in merged.items() if k[0] not in methods}
     if seeds < 1 or steps < 1 or a.eval_every < 1 or a.workers < 1:
         p.error("--seeds, --steps, --eval-every and --workers must be >= 1")
     spec = lt.TaskSpec.parse(a.difficulty)
@@ -599,23 +631,29 @@ def main(argv=None) -> dict:
                f"{info['heldout_accuracy']})")
     torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="learning_bench_"))
-    offline, offline_folder = None, None
-    if use_offline:
+    wanted = [(m, a.seed_offset + s) for s in range(seeds) for m in methods]
+    todo = [(m, s) for m, s in wanted if (m, s) not in merged]
+    offline, offline_folder = merged_offline, None
+    if any(m == "prime_rloo_frozen" for m, _ in todo) or (use_offline and offline is None):
         os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
+        torch.set_num_threads(a.threads * a.workers)  # before the workers start
         offline, offline_folder = offline_prm(
             warm, spec, work, n_prompts=256 if not a.quick else 128, rollouts=8, n_problems=128 if not a.quick else 64,
             log=tqdm.write)
+        torch.set_num_threads(a.threads)
         tqdm.write(f"offline PRM section: {offline['seconds']} s")
 
     jobs = [dict(method=m, seed=a.seed_offset + s, warm=warm, spec=spec, steps=steps, eval_every=a.eval_every,
                  lr=a.lr, prm_lr=a.prm_lr, prompts_per_step=a.prompts_per_step, num_generations=a.num_generations,
                  n_heldout=a.heldout, offline_prm=offline_folder, device=a.device)
-            for s in range(seeds) for m in methods]
+            for m, s in todo]
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Manager().Queue()
-    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    runs: dict[str, list[dict]] = {}
+    for (m, _), r in merged.items():
+        runs.setdefault(m, []).append(r)
     bar = tqdm(total=len(jobs) * steps, desc="RL steps", unit="step", smoothing=0.05)
     done = threading.Event()
 
@@ -633,12 +671,13 @@ def main(argv=None) -> dict:
         futures = [ex.submit(_job, j) for j in jobs]
         for f in futures:
             r = f.result()
-            runs[r["method"]].append(r)
+            runs.setdefault(r["method"], []).append(r)
             tqdm.write(f"{r['method']:>18} seed {r['seed']}: greedy {r['greedy'][0]:.3f} -> {r['greedy'][-1]:.3f}, "
                        f"sampled {r['sampled'][0]:.3f} -> {r['sampled'][-1]:.3f} ({r['seconds']} s)")
     done.set()
     th.join()
     bar.close()
+    runs = {m: sorted(runs[m], key=lambda r: r["seed"]) for m in METHODS if m in runs}
     summary = {k: summarize(runs, k) for k in ("greedy", "sampled")}
     result = {
         "methods": {
@@ -653,6 +692,7 @@ def main(argv=None) -> dict:
         "task": {"name": "step-by-step multi-operand addition", "difficulty": str(spec), "operands": spec.operands,
                  "digits": spec.digits, "heldout": a.heldout, "warm_start": info, "warm_start_hash": Path(warm).name},
         "settings": {"steps": steps, "seeds": seeds, "seed_offset": a.seed_offset, "eval_every": a.eval_every,
+                     "merged": a.merge,
                      "lr": a.lr, "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step,
                      "num_generations": a.num_generations, "lr_scheduler_type": "constant", "temperature": 1.0,
                      "filter": [0.0, 1.0], "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: greedy)",

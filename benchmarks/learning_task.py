@@ -12,10 +12,12 @@ matters). Answers are checked by :func:`trl_prime.rewards.math_reward`.
 
 This module also builds the tiny real model of the benchmark and the learning test: a character-level tokenizer
 trained with ``tokenizers`` over the task's alphabet (wrapped in ``PreTrainedTokenizerFast`` with pad/eos/bos tokens
-and a chat template), a Llama-architecture causal LM of 1.06M parameters (hidden 128, 4 layers), warm-started with TRL's
-``SFTTrainer`` on gold step-by-step solutions until it is right sometimes (about 20-40% sampled at temperature 1),
-cached under ``~/.cache/trl_prime/learning/<hash of the recipe>/`` (``TRL_PRIME_CACHE`` overrides the root). It also
-holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test.
+and a chat template), a Llama-architecture causal LM of 1.06M parameters (hidden 128, 4 layers), warm-started with
+TRL's ``SFTTrainer`` (600 steps of 32 examples, about 3 minutes on one core) on the solutions of a teacher whose
+running sums are one too large in 30% of the steps. The warm start then solves 4x1 problems 92% of the time greedily and
+about 40% sampled at temperature 1: its mistakes are early slips that decide the outcome, which RL can remove. It is
+cached under ``~/.cache/trl_prime/learning/<hash of the recipe>/`` (``TRL_PRIME_CACHE`` overrides the root). The
+module also holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test.
 
 Everything is offline. Used by ``benchmarks/learning.py`` and ``tests/test_learning.py``.
 """
@@ -67,9 +69,9 @@ class TaskSpec:
 def make_problem(rng: random.Random, spec: TaskSpec, slip: float = 0.0) -> dict:
     """One problem: ``{"prompt", "completion", "solution" (the true answer), "key" (the operands)}``.
 
-    ``completion`` is the step-by-step solution; with ``slip > 0`` each running sum is off by one (up or down) with
+    ``completion`` is the step-by-step solution; with ``slip > 0`` each running sum is one too large with
     probability ``slip`` and the following steps continue from the written (wrong) sum, as a teacher that slips
-    would write them. The warm start imitates such a teacher (see :class:`WarmStartRecipe`); ``solution`` is always
+    would write them (slips always go up, so they never cancel: the answer is right iff no step slipped). The warm start imitates such a teacher (see :class:`WarmStartRecipe`); ``solution`` is always
     the true sum.
     """
     lo = 10 ** (spec.digits - 1) if spec.digits > 1 else 0
@@ -78,7 +80,7 @@ def make_problem(rng: random.Random, spec: TaskSpec, slip: float = 0.0) -> dict:
     for n in nums[1:]:
         value = written + n
         if slip > 0 and rng.random() < slip:
-            value = value + 1 if value == 0 or rng.random() < 0.5 else value - 1
+            value += 1  # always up: two slips never cancel, so a right answer means no slipped step
         steps.append(f"{written} + {n} = {value}")
         written = value
     prompt = "Add: " + " + ".join(map(str, nums)) + "\n"
@@ -150,7 +152,7 @@ class WarmStartRecipe:
     seed: int = 0
     data_seed: int = 1234
     n_heldout: int = 256
-    version: int = 1  # bump when this file changes the recipe's meaning
+    version: int = 2  # bump when this file changes the recipe's meaning
 
     def digest(self) -> str:
         blob = json.dumps({**asdict(self), "task": asdict(self.task), "alphabet": ALPHABET}, sort_keys=True)
