@@ -16,11 +16,13 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 import pytest
 
+from trl_prime.rewards import code_verifier as cv
 from trl_prime.rewards.code_verifier import (
     REASONS,
     CodeResult,
@@ -1018,3 +1020,262 @@ def test_new_layers_are_reported():
     check = {"check": "def check(c):\n    assert c() == 1", "entry_point": "f"}
     r = verify_code(["def f():\n    return 1"], [check])[0]
     assert (r.reward, r.reason) == (1.0, "passed") and "judge_process" in r.layers
+
+
+# ------------------------------------------------------------------ infrastructure failures vs. the program's timeout
+
+
+def test_hanging_backend_hits_the_outer_deadline(monkeypatch):
+    """A backend that never returns: every completion is scored None / sandbox_error within its outer deadline,
+    a hung call does not hold back the others, and the failure reaches the infrastructure-failure metric."""
+    release = threading.Event()
+    calls = []
+
+    def hang(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        release.wait()  # hangs until the test ends
+        return sbx.SandboxRun(ok=False, error="released")
+
+    monkeypatch.setattr(cv, "run_program", hang)
+    try:
+        t0 = time.monotonic()
+        rs = verify_code(["print(1)"] * 3, [_stdin(("", "1"))] * 3, deadline=1.0, max_workers=2)
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 3
+        assert all("outer deadline of 1 s" in r.detail for r in rs), rs
+        assert calls == ["stdin"] * 3  # the third completion ran in a fresh thread, not behind a hung one
+        assert time.monotonic() - t0 < 30  # about 2 s: two rounds of the 1 s deadline
+
+        # without `deadline=` every call still has one: cv.default_deadline(config, cases)
+        assert cv.default_deadline(SandboxConfig(), 1) == 10 + 4 + 4 + 30
+        assert cv.default_deadline(SandboxConfig(), 5) == 10 + 20 + 4 + 30
+        assert cv.default_deadline(SandboxConfig(), 100) == 10 + 30 + 4 + 30
+        monkeypatch.setattr(cv, "DEADLINE_SLACK", 0.5)
+        tiny = SandboxConfig(timeout=0.2, total_timeout=0.3, startup_grace=0.1)
+        assert cv.default_deadline(tiny, 2) == pytest.approx(0.1 + 0.3 + 0.2 + 0.5)
+        t0 = time.monotonic()
+        r = verify_code(["print(1)"], [_stdin(("", "1"), ("", "1"))], config=tiny)[0]
+        assert (r.reward, r.reason) == (None, "sandbox_error") and "outer deadline of 1.1 s" in r.detail
+        assert time.monotonic() - t0 < 30
+
+        logged = {}
+        fn = make_code_reward(deadline=1.0)
+        assert fn(completions=["print(1)"], tests=[NEVER], log_metric=lambda k, v: logged.__setitem__(k, v)) == [None]
+        assert logged["code/sandbox_error"] == 1.0  # counted by the trainers' verifier/failure_rate
+        assert "code/sandbox_error" in __import__("trl_prime._guards", fromlist=["x"]).INFRASTRUCTURE_FAILURE_METRICS
+        with pytest.raises(ValueError, match="deadline"):
+            verify_code(["print(1)"], [NEVER], deadline=0)
+    finally:
+        release.set()
+
+
+
+def test_abandoned_runs_are_capped_and_capacity_returns_when_they_finish(monkeypatch):
+    """A hanging backend: runs past their outer deadline are abandoned but counted; with MAX_ABANDONED_PER_WORKER *
+    max_workers of them still going, further completions are scored None / sandbox_error at once, starting no
+    thread and no sandbox; once the hung calls return, completions run again."""
+    end = time.monotonic() + 30
+    while cv._ABANDONED[0] and time.monotonic() < end:  # earlier tests' released runs finishing
+        time.sleep(0.05)
+    assert cv._ABANDONED[0] == 0
+    assert cv.MAX_ABANDONED_PER_WORKER == 2
+    release = threading.Event()
+    calls = []
+
+    def hang(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        if not release.is_set():
+            release.wait()
+        return sbx.SandboxRun(ok=False, error="released")
+
+    monkeypatch.setattr(cv, "run_program", hang)
+    threads0 = threading.active_count()
+    try:
+        rs = verify_code(["print(1)"] * 3, [_stdin(("", "1"))] * 3, deadline=0.3, max_workers=1)
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 3
+        assert ["did not return within" in r.detail for r in rs] == [True, True, False], rs
+        assert "not run: 2 earlier sandbox runs abandoned" in rs[2].detail and "= 2)" in rs[2].detail, rs[2]
+        assert len(calls) == 2 and cv._ABANDONED[0] == 2
+        assert threading.active_count() == threads0 + 2
+        t0 = time.monotonic()
+        rs = verify_code(["print(1)"] * 4, [_stdin(("", "1"))] * 4, deadline=0.3, max_workers=1)
+        assert time.monotonic() - t0 < 0.3  # at once, no deadline waited for
+        assert [(r.reward, r.reason) for r in rs] == [(None, "sandbox_error")] * 4
+        assert all("not run" in r.detail for r in rs), rs
+        assert len(calls) == 2 and threading.active_count() == threads0 + 2  # no thread, no sandbox started
+        # a larger max_workers allows more (cap 2 * 2 = 4): two more start and are abandoned
+        rs = verify_code(["print(1)"] * 2, [_stdin(("", "1"))] * 2, deadline=0.3, max_workers=2)
+        assert all("did not return within" in r.detail for r in rs), rs
+        assert len(calls) == 4 and cv._ABANDONED[0] == 4
+        rs = verify_code(["print(1)"], [_stdin(("", "1"))], deadline=0.3, max_workers=2)
+        assert "not run: 4 earlier" in rs[0].detail and len(calls) == 4, rs
+    finally:
+        release.set()
+    end = time.monotonic() + 10
+    while (cv._ABANDONED[0] or threading.active_count() > threads0) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert cv._ABANDONED[0] == 0 and threading.active_count() == threads0
+    rs = verify_code(["print(1)"], [_stdin(("", "1"))], deadline=5.0, max_workers=1)
+    assert len(calls) == 5 and rs[0].reason == "sandbox_error" and "released" in rs[0].detail, rs
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()  # state ppid pgrp session ...
+    except (OSError, IndexError):
+        return None
+
+
+def _freeze_sandbox(comm: str, stopped: list, resume_after: float | None = None) -> None:
+    """Wait for the program that named itself ``comm``, then SIGSTOP its whole sandbox from outside: the
+    bootstrap's process group (bootstrap, init, harness) at once, then every other process of its session.
+    With ``resume_after``, SIGCONT everything that many seconds later."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    if f.read().strip() != comm:
+                        continue
+            except OSError:
+                continue
+            st = _stat(int(name))
+            if st is None:
+                continue
+            sid = int(st[3])  # the sandbox's session = the bootstrap's pid
+            os.killpg(sid, signal.SIGSTOP)
+            members = [int(p) for p in os.listdir("/proc")
+                       if p.isdigit() and (_stat(int(p)) or [""] * 4)[3] == str(sid)]
+            for pid in members:
+                os.kill(pid, signal.SIGSTOP)
+            stopped.extend(members)
+            if resume_after is not None:
+                time.sleep(resume_after)
+                for pid in members:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:  # the resumed harness already killed and reaped it
+                        pass
+            return
+        time.sleep(0.01)
+
+
+def _run_frozen(prog: str, comm: str, resume_after: float | None, **cfg):
+    stopped: list[int] = []
+    freezer = threading.Thread(target=_freeze_sandbox, args=(comm, stopped, resume_after), daemon=True)
+    freezer.start()
+    try:
+        t0 = time.monotonic()
+        r = verify_code([prog.format(comm=comm)], [NEVER], **cfg)[0]
+        took = time.monotonic() - t0
+        freezer.join(60)
+    finally:
+        for pid in stopped:  # never leave a stopped process behind, whatever happened
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+    assert stopped, "the program never ran, so nothing was frozen"
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any((_stat(p) or ["Z"])[0] not in "ZX" for p in stopped):
+        time.sleep(0.05)
+    assert all((_stat(p) or ["Z"])[0] in "ZX" for p in stopped), "a sandbox process survived the teardown"
+    return r, took
+
+
+NAMED = "import ctypes\nctypes.CDLL(None).prctl(15, b'{comm}', 0, 0, 0)\n"  # PR_SET_NAME: the freezer finds it
+
+
+def test_sandbox_frozen_from_outside_is_sandbox_error_not_timeout():
+    """Every process of the sandbox SIGSTOP'd from outside while the program runs and never resumed: the harness
+    cannot report; the parent gives up after startup_grace + total_timeout + timeout and scores None
+    (sandbox_error, an infrastructure failure), never a 0 for the program."""
+    comm = f"trlfz{os.getpid() % 100000}"
+    r, took = _run_frozen(NAMED + "import time\ntime.sleep(60)", comm, None,
+                          timeout=4.0, total_timeout=4.0, startup_grace=4.0)
+    assert (r.reward, r.reason) == (None, "sandbox_error"), r
+    assert "did not report within its time limits (12 s" in r.detail and "stopped x" in r.detail, r.detail
+    assert took < 45  # the parent's own limit (12 s) plus teardown, well before the outer deadline (41 s)
+
+
+def test_sandbox_suspended_past_the_limit_is_sandbox_error_and_a_real_loop_is_timeout():
+    """The sandbox frozen while an infinite loop runs and resumed after its wall-clock limit ran out: the harness
+    sees that it was suspended and reports sandbox_error (None), not the program's timeout. The same loop left
+    alone (and a sleeping program) is the program's timeout = 0."""
+    comm = f"trlsu{os.getpid() % 100000}"
+    loop = NAMED + "while True:\n    pass"
+    r, _ = _run_frozen(loop, comm, 5.0, timeout=2.0, total_timeout=3.0)
+    assert (r.reward, r.reason) == (None, "sandbox_error"), r
+    assert "suspended for" in r.detail and "not the program's timeout" in r.detail, r.detail
+    rs = verify_code([loop.format(comm="trlalone"), "import time\ntime.sleep(60)"], [NEVER] * 2,
+                     timeout=2.0, total_timeout=3.0)
+    assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 2, rs
+
+
+
+def test_a_stall_is_sandbox_error_only_when_it_cut_the_limit_short(monkeypatch):
+    """The verdict on a wall-clock timeout (hand-computed windows, monotonic seconds): the program's timeout when
+    the harness ran for the whole limit, window length minus stalled seconds >= limit, for the case's window or
+    the run's; sandbox_error only when stalls cut both short. A stall moves the deadline later (see below), so a
+    short stall in an infinite loop still ends as the program's timeout."""
+    assert sbx._limit_reached(100.0, 105.5, 1.5, 4.0)  # 1.5 s stall in a 4 s loop, deadline moved to 105.5
+    assert sbx._limit_reached(100.0, 104.0, 0.0, 4.0)  # no stall
+    assert not sbx._limit_reached(100.0, 106.0, 5.5, 4.0)  # stall covering the window: ran 0.5 s of 4
+    assert not sbx._limit_reached(100.0, 105.0, 1.5, 4.0)  # ran 3.5 s of 4
+    job = {"timeout": 4.0, "total_timeout": 10.0}
+    monkeypatch.setattr(sbx, "_RUN_START", [100.0])
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._wall_timeout(job, 100.0, 105.5, 1.5)["status"] == "timeout"
+    assert sbx._wall_timeout(job, 100.0, 104.9, 1.5)["status"] == "sandbox_error"
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    v = sbx._wall_timeout(job, 100.0, 106.0, 6.0)
+    assert v["status"] == "sandbox_error" and "suspended for 6.0 s" in v["detail"], v
+    # total limit: the run started at 100 with 10 s; the case (no stall of its own) started at 108
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._wall_timeout(job, 108.0, 111.5, 0.0)["status"] == "timeout"  # run window: 11.5 - 1.5 = 10
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    assert sbx._wall_timeout(job, 108.0, 111.5, 0.0)["status"] == "sandbox_error"  # 5.5 of 10, case 3.5 of 4
+    assert sbx._wall_timeout(job, 111.5, 111.5, 0.0)["status"] == "sandbox_error"  # before a case
+    assert sbx._wall_timeout(job, 116.0, 116.0, 0.0)["status"] == "timeout"  # 16 - 6 = 10
+    # the deadlines a stall may move: the run's by at most one timeout, a case's up to one more timeout
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [1.5])
+    assert sbx._total_deadline(job) == 111.5
+    monkeypatch.setattr(sbx, "_HARNESS_STALLED", [6.0])
+    assert sbx._total_deadline(job) == 114.0
+    assert sbx._case_deadlines(job, 101.0, 110.0) == (105.0, 109.0)
+    assert sbx._case_deadlines(job, 108.0, 110.0) == (110.0, 114.0)
+
+
+def test_wait_case_moves_its_deadline_by_a_stall_up_to_the_latest():
+    """_wait_case on a real child, with the harness "stalled" for 3 s before it starts waiting (``since`` 3 s
+    back): the 0.5 s deadline moves 3 s later, up to ``latest``."""
+    for latest, lo, hi in ((10.0, 3.3, 6.0), (1.0, 0.9, 2.5)):
+        child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            now = time.monotonic()
+            _, _, timed_out, _, stalled = sbx._wait_case(child.pid, now + 0.5, None, now - 3.0, now + latest)
+            took = time.monotonic() - now
+        finally:
+            child.returncode = -9  # reaped by _wait_case
+        assert timed_out and 2.9 < stalled < 4.0 and lo < took < hi, (latest, stalled, took)
+
+
+def test_sandbox_suspended_briefly_in_an_infinite_loop_is_still_timeout():
+    """The sandbox frozen for 2.5 s (a stall the harness sees) while an infinite loop runs with a 3 s limit: the
+    deadline moves 2.5 s later, the loop gets its whole 3 s and ends as the program's timeout = 0."""
+    comm = f"trlsb{os.getpid() % 100000}"
+    r, took = _run_frozen(NAMED + "while True:\n    pass", comm, 2.5, timeout=3.0, total_timeout=4.0)
+    assert (r.reward, r.reason) == (0.0, "timeout"), r
+    assert took > 5.0, took
+
+def test_program_stopping_itself_or_its_harness_is_still_its_timeout():
+    """A program cannot turn its own timeout into an unscored infrastructure failure by stopping processes: a
+    self-stop is its timeout, and a stopped harness (reachable where landlock_signal is missing) is resumed by
+    the sandbox's init, which the program cannot stop (a pid namespace's init ignores SIGSTOP from inside)."""
+    progs = ["import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass",
+             "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
+             "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+             "while True:\n    pass"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rs = verify_code(progs, [NEVER] * 3, timeout=1.0, total_timeout=1.5, disable=("landlock_signal",))
+    assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 3, rs

@@ -113,7 +113,9 @@ class IdTokenizer:
 def h_grpo_outcome_advantage(inp, out, tol):
     T = len(out["advantages"][0])
     mask = mask_from_lengths(inp["response_lengths"], T)
-    adv = F.grpo_advantages(t32(inp["scores"]), inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"])
+    # single_row_compat: the semantics' group of size 1 -> mean 0, std 1 (the library's default gives it 0)
+    adv = F.grpo_advantages(t32(inp["scores"]), inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"],
+                            single_row_compat=True)
     assert_close(adv[:, None] * mask, out["advantages"], tol)
     return {"advantages"}
 
@@ -318,7 +320,7 @@ def h_prl_advantage(inp, out, tol):
     mask = mask_from_lengths(inp["response_lengths"], T)
     r = t32(inp["outcome_reward"])
     if inp["adv_estimator"] == "grpo":  # PRL block skipped: plain GRPO, outcome at the last token
-        adv = F.grpo_advantages(r, inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"])
+        adv = F.grpo_advantages(r, inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"], single_row_compat=True)
         assert_close(adv[:, None] * mask, out["advantages"], tol)
         assert_close(F.last_token_mask(mask) * r[:, None], out["token_level_scores_before_fill"], tol)
         return {"advantages", "token_level_scores_before_fill"}
@@ -335,7 +337,7 @@ def h_prl_advantage(inp, out, tol):
     adv, before_fill = F.prl_advantages(
         r, t32(inp["old_log_probs"]), t32(inp["ref_log_probs"]), mask, inp["uid"], eta=inp["eta"],
         step_ends=step_ends, order=order, scale_rewards=inp["norm_adv_by_std_in_grpo"],
-        zero_fill_compat=True, return_step_end_values=True,
+        zero_fill_compat=True, return_step_end_values=True, single_row_compat=True,
     )
     assert_close(adv, out["advantages"], tol)
     assert_close(before_fill, out["token_level_scores_before_fill"], tol)

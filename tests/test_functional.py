@@ -385,8 +385,10 @@ def test_grpo_advantages_hand():
     r = torch.tensor([1.0, 0.0, 1.0, 0.0, 3.0])
     adv = F.grpo_advantages(r, torch.tensor([0, 0, 0, 0, 1]))
     s = math.sqrt(1.0 / 3.0)
-    close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 3.0 / (1 + 1e-6)])
-    close(F.grpo_advantages(r, torch.tensor([0, 0, 0, 0, 1]), scale_rewards=False), [0.5, -0.5, 0.5, -0.5, 3.0])
+    # a group of one has no baseline: advantage 0 (single_row_compat: the released mean 0, std 1)
+    close(adv, [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0])
+    close(F.grpo_advantages(r, torch.tensor([0, 0, 0, 0, 1]), scale_rewards=False), [0.5, -0.5, 0.5, -0.5, 0.0])
+    close(F.grpo_advantages(r, torch.tensor([0, 0, 0, 0, 1]), single_row_compat=True)[4], 3.0 / (1 + 1e-6))
     # NaN excluded from mean/std, advantage 0
     rn = torch.tensor([1.0, 0.0, float("nan"), 1.0])
     adv = F.grpo_advantages(rn, num_generations=4)
@@ -412,7 +414,8 @@ def test_prime_advantages_estimators_hand():
     so = math.sqrt(1.0 / 3.0)
     oa = [(1 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps)]
     want = [[pt(1) + pt(1) + oa[0], pt(1) + oa[0]], [pt(3) + oa[1], 0.0], [pt(2) + pt(2) + oa[2], pt(2) + oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo"), want)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token",
+                            grpo_process_scale="process_std"), want)  # printed Eq. 8
     # rloo through prime_advantages = rloo_advantages
     adv, _ = F.rloo_advantages(P, o, mask, 3, baseline="reference", whiten=True)
     close(F.prime_advantages(P, o, mask, gid, baseline="reference", whiten=True), adv)
@@ -525,7 +528,7 @@ def test_prl_advantage_first_hand_and_large_eta_is_grpo():
     on = torch.tensor([1.0, float("nan"), 1.0, 0.0])
     a = F.prl_advantages(on, old, ref, mask, gid, eta=3.0)
     assert (a[1] == 0).all() and torch.isfinite(a).all()
-    close(a[0], ((1.0 / (1 + 1e-6)) - S[0] / 3.0) * mask[0])  # a single scorable row: mean 0, std 1
+    close(a[0], (0.0 - S[0] / 3.0) * mask[0])  # a single scorable row: no baseline, A = 0 (KL-to-go only)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -597,8 +600,9 @@ def test_prof_penalty_position():
     # m = 4 -> keep both correct and 2 of 3 incorrect: one incorrect row is removed
     ref = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="reference")  # critic -0.2-10 removed
     assert ref.tolist() == [0, 1, 3, 4]
-    paper = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="paper")  # -(0.2-10) kept; -0.9 removed
-    assert paper.tolist() == [0, 1, 2, 3]
+    # PROF Eq. (1) (v2) subtracts lambda * r_o * pen from the unsigned mean: the same selection
+    paper = F.prof_select(gid, c, H, o, num_remove=1, penalty_position="paper")
+    assert paper.tolist() == [0, 1, 3, 4]
     # a penalised correct row is removed first under both positions
     o2 = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
     H2 = torch.tensor([5, 31, 5, 5, 5])

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trl_prime import ImplicitPRM
-from trl_prime.implicit_prm import completion_logps, delimiter_step_ends, has_fused_head
+from trl_prime import functional as F
+from trl_prime.implicit_prm import completion_logps, has_fused_head
 
 PROMPTS = ["What is 2 + 3?", [{"role": "user", "content": "Compute 7 * 6."}], "Let x be 4."]
 COMPLETIONS = [
@@ -113,7 +114,7 @@ def test_sequence_and_step_rewards_and_best_of_n(prm_pair):
     seq = iprm.sequence_rewards(ids, am, cm)
     torch.testing.assert_close(seq, tok_r.sum(-1))
     # steps end on the token that carries the last "\n" of each "\n\n", and on the last token
-    ends = delimiter_step_ends(enc["completion_ids"], cm, tok, delimiter="\n\n")
+    ends = F.step_end_mask(enc["completion_ids"], cm, tok, delimiter="\n\n")
     for i, text in enumerate(COMPLETIONS):
         n = int(cm[i].sum())
         assert ends[i, n - 1] and int(ends[i].sum()) == text.count("\n\n") + 1

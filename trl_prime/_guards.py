@@ -6,7 +6,8 @@ failures, degenerate batches, atomic checkpoints).
   :class:`~trl_prime.ProfGRPOConfig`.
 - Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
   missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
-  causal LM fail before training with a message naming the field and the fix.
+  causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:
+  :func:`trl_prime.implicit_prm.check_peft_adapter_supported`).
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
 
   * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch
@@ -15,7 +16,12 @@ failures, degenerate batches, atomic checkpoints).
     batch: its policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global
     row index and sample id), and ``guard/skipped_steps`` counts them. The policy optimizer is wrapped so that a step
     whose gradients are non-finite is skipped too (gradients zeroed, scheduler not advanced: accelerate's
-    ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). A poisoned
+    ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). The gradient norm
+    is the one the Trainer's clipping returns (computed before clipping): a norm that overflows to ``inf`` makes
+    ``clip_grad_norm_`` scale every gradient to 0 (finite zeros, which would otherwise step the optimizer and move
+    Adam's moments), so an infinite norm skips the step too ("gradient overflow (no single row)"). PRIME checks its
+    PRM the same way (norm from clipping, and rows whose token rewards are non-finite or beyond
+    ``prm_max_abs_token_reward``) before the PRM's optimizer step. A poisoned
     generation batch keeps the optimizer step it feeds skipped even when more generation batches feed the same
     step (``gradient_accumulation_steps > steps_per_generation``). After ``max_nonfinite_skips`` consecutive
     skipped steps the run stops with a ``RuntimeError``. (Under DeepSpeed the policy step happens inside
@@ -24,13 +30,26 @@ failures, degenerate batches, atomic checkpoints).
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
     batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
     raises instead of training on bad rewards.
-  * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, completions
-    of length 0 or 1) log warning metrics ``guard/all_filtered``, ``guard/all_truncated``,
-    ``guard/all_rewards_equal``, ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
+  * **degenerate batches** (every group filtered out, every completion truncated, every reward equal, no group with
+    reward spread among its scorable kept rows, completions of length 0 or 1) log a warning and the metrics
+    ``guard/all_filtered``, ``guard/all_truncated``, ``guard/all_rewards_equal``, ``guard/all_groups_zero_spread``
+    (:func:`group_reward_spread`), ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
+  * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no baseline: their row gets
+    advantage 0; ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
   * **atomic checkpoints**: a checkpoint is written into ``<output_dir>/.staging-checkpoint-N/checkpoint-N`` and
     renamed to ``<output_dir>/checkpoint-N`` only once every file of every process (policy, PRM, optimizers,
     schedulers, RNG states, trainer and guard state) is on disk; older checkpoints are rotated only after that. A
     process killed mid-save leaves the staging folder behind, which ``resume_from_checkpoint=True`` ignores.
+  * **exact resume inside a generation window**: TRL generates once every ``steps_per_generation * num_iterations``
+    micro-steps and trains the micro-steps in between on its buffered generation batch (``_buffered_inputs``, slice
+    ``_step % steps_per_generation``). Every process writes that buffer (only when the next micro-step does not
+    generate anew) and its micro-step counter ``_step``, with the guard's poison flag, into
+    ``generation_state_<process index>.pt`` of the checkpoint; a resumed run restores them, so it trains on the very
+    rollouts, advantages, old log-probs and PRM token rewards the interrupted run had (no second PRIME PRM update on
+    one generation batch), and Trainer's data skip (``global_step * gradient_accumulation_steps`` batches) and RNG
+    restore put it where the uninterrupted run would be. TRL's ``RepeatSampler`` draws a new permutation of the prompts
+    from its own generator at every epoch and has no ``set_epoch``: a run resumed in epoch ``e`` replays the ``e``
+    earlier draws first, so it walks the prompts in the uninterrupted run's order.
 """
 
 from __future__ import annotations
@@ -48,12 +67,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from trl_prime.functional import single_row_group_mask
+
 logger = logging.getLogger(__name__)
 
 #: ``log_metric`` names of verifier *infrastructure* failures (reward None, never a 0): the math worker pool could not
 #: score (``error``), the code sandbox could not run (``sandbox_error``).
 INFRASTRUCTURE_FAILURE_METRICS = ("math/error", "code/sandbox_error")
 GUARD_STATE_NAME = "guard_state.json"
+#: per process (``.format(process_index)``): TRL's buffered generation batch and micro-step counter (module doc)
+GENERATION_STATE_NAME = "generation_state_{}.pt"
+GENERATION_STATE_VERSION = 1
 STAGING_PREFIX = ".staging-"
 
 
@@ -89,6 +113,52 @@ class GuardOptions:
         r = self.max_verifier_failure_rate
         if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
             raise ValueError(f"`max_verifier_failure_rate`={r!r} must lie in [0, 1] (default 0.25; 1 never raises).")
+        b = getattr(self, "prm_max_abs_token_reward", None)  # PRIME's token-reward bound (PrimeOptions)
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
+            raise ValueError(f"`prm_max_abs_token_reward`={b!r} must be a number > 0 or None (default 100.0).")
+        check_scheduler_warmup(self)
+
+
+#: the learning-rate schedule of every trl-prime config (policy and PRM): one constant rate, as the papers give it
+#: (PRIME section 4.1: AdamW, policy 5e-7 and PRM 1e-6, no schedule; PRL Table 6: 1e-6, released config without
+#: warmup; PROF Appendix A.1: no schedule). The Implicit PRM paper states none: ImplicitPRMConfig follows PRIME's PRM
+DEFAULT_LR_SCHEDULER = "constant"
+
+
+def check_scheduler_warmup(args) -> None:
+    """Refuse a warmup that a ``"constant"`` schedule would silently ignore (``transformers.get_scheduler("constant")``
+    takes no warmup): ``warmup_steps`` with ``lr_scheduler_type``, and ``prm_warmup_steps`` with ``prm_lr_scheduler``
+    (PRIME configs). Fields a config lacks are skipped.
+
+    Raises:
+        ValueError: a warmup > 0 with a ``"constant"`` schedule; the message names both fields and the fix.
+    """
+    pairs = (("lr_scheduler_type", "warmup_steps"), ("prm_lr_scheduler", "prm_warmup_steps"))
+    for schedule_field, warmup_field in pairs:
+        schedule, warmup = getattr(args, schedule_field, None), getattr(args, warmup_field, None)
+        if schedule is None or warmup is None:
+            continue
+        schedule = getattr(schedule, "value", schedule)  # transformers' SchedulerType after __post_init__
+        if schedule == "constant" and isinstance(warmup, (int, float)) and warmup > 0:
+            raise ValueError(
+                f"`{warmup_field}`={warmup} is ignored by `{schedule_field}`='constant' (the trl-prime default: the "
+                f"papers' constant rate). Set {schedule_field}='constant_with_warmup' to warm up then stay constant, "
+                f"or {warmup_field}=0."
+            )
+
+
+def check_sum_then_normalize(args, why: str) -> None:
+    """TRL's ``multi_objective_aggregation`` must be ``"sum_then_normalize"`` for the trl-prime GRPO configs: their
+    outcome is the weighted sum of the reward functions (:func:`trl_prime._rollout.outcome_rewards`), so TRL's
+    ``"normalize_then_sum"`` would be ignored. ``why`` says what the method does with that sum. Configs without the
+    field (RLOO) pass.
+
+    Raises:
+        ValueError: any other value; the message names the field and the fix.
+    """
+    value = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    if value != "sum_then_normalize":
+        raise ValueError(f"`multi_objective_aggregation`={value!r}: {why}; use 'sum_then_normalize'.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -222,11 +292,31 @@ def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> 
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer mixin
 # ----------------------------------------------------------------------------------------------------------------
-def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN (on ``mask`` when given)."""
+def group_reward_spread(outcome: torch.Tensor, num_generations: int,
+                        kept: torch.Tensor | None = None) -> torch.Tensor:
+    """``(G,)`` bool: whether group ``g`` (rows ``g*K .. g*K+K-1`` of ``outcome``, ``(B_g,)`` float) has at least two
+    scorable (finite) rows (kept ones, when ``kept`` ``(B_g,)`` bool is given) whose rewards differ. A group without
+    spread gives every row outcome advantage 0 (RLOO / GRPO baselines equal the rewards), one with a single such row
+    has no baseline at all."""
+    K = max(int(num_generations), 1)
+    ok = torch.isfinite(outcome)
+    if kept is not None:
+        ok = ok & kept.bool()
+    vals, ok = outcome.view(-1, K), ok.view(-1, K)
+    hi = torch.where(ok, vals, torch.full_like(vals, -torch.inf)).amax(-1)
+    lo = torch.where(ok, vals, torch.full_like(vals, torch.inf)).amin(-1)
+    return (ok.sum(-1) >= 2) & (hi > lo)
+
+
+def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None,
+                    bound: float | None = None) -> torch.Tensor | None:
+    """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN, or (with ``bound``) a value with
+    ``|x| > bound`` (on ``mask`` when given)."""
     if x is None:
         return None
     bad = ~torch.isfinite(x.float())
+    if bound is not None:
+        bad = bad | (x.float().abs() > bound)
     if x.dim() == 1:
         return bad
     if mask is not None:
@@ -291,46 +381,63 @@ class GuardsMixin:
         global_rows: dict[str, torch.Tensor | None] | None = None,
         local_rows: dict[str, torch.Tensor | None] | None = None,
         masks: dict[str, torch.Tensor] | None = None,
+        bounds: dict[str, float | None] | None = None,
     ) -> torch.Tensor:
-        """Find rows with inf/NaN values; poison the generation batch (training) when there is one.
+        """Find rows with inf/NaN values (or values beyond a bound); poison the generation batch (training) when there
+        is one.
 
         ``global_rows``: name -> ``(B_g,)`` or ``(B_g, T)`` tensor over the global batch; ``local_rows``: name ->
         ``(B, T)`` local tensor (gathered here as a per-row flag). ``masks``: name -> mask of the same shape (only
-        masked positions count). Collective. Returns the ``(B_g,)`` bool mask of offending rows.
+        masked positions count). ``bounds``: name -> largest sane ``|value|`` (``None``: no bound); a finite value
+        beyond it offends as a non-finite one does. Collective. Returns the ``(B_g,)`` bool mask of offending rows.
         """
         from accelerate.utils import gather
 
-        masks = masks or {}
+        masks, bounds = masks or {}, bounds or {}
         bad_g, reasons = None, {}
-        for name, t in (global_rows or {}).items():
-            rows = _nonfinite_rows(t, masks.get(name))
-            if rows is None:
+        items = [(n, t, False) for n, t in (global_rows or {}).items()]
+        items += [(n, t, True) for n, t in (local_rows or {}).items()]
+        for name, t, is_local in items:
+            if t is None:
                 continue
-            bad_g = rows if bad_g is None else bad_g | rows
-            reasons[name] = rows
-        for name, t in (local_rows or {}).items():
             rows = _nonfinite_rows(t, masks.get(name))
-            if rows is None:
-                continue
-            rows = gather(rows.to(torch.long)).bool()
+            bound = bounds.get(name)
+            beyond = _nonfinite_rows(t, masks.get(name), bound) & ~rows if bound is not None else None
+            if is_local:
+                both = gather(torch.stack([rows, rows if beyond is None else beyond], -1).to(torch.long)).bool()
+                rows, beyond = both[:, 0], (both[:, 1] if beyond is not None else None)
             bad_g = rows if bad_g is None else bad_g | rows
-            reasons[name] = rows
+            reasons[f"non-finite {name}"] = rows
+            if beyond is not None:
+                bad_g = bad_g | beyond
+                reasons[f"{name} beyond +-{bound:g}"] = beyond
         if bad_g is None:
             return torch.zeros(0, dtype=torch.bool)
         if bool(bad_g.any()):
             rows = bad_g.nonzero().flatten().tolist()
-            what = sorted(k for k, r in reasons.items() if bool(r.any()))
-            self._guard_poison_batch(mode, f"non-finite {', '.join(what)}", rows)
+            what = [k for k, r in reasons.items() if bool(r.any())]
+            nonfinite = sorted(k[len("non-finite "):] for k in what if k.startswith("non-finite "))
+            parts = ([f"non-finite {', '.join(nonfinite)}"] if nonfinite else []) + [
+                k for k in what if not k.startswith("non-finite ")]
+            self._guard_poison_batch(mode, "; ".join(parts), rows)
         return bad_g
 
     def _guard_poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
-        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped."""
+        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped.
+
+        ``rows``: the offending rows of the global generation batch; ``None`` when no row can be blamed (a gradient
+        that overflows while every row's rewards and log-probs are finite and within bounds)."""
         ids = self._guard_sample_ids(rows) if rows else []
         if self.accelerator.is_main_process:
-            logger.warning(
-                "Non-finite values at step %d (%s): skipping the optimizer step. Offending rows of the global "
-                "generation batch: %s; sample ids: %s", self.state.global_step + 1, reason, rows, ids,
-            )
+            kind = "Non-finite values" if reason.startswith("non-finite") else "Non-finite or out-of-bound values"
+            if rows:
+                logger.warning(
+                    "%s at step %d (%s): skipping the optimizer step. Offending rows of the global generation batch: "
+                    "%s; sample ids: %s", kind, self.state.global_step + 1, reason, rows, ids,
+                )
+            else:
+                logger.warning("%s at step %d (%s): skipping the optimizer step. Offending rows: none, gradient "
+                               "overflow (no single row).", kind, self.state.global_step + 1, reason)
         if mode != "train":
             return
         # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
@@ -345,6 +452,17 @@ class GuardsMixin:
     def guard_poisoned(self) -> bool:
         """Whether the current generation batch's optimizer steps will be skipped."""
         return getattr(self, "_guard_poison", None) is not None
+
+    def _guard_single_row_groups(self, mode: str, *, rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
+        """Log ``guard/single_row_groups``: the groups of the global batch left with one scorable row.
+
+        ``rewards`` are the outcome rewards the advantages see (NaN on unscorable rows and on rows a filter dropped).
+        Such a group has no baseline, so its row gets advantage 0 (:func:`trl_prime.functional.single_row_group_mask`);
+        PRIME's ``"reinforce"`` estimator and PRL's ``"process_first"`` order use no baseline and still train on it.
+        """
+        count = int(single_row_group_mask(rewards, group_ids).sum().item())
+        self._metrics[mode]["guard/single_row_groups"].append(float(count))
+        return count
 
     # --------------------------------------------------------------------------------------------------------
     # Degenerate batches
@@ -362,14 +480,20 @@ class GuardsMixin:
         all_trunc = float(max_len is not None and lengths.numel() > 0 and bool((lengths >= max_len).all()))
         short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
         all_filtered = float(kept is not None and not bool(kept.any()))
+        zero_spread = float(not bool(group_reward_spread(outcome, num_generations, kept).any()))
         m["guard/all_rewards_equal"].append(all_equal)
+        m["guard/all_groups_zero_spread"].append(zero_spread)
         m["guard/all_truncated"].append(all_trunc)
         m["guard/short_completion_fraction"].append(short)
         m["guard/all_filtered"].append(all_filtered)
-        if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal):
+        # every group's rewards equal within the group: no outcome advantage anywhere (the batch may still differ)
+        zero_spread_only = zero_spread and not (all_equal or all_filtered)
+        if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal or zero_spread_only):
             which = [n for n, v in (("every group filtered out", all_filtered), ("every completion truncated",
-                                    all_trunc), ("every reward equal", all_equal)) if v]
-            logger.warning("Degenerate batch at step %d: %s (no learning signal from it).",
+                                    all_trunc), ("every reward equal", all_equal),
+                                    ("every group's rewards equal within the group (zero spread)", zero_spread_only))
+                     if v]
+            logger.warning("Degenerate batch at step %d: %s (no outcome signal from it).",
                            self.state.global_step + 1, ", ".join(which))
 
     # --------------------------------------------------------------------------------------------------------
@@ -413,6 +537,7 @@ class GuardsMixin:
                     state = json.load(f)
                 self._guard_consecutive_skips = state.get("consecutive_skips", 0)
                 self._guard_total_skips = state.get("total_skips", 0)
+            self._guard_load_generation_state(resume_from_checkpoint)
         return model, train_dataloader
 
     def _guard_wrap_optimizer(self) -> None:
@@ -448,16 +573,28 @@ class GuardsMixin:
         opt.step = guarded_step
         opt._guard_wrapped = True
 
+    def _get_grad_norm(self, model, grad_norm=None):
+        # Trainer: the norm returned by its gradient clipping (computed before clipping), or an unclipped norm. An
+        # overflowing norm (inf) makes clipping scale every gradient by 0: the gradients the guarded step sees are then
+        # finite zeros (or NaN), so the step is judged on this norm too.
+        out = super()._get_grad_norm(model, grad_norm=grad_norm)
+        value = out.item() if hasattr(out, "item") else out
+        self._guard_clip_norm = None if value is None else float(value)
+        return out
+
     def _guard_step_problem(self, opt) -> str | None:
         """Why the policy step must be skipped (``None``: it may run). Collective."""
         poisoned = self._guard_poison is not None
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         bad_grad = False
+        clip_norm, self._guard_clip_norm = getattr(self, "_guard_clip_norm", None), None
         # fp16 AMP (a GradScaler): inf gradients are its overflows, which it handles itself (step skipped, scale
         # lowered); counting them here would stop a run while the scale calibrates and never let the scale drop
-        if grads and getattr(opt, "scaler", None) is None:
-            norms = torch._foreach_norm(grads)
-            bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
+        if getattr(opt, "scaler", None) is None:
+            if grads:
+                norms = torch._foreach_norm(grads)
+                bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
+            bad_grad = bad_grad or (clip_norm is not None and not math.isfinite(clip_norm))
         flags = torch.tensor([float(poisoned), float(bad_grad)], device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             flags = self.accelerator.reduce(flags, reduction="sum")
@@ -465,7 +602,7 @@ class GuardsMixin:
             reason = (self._guard_poison or {}).get("reason", "non-finite values on another process")
             return reason
         if flags[1] > 0:
-            return "non-finite policy gradient"
+            return "non-finite policy gradient norm: gradient overflow (no single row)"
         return None
 
     def _guard_record_skip(self, reason: str) -> None:
@@ -513,6 +650,7 @@ class GuardsMixin:
         self.args.save_total_limit = None  # rotate only once the new checkpoint is published
         try:
             yield
+            self._guard_save_generation_state(os.path.join(staging_root, name))
             if self.args.should_save:
                 with open(os.path.join(staging_root, name, GUARD_STATE_NAME), "w") as f:
                     json.dump({"consecutive_skips": self._guard_consecutive_skips,
@@ -553,6 +691,97 @@ class GuardsMixin:
     def _save_checkpoint(self, model, trial):
         with self._guard_atomic_checkpoint(trial):
             super()._save_checkpoint(model, trial)
+
+    # --------------------------------------------------------------------------------------------------------
+    # Buffered generation batch and prompt order (exact resume inside a generation window, in a later epoch)
+    # --------------------------------------------------------------------------------------------------------
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        self._guard_train_sampler = sampler
+        return sampler
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        epochs_trained, steps_in_epoch = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        sampler, self._guard_train_sampler = getattr(self, "_guard_train_sampler", None), None  # this train() call's
+        shuffled = getattr(sampler, "generator", None) is not None
+        if resume_from_checkpoint is not None and epochs_trained > 0 and shuffled:
+            # TRL's RepeatSampler draws each epoch's permutation from its own generator on the first index of the
+            # epoch and has no set_epoch: replay the draws of the epochs the interrupted run went through
+            for _ in range(epochs_trained):
+                next(iter(sampler), None)
+        return epochs_trained, steps_in_epoch
+
+    def _guard_generation_layout(self) -> dict:
+        """What fixes the meaning of ``_step`` and the shape of the buffer: a resumed run must match it."""
+        a = self.args
+        return {"steps_per_generation": a.steps_per_generation, "num_iterations": self.num_iterations,
+                "gradient_accumulation_steps": a.gradient_accumulation_steps,
+                "per_device_train_batch_size": a.per_device_train_batch_size,
+                "num_generations": self.num_generations, "num_processes": self.accelerator.num_processes}
+
+    def _guard_generate_every(self) -> int:
+        return self.args.steps_per_generation * self.num_iterations
+
+    def _guard_save_generation_state(self, checkpoint_dir: str) -> None:
+        """Write this process's buffered generation batch and micro-step counter (every process; see the module doc).
+
+        The buffer is written only when the next micro-step reuses it (``_step`` not a multiple of
+        ``steps_per_generation * num_iterations``); otherwise the resumed run generates anew, as the uninterrupted
+        one does, and the file holds ``_step`` alone."""
+        if not hasattr(self, "_buffered_inputs") or not hasattr(self, "_step"):
+            return
+        reused = self._step % self._guard_generate_every() != 0
+        state = {
+            "version": GENERATION_STATE_VERSION,
+            "step": self._step,
+            "layout": self._guard_generation_layout(),
+            "buffered_inputs": self._buffered_inputs if reused else None,
+            "poison": self._guard_poison,
+            "step_pending": self._guard_step_pending,
+        }
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        torch.save(state, os.path.join(checkpoint_dir, GENERATION_STATE_NAME.format(self.accelerator.process_index)))
+
+    def _guard_load_generation_state(self, checkpoint: str) -> None:
+        """Restore what :meth:`_guard_save_generation_state` wrote; without it (a checkpoint of an older trl-prime, or
+        another layout) the resumed run generates a new batch at its first micro-step, with a warning when the
+        checkpoint lies inside a generation window (the run then differs from an uninterrupted one)."""
+        if not hasattr(self, "_buffered_inputs") or not hasattr(self, "_step"):
+            return
+        path = os.path.join(checkpoint, GENERATION_STATE_NAME.format(self.accelerator.process_index))
+        micro = self.state.global_step * self.args.gradient_accumulation_steps
+        inside = micro % self._guard_generate_every() != 0
+        if not os.path.isfile(path):
+            if inside:
+                logger.warning(
+                    "%s has no %s (written by an older trl-prime): the checkpoint lies inside a generation window "
+                    "(steps_per_generation=%d, num_iterations=%d), so the resumed run generates a new batch from the "
+                    "next prompts at step %d instead of reusing the buffered one, and differs from an uninterrupted "
+                    "run.", checkpoint, GENERATION_STATE_NAME.format(self.accelerator.process_index),
+                    self.args.steps_per_generation, self.num_iterations, self.state.global_step + 1,
+                )
+            return
+        from accelerate.utils import send_to_device
+        from transformers.trainer_pt_utils import safe_globals
+
+        with safe_globals():  # tensors, containers and numpy scalars/arrays, as Trainer loads its RNG states
+            state = torch.load(path, map_location="cpu", weights_only=True)  # (torch.load rejects e.g. "cpu:0")
+        layout = self._guard_generation_layout()
+        if state.get("version") != GENERATION_STATE_VERSION or state.get("layout") != layout:
+            changed = {k: (v, layout.get(k)) for k, v in (state.get("layout") or {}).items() if layout.get(k) != v}
+            logger.warning(
+                "The buffered generation batch in %s was written with another batch layout (checkpoint -> now: %s): "
+                "it is dropped and the resumed run generates a new batch at step %d.", path, changed,
+                self.state.global_step + 1,
+            )
+            return
+        self._step = state["step"]
+        self._buffered_inputs = send_to_device(state["buffered_inputs"], self.accelerator.device)
+        self._guard_poison = state["poison"]
+        self._guard_step_pending = state["step_pending"]
 
 
 def _fsync_dir(path: str) -> None:

@@ -25,7 +25,14 @@ import torch
 from accelerate.utils import is_peft_model
 from torch import nn
 
-from trl_prime.implicit_prm import eval_mode, peft_adapter, unwrap
+from trl_prime.implicit_prm import (
+    adapter_parameters,
+    check_peft_adapter_supported,
+    copy_adapter_weights,
+    eval_mode,
+    peft_adapter,
+    unwrap,
+)
 
 __all__ = ["model_init_kwargs", "load_model_copy", "prepare_frozen", "copy_adapter", "reference_logps"]
 
@@ -82,20 +89,20 @@ def copy_adapter(peft_model: nn.Module, dst: str | Iterable[str], *, src: str = 
     """Add adapter(s) ``dst`` to a ``PeftModel`` as exact copies of adapter ``src`` (same config and weights).
 
     The copies do not require grad unless ``trainable`` (the policy's optimizer and DDP must not see a frozen copy).
+
+    Raises:
+        ValueError: ``src`` is a prompt-learning adapter (no weights in the layers to copy; names ``peft_config``).
     """
     peft_model = unwrap(peft_model)
+    check_peft_adapter_supported(peft_model, src)
     names = [dst] if isinstance(dst, str) else list(dst)
     cfg = copy.deepcopy(peft_model.peft_config[src])
     cfg.inference_mode = False
     for name in names:
         peft_model.add_adapter(name, copy.deepcopy(cfg))
-    params = dict(peft_model.named_parameters())
-    for n, p in list(params.items()):
-        if f".{src}." in n:
-            for name in names:
-                params[n.replace(f".{src}.", f".{name}.")].data.copy_(p.data)
-    for n, p in peft_model.named_parameters():
-        if any(f".{name}." in n for name in names):
+    for name in names:  # adapters found through PEFT's tuner layers (IA3 names lack ".<adapter>.")
+        copy_adapter_weights(peft_model, src, name)
+        for _, p in adapter_parameters(peft_model, name):
             p.requires_grad_(trainable)
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "rloo_advantages",
     "grpo_advantages",
     "prime_advantages",
+    "single_row_group_mask",
     # PRIME metrics and filter
     "prompt_accuracy_mask",
     "prm_pair_accuracy",
@@ -75,6 +76,8 @@ GroupIds = Union[torch.Tensor, Sequence[Any]]
 _PRIME_ESTIMATORS = ("rloo", "grpo", "reinforce")
 _RLOO_BASELINES = ("paper", "reference")
 _PROCESS_REWARD_NORMS = ("none", "batch_norm")
+_GRPO_PROCESS_FORMS = ("response", "token")
+_GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
 _LOSS_TYPES = ("ce", "dpo", "kto", "nca")
 _AGGREGATIONS = ("min", "mean", "sum", "last")
 _STEP_SPLITS = ("double_newline", "newline", "length", "token")
@@ -953,7 +956,11 @@ def step_end_mask(
       :func:`split_steps`: a step end is placed only after a step holding non-whitespace text, so a run of
       delimiters (``"\\n\\n\\n\\n"``, or delimiters separated by whitespace only) collapses into one step end,
       at the run's last delimiter; delimiters before the first non-whitespace text end no step, and a
-      delimiter followed by whitespace only ends no step of its own (the last valid token ends it).
+      delimiter followed by whitespace only ends no step of its own (the last valid token ends it). Special
+      tokens (``tokenizer.all_special_ids``: BOS, EOS, chat markers) count as empty text, so ``"b\\n\\n"`` +
+      EOS is one step ending at EOS, not a step ``"b\\n\\n"`` and an EOS-only step. No step is empty or
+      whitespace-only (except the single step of a row without any other text). This is the one step
+      splitter of trl-prime: best-of-N scoring (:meth:`~trl_prime.ImplicitPRM.score`), PRL and PROF use it.
     * ``"length"``: every ``step_len`` tokens (positions with ``(t+1) % step_len == 0``).
     * ``"token"``: every valid token.
 
@@ -1008,7 +1015,9 @@ def step_end_mask(
             pieces = tokenizer.batch_decode([[i] for i in uniq])
         else:
             pieces = [tokenizer.decode([i]) for i in uniq]
-        piece_of = dict(zip(uniq, pieces))
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        # special tokens (BOS, EOS, pad, chat markers) hold no step text: "b\n\n<EOS>" ends "b"'s step at EOS
+        piece_of = {i: ("" if i in special else p) for i, p in zip(uniq, pieces)}
     else:
         piece_of = {}
     extra = torch.zeros(B, T, dtype=torch.bool)
@@ -1041,11 +1050,15 @@ def grpo_advantages(
     scale_rewards: bool = True,
     eps: float = 1e-6,
     num_generations: Optional[int] = None,
+    single_row_compat: bool = False,
 ) -> torch.Tensor:
     """Group-normalised outcome advantage: ``(r_i - mean_g) / (std_g + eps)``.
 
-    ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with a single
-    (scorable) row uses mean 0 and std 1, so it keeps its raw reward (divided by ``1 + eps``). A group whose
+    ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with fewer than two
+    scorable rows has no baseline: its row gets advantage 0 (no signal, as in the leave-one-out estimator of
+    :func:`rloo_advantages`; :func:`single_row_group_mask` finds these rows). ``single_row_compat=True`` reproduces
+    the released veRL ``compute_grpo_outcome_advantage`` instead: such a group uses mean 0 and std 1, so its row
+    keeps its raw reward divided by ``1 + eps`` (scaled) or unchanged (``scale_rewards=False``). A group whose
     scorable rewards are all equal gets advantage exactly 0 (also with ``eps=0``, where ``0 / 0`` would be NaN).
     ``scale_rewards=False`` only subtracts the mean. NaN rewards are excluded from the statistics and get
     advantage 0.
@@ -1056,6 +1069,8 @@ def grpo_advantages(
         scale_rewards: Divide by the group std.
         eps: Added to the std.
         num_generations: Contiguous groups of this size instead of ``group_ids``.
+        single_row_compat: A group with a single scorable row keeps its raw reward (released veRL code) instead
+            of advantage 0.
 
     Returns:
         ``(B,)`` advantages in the dtype of ``rewards``.
@@ -1076,12 +1091,47 @@ def grpo_advantages(
     wd = _work_dtype(rewards)
     r = rewards.to(wd)
     valid = ~torch.isnan(r)
-    mean, std, _ = _group_mean_std(r, valid, gid, G)
+    mean, std, cnt = _group_mean_std(r, valid, gid, G)
     adv = r - mean
     if scale_rewards:
         adv = _divide_by_std(adv, std, eps)
-    adv = torch.where(valid, adv, torch.zeros_like(adv))
+    usable = valid if single_row_compat else valid & (cnt >= 2)
+    adv = torch.where(usable, adv, torch.zeros_like(adv))
     return adv.to(_out_dtype(rewards))
+
+
+def single_row_group_mask(
+    rewards: torch.Tensor,
+    group_ids: Optional[GroupIds] = None,
+    *,
+    num_generations: Optional[int] = None,
+) -> torch.Tensor:
+    """Rows that are the only scorable row of their group: no baseline, so advantage 0.
+
+    A group with fewer than two scorable (non-NaN) rows has no baseline; :func:`grpo_advantages`,
+    :func:`rloo_advantages`, :func:`prime_advantages` (``"rloo"`` and ``"grpo"``) and the outcome advantage of
+    :func:`prl_advantages` (``order="advantage_first"``) give its row 0. The trainers log the count of these rows as
+    ``guard/single_row_groups``.
+
+    Args:
+        rewards: ``(B,)`` outcome rewards (NaN = unscorable, or dropped by a filter).
+        group_ids: ``(B,)`` group ids (any order, any size).
+        num_generations: Contiguous groups of this size instead of ``group_ids``.
+
+    Returns:
+        ``(B,)`` bool, True on each scorable row whose group has no other scorable row.
+
+    Raises:
+        ValueError: on shape mismatch, both/neither grouping given, or ``num_generations`` not dividing B.
+    """
+    _check_tensor("rewards", rewards)
+    if rewards.dim() != 1:
+        raise ValueError(f"`rewards` must have shape (B,), got {tuple(rewards.shape)}.")
+    B = rewards.shape[0]
+    gid, G, _ = _group_index(group_ids, num_generations, B, rewards.device, fn="single_row_group_mask")
+    valid = ~torch.isnan(rewards.detach())
+    cnt = torch.bincount(gid[valid], minlength=G)
+    return valid & (cnt[gid] == 1)
 
 
 def _prime_advantages_impl(
@@ -1102,12 +1152,16 @@ def _prime_advantages_impl(
     include_last_token: bool = True,
     scale_rewards: bool = True,
     eps: float = 1e-6,
+    grpo_process_form: str = "response",
+    grpo_process_scale: str = "outcome_std",
     whiten_eps: float = 1e-8,
     fn: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_choice("estimator", estimator, _PRIME_ESTIMATORS)
     _check_choice("baseline", baseline, _RLOO_BASELINES)
     _check_choice("process_reward_norm", process_reward_norm, _PROCESS_REWARD_NORMS)
+    _check_choice("grpo_process_form", grpo_process_form, _GRPO_PROCESS_FORMS)
+    _check_choice("grpo_process_scale", grpo_process_scale, _GRPO_PROCESS_SCALES)
     _check_2d("process_rewards", process_rewards)
     _check_same_shape("process_rewards", process_rewards, "mask", mask)
     B, T = process_rewards.shape
@@ -1166,12 +1220,17 @@ def _prime_advantages_impl(
             proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
             out_adv = o * K / Km1 - S_o / Km1
     elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
-        mean_r, std_r, _ = _group_mean_std(rbar, valid, gid, G)
-        if scale_rewards:
-            proc_tok = _divide_by_std(P - mean_r[:, None], std_r[:, None], eps)
-        else:
-            proc_tok = P - mean_r[:, None]
+        mean_r, std_r, cnt = _group_mean_std(rbar, valid, gid, G)
+        usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
         mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
+        proc_tok = P - mean_r[:, None]
+        if grpo_process_form == "response":  # sum over the completion = L_i (rbar_i - mean_g rbar): divide by L_i
+            proc_tok = proc_tok / L.clamp(min=1)[:, None]
+        if scale_rewards:
+            if grpo_process_scale == "process_std":
+                proc_tok = _divide_by_std(proc_tok, std_r[:, None], eps)
+            else:  # the outcome's group std; a group with equal outcomes has no scale: process term 0
+                proc_tok = torch.where((std_o > 0)[:, None], _divide_by_std(proc_tok, std_o[:, None], eps), zero)
         out_adv = _divide_by_std(o - mean_o, std_o, eps) if scale_rewards else o - mean_o
     else:  # reinforce: no baseline
         proc_tok = P
@@ -1291,7 +1350,8 @@ _PRIME_OPTIONS = {
     },
     "grpo": {
         "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
-        "include_last_token", "whiten_eps", "scale_rewards", "eps", "num_generations",
+        "include_last_token", "whiten_eps", "scale_rewards", "eps", "grpo_process_form", "grpo_process_scale",
+        "num_generations",
     },
     "reinforce": {
         "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
@@ -1314,14 +1374,59 @@ def prime_advantages(
     * ``"rloo"`` (default): :func:`rloo_advantages` (PRIME Eq. 5); options ``process_coef``,
       ``outcome_coef``, ``gamma``, ``outcome_gamma``, ``baseline``, ``whiten``, ``process_reward_norm``,
       ``include_last_token``, ``whiten_eps``.
-    * ``"grpo"``: process term ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / (std_g rbar + eps)`` (group
-      mean/unbiased std of the response-mean process rewards), outcome term ``(r_o^i - mean_g r_o) /
-      (std_g r_o + eps)`` at the last token; extra options ``scale_rewards`` (False: mean only) and ``eps``.
+    * ``"grpo"`` (PRIME Appendix B.3, Eq. 8): group-normalised process and outcome terms. With ``rbar^j`` the mean
+      token reward of completion j over its mask of ``L_j`` tokens, and ``mean_g`` / ``std_g`` the group mean /
+      unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o +
+      eps)`` at the last token and the process term, for token t, is chosen by ``grpo_process_form``:
+
+      - ``"response"`` (default): ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, the reward-to-go
+        measured in whole responses, with ``D`` the divisor chosen by ``grpo_process_scale`` (below). At ``t=0``
+        (``gamma=1``) it is ``(rbar^i - mean_g rbar) / D``: with ``D = std_g rbar + eps`` exactly the group z-score
+        of the completion's mean token reward, so ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's bound for the unbiased
+        std) whatever the completion length; for ``t > 0`` it is ``(sum_{s>=t} r_s^i - (L_i - t) mean_g rbar) /
+        (L_i D)``: the centred reward still to come as a fraction of a whole response, which does not scale with
+        ``L_i`` as the printed form does.
+      - ``"token"``: the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D`` (Eq. 8 divides by
+        ``std_g rbar + eps``). Each token reward is centred on a response-level mean and divided by a
+        response-level scale, so at ``t=0`` the sum is ``L_i`` times the response form, up to ``L_i (K-1)/sqrt(K)`` (about 1,500 at L=1024, K=4, reached by
+        token rewards of pure noise): it grows with the completion length and lets the policy follow PRM noise.
+
+      ``grpo_process_scale`` chooses the divisor of the process term (with ``scale_rewards=True``):
+
+      - ``"outcome_std"`` (default): ``std_g r_o + eps``, the outcome's group std, so both terms share one scale:
+        PRIME's total reward (process + outcome) is normalised by the group statistics of the outcome, and the
+        process term keeps its size relative to the outcome (as in Eq. 5). A group whose scorable outcomes are all
+        equal gets process term 0 as well (no scale to measure it in).
+      - ``"process_std"``: ``std_g rbar + eps``, the process rewards' own group std (PRIME Appendix B.3 normalises
+        them by their own group statistics). At ``t=0`` the ``"response"`` form is then exactly the group z-score
+        of the completion's mean token reward.
+
+      Why these defaults: the ``"response"`` form is the only one of the two whose advantage at ``t=0`` is
+      bounded independently of the completion length (with ``"process_std"``, by ``(K-1)/sqrt(K)``, the outcome
+      term's own bound). ``"process_std"`` is invariant to the reward scale (``beta``, the PRM's sharpness) but
+      divides by a statistic of whole responses only, which fails in two cases the default avoids:
+
+      1. an untrained PRM (rewards of pure noise, around 1e-5) becomes a unit-size z-score, the same weight as the
+         verified outcome, so the policy follows PRM noise; with ``"outcome_std"`` such noise stays near 0;
+      2. completions whose mean token rewards nearly agree but whose rewards vary inside them (a PRM rewarding
+         early tokens and penalising late ones) have a tiny ``std_g rbar``, and the reward-to-go at ``t > 0``
+         divided by it explodes (max |A| about 6,600 at L=512 for a +-0.02 two-half profile with 1e-5 noise, RLOO
+         about 6 on the same batch). With ``"outcome_std"`` the process term at every token is bounded by
+         ``2 max|r_s| / (std_g r_o + eps)``, at most ``4 max|r_s|`` for 0/1 outcomes in a group the online filter
+         keeps (``std_g r_o >= 1/2``).
+
+      The choice is made on these invariants; the learning benchmark (``benchmarks/learning.py``) runs both
+      (``prime_grpo`` and ``prime_grpo_process_std``), see ``benchmarks/RESULTS.md`` for what it measured.
+
+      Extra options: ``scale_rewards`` (False: mean only, no divisor), ``eps``, ``grpo_process_form``,
+      ``grpo_process_scale``.
     * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
 
     All estimators share the coefficients, discounts, whitening, process-reward normalisation and the NaN
-    rule (unscorable rows: excluded, advantage 0). ``group_ids`` may be ``None`` when ``num_generations``
-    is passed as an option.
+    rule (unscorable rows: excluded, advantage 0). A group with fewer than two scorable rows has no baseline:
+    its row gets advantage 0 with ``"rloo"`` and ``"grpo"`` (:func:`single_row_group_mask`). ``"reinforce"`` has
+    no baseline for any group by definition and is unchanged: each row keeps its own returns whatever its
+    group's size. ``group_ids`` may be ``None`` when ``num_generations`` is passed as an option.
 
     Args:
         process_rewards: ``(B, T)`` token process rewards.
@@ -1335,8 +1440,9 @@ def prime_advantages(
         ``(B, T)`` advantages, 0 outside the mask.
 
     Raises:
-        ValueError: on an unknown estimator or an option the estimator does not take, plus the errors of
-            :func:`rloo_advantages`.
+        ValueError: on an unknown estimator, an option the estimator does not take or an unknown option value
+            (``grpo_process_form`` not in ``("response", "token")``, ``grpo_process_scale`` not in
+            ``("process_std", "outcome_std")``), plus the errors of :func:`rloo_advantages`.
 
     Source: PRIME Eq. 5; PRIME Appendix B.3 (Eqs. 7-8: REINFORCE and GRPO with implicit process rewards).
     """
@@ -1531,6 +1637,7 @@ def prl_advantages(
     zero_fill_compat: bool = False,
     num_generations: Optional[int] = None,
     return_step_end_values: bool = False,
+    single_row_compat: bool = False,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """PRL per-token weights ``rho_t = A - S_t / eta`` (KL-regularised reward-to-go).
 
@@ -1538,6 +1645,12 @@ def prl_advantages(
     (suffix sum including t). ``order="advantage_first"`` (default): ``A`` is the GRPO outcome advantage
     (:func:`grpo_advantages`: group mean, unbiased std, ``eps``; ``scale_rewards=False`` subtracts the mean
     only); ``"process_first"``: ``A`` is the raw outcome, no normalisation.
+
+    A group with fewer than two scorable rows has no baseline: with ``"advantage_first"`` its row's outcome
+    advantage ``A`` is 0 (``single_row_compat=True``: the released code's mean 0, std 1, i.e. the raw outcome
+    divided by ``1 + eps``), so its weights are the KL-to-go term ``-S_t / eta`` alone, as for a group whose
+    outcomes are all equal. ``"process_first"`` uses no baseline for any group and is unchanged (the released
+    code's ``rollout_n == 1`` path: the raw outcome).
 
     Segmentation: with ``step_ends`` every token takes the value of the step end at or after it; the last
     valid token always ends a step. The fill uses the explicit step-end mask, so a step-end value of exactly
@@ -1561,6 +1674,8 @@ def prl_advantages(
         num_generations: Contiguous groups instead of ``group_ids``.
         return_step_end_values: Also return the values at the step ends (0 elsewhere), i.e. the tensor the
             released code fills.
+        single_row_compat: ``"advantage_first"``: a group with a single scorable row keeps its raw outcome as
+            ``A`` (released code) instead of 0.
 
     Returns:
         ``(B, T)`` detached weights in the dtype of ``old_logps`` (0 outside the mask); with
@@ -1591,7 +1706,8 @@ def prl_advantages(
     if order == "advantage_first":
         if group_ids is None and num_generations is None:
             raise ValueError('prl_advantages(order="advantage_first") needs `group_ids` (or `num_generations`).')
-        A = grpo_advantages(o_raw, group_ids, scale_rewards=scale_rewards, eps=eps, num_generations=num_generations)
+        A = grpo_advantages(o_raw, group_ids, scale_rewards=scale_rewards, eps=eps, num_generations=num_generations,
+                            single_row_compat=single_row_compat)
     else:
         if group_ids is not None or num_generations is not None:
             _group_index(group_ids, num_generations, B, dev, fn="prl_advantages")  # validate only
@@ -1793,12 +1909,17 @@ def prof_select(
     balanced splits is broken by ``rounding``: ``"half_even"`` (default, Python's banker's rounding as
     released), ``"half_up"`` (keeps one fewer correct row) or ``"half_down"`` (one more correct row).
 
-    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``.
-    ``penalty_position="reference"`` (released): ``critic = s*c - penalty*pen``; ``"paper"``:
-    ``critic = s*(c - penalty*pen)`` (penalty before the sign). Within each class the lowest-critic rows are
-    removed (stable: among ties the earlier row goes first), i.e. the most consistent correct and the least
-    consistent incorrect rows are kept. ``mode="correct"`` removes incorrect rows uniformly at random (drawn
-    with ``generator``) instead.
+    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``,
+    ``critic = s*c - penalty*pen``. Within each class the lowest-critic rows are removed (stable: among ties the
+    earlier row goes first), i.e. the most consistent correct and the least consistent incorrect rows are kept, and
+    a penalised row (too few or too many steps) is removed before every unpenalised one of its class, correct or
+    incorrect. This is PROF Eq. (1) with Algorithm 1's ranking (arXiv 2509.03403v2: ``r_pro = (1/H) sum_h r_h -
+    lambda * r_o * pen`` with ``r_o`` in {-1, 1}; the top ``k+`` of the correct and the bottom ``k-`` of the
+    incorrect rows by ``r_pro`` are kept, and ``critic = s * r_pro``) and the released ``filter_trajectories``, so
+    ``penalty_position`` ``"paper"`` and ``"reference"`` select the same rows. (The v1 preprint put the penalty
+    inside the sign, ``s*(c - penalty*pen)``, which ranks a penalised incorrect row as the most consistent incorrect
+    one and keeps it first; that form is not offered.) ``mode="correct"`` removes incorrect rows uniformly at
+    random (drawn with ``generator``) instead.
 
     A NaN ``consistency`` (the PRM could not score the row) is treated as the worst critic of its class: such a
     row is removed before every scored row of its class (correct or incorrect alike), and kept only when the
@@ -1814,7 +1935,8 @@ def prof_select(
         num_remove: Rows to remove per group (``n - m``); or pass ``num_keep`` (= m) instead.
         penalty: ``lambda`` (default 10).
         min_steps, max_steps: Allowed step-count range (default 2..30).
-        penalty_position: ``"reference"`` | ``"paper"``.
+        penalty_position: ``"reference"`` (released code) | ``"paper"`` (PROF Eq. (1)): the same critic (above);
+            both names are accepted.
         mode: ``"both"`` | ``"correct"``.
         rounding: ``"half_even"`` | ``"half_up"`` | ``"half_down"``.
         generator: ``torch.Generator`` for ``mode="correct"``.
@@ -1858,10 +1980,7 @@ def prof_select(
     sign = torch.where(pos, 1.0, -1.0).to(torch.float64)
     H = num_steps.to(dev)
     pen = ((H < min_steps) | (H > max_steps)).to(torch.float64)
-    if penalty_position == "reference":
-        critic = sign * c - penalty * pen
-    else:
-        critic = sign * (c - penalty * pen)
+    critic = sign * c - penalty * pen  # PROF Eq. (1) (v2) = released code, whichever `penalty_position`
     # NaN consistency: unscored by the PRM, removed first in its class (torch.sort would put NaN last = kept)
     critic = torch.where(torch.isnan(c), torch.full_like(critic, float("-inf")), critic)
 

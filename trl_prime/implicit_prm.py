@@ -182,8 +182,9 @@ def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: 
         return
     previous = peft_model.active_adapter
     peft_model.set_adapter(adapter_name)
-    for name, p in peft_model.named_parameters():
-        p.requires_grad_(trainable and f".{adapter_name}." in name)
+    own = {id(p) for _, p in adapter_parameters(peft_model, adapter_name)} if trainable else set()
+    for p in peft_model.parameters():
+        p.requires_grad_(id(p) in own)
     try:
         yield
     finally:
@@ -193,14 +194,78 @@ def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: 
 
 
 def adapter_parameters(peft_model: nn.Module, adapter_name: str) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` of one adapter of a ``PeftModel`` (names contain ``.<adapter_name>.``)."""
-    return [(n, p) for n, p in unwrap(peft_model).named_parameters() if f".{adapter_name}." in n]
+    """``(name, parameter)`` of one adapter of a ``PeftModel``, found through PEFT's own structure, not by name.
+
+    Every PEFT tuner layer (``peft.tuners.tuners_utils.BaseTunerLayer``: LoRA, IA3, LoHa, OFT, ...) keeps its
+    per-adapter weights in the ``ModuleDict`` / ``ParameterDict`` attributes listed in its ``adapter_layer_names``,
+    keyed by adapter name; ``modules_to_save`` copies live in ``ModulesToSaveWrapper.modules_to_save[adapter_name]``.
+    Parameter names do not always contain ``.<adapter_name>.`` (IA3's are ``...k_proj.ia3_l.<adapter_name>``), so they
+    are not matched. The order is the model's module order, the same for every adapter of the same config (two such
+    adapters' lists pair up element by element). Prompt-learning methods (prefix / prompt tuning) have no tuner layers:
+    the list is empty.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    out, seen = [], set()
+
+    def add(prefix: str, item) -> None:
+        named = [(prefix, item)] if isinstance(item, nn.Parameter) else item.named_parameters(prefix=prefix)
+        for n, p in named:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((n, p))
+
+    for mod_name, module in unwrap(peft_model).named_modules():
+        if isinstance(module, BaseTunerLayer):
+            for layer_name in module.adapter_layer_names:
+                container = getattr(module, layer_name, None)
+                if isinstance(container, (nn.ModuleDict, nn.ParameterDict)) and adapter_name in container:
+                    add(f"{mod_name}.{layer_name}.{adapter_name}", container[adapter_name])
+        elif isinstance(module, ModulesToSaveWrapper) and adapter_name in module.modules_to_save:
+            add(f"{mod_name}.modules_to_save.{adapter_name}", module.modules_to_save[adapter_name])
+    return out
+
+
+def copy_adapter_weights(peft_model: nn.Module, src: str, dst: str) -> None:
+    """Copy adapter ``src``'s weights into adapter ``dst`` of the same ``PeftModel`` (same PEFT config), in place.
+
+    Raises:
+        ValueError: when the two adapters do not have the same parameters (different configs).
+    """
+    a, b = adapter_parameters(peft_model, src), adapter_parameters(peft_model, dst)
+    if len(a) != len(b) or any(p.shape != q.shape for (_, p), (_, q) in zip(a, b)):
+        raise ValueError(f"Adapters {src!r} and {dst!r} have different parameters: cannot copy one into the other.")
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(a, b):
+            q.copy_(p)
+
+
+def check_peft_adapter_supported(peft_model: nn.Module, adapter_name: str = "default",
+                                 field_name: str = "peft_config") -> None:
+    """Refuse a PEFT method whose adapter weights are not in tuner layers (prompt learning: prefix, prompt tuning).
+
+    Raises:
+        ValueError: naming ``field_name`` and the supported types.
+    """
+    model = unwrap(peft_model)
+    cfg = getattr(model, "peft_config", {}).get(adapter_name)
+    if cfg is None:
+        return
+    if getattr(cfg, "is_prompt_learning", False) or not adapter_parameters(model, adapter_name):
+        kind = getattr(getattr(cfg, "peft_type", None), "value", type(cfg).__name__)
+        raise ValueError(
+            f"`{field_name}` is a {kind} adapter ({type(cfg).__name__}), which has no adapter weights in the model's "
+            "layers: the trainers copy, freeze and train adapters layer by layer. Use a tuner-layer method: LoRA "
+            "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
+            "way. task_type='CAUSAL_LM'."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Steps
 # ----------------------------------------------------------------------------------------------------------------
-def delimiter_step_ends(
+def _bon_step_ends(
     completion_ids: torch.Tensor,
     mask: torch.Tensor,
     tokenizer,
@@ -208,42 +273,24 @@ def delimiter_step_ends(
     delimiter: str | None = "\n\n",
     step_len: int | None = None,
 ) -> torch.Tensor:
-    """``(B, T)`` bool: True on the last token of each step (SPEC section 1).
+    """``(B, T)`` bool step ends for best-of-N scoring: :func:`trl_prime.functional.step_end_mask`'s steps.
 
-    A step ends on the token holding the last character of each occurrence of ``delimiter`` in the decoded text
-    (character offsets of the per-token pieces, so it does not matter whether the tokenizer keeps ``"\\n\\n"`` as one
-    token, splits it, or merges it with the next word), or every ``step_len`` tokens when ``step_len`` is given; the
-    last valid token always ends a step. ``delimiter=None`` and ``step_len=None``: one step per completion.
+    The same splitter as PRL and PROF: ``delimiter`` found in the decoded completion (character offsets, robust to
+    token merges), runs of delimiters and whitespace-only segments collapsed (no empty step), the last valid token
+    always a step end. ``step_len``: every ``step_len`` tokens instead (``split="length"``). ``delimiter=None`` and
+    ``step_len=None``: one step per completion (the last valid token).
+
+    Raises:
+        ValueError: a delimiter split without a ``tokenizer`` (pass ``step_ends`` or ``step_len``), or as
+            :func:`~trl_prime.functional.step_end_mask`.
     """
-    mask = mask.bool()
-    ends = torch.zeros_like(mask)
-    lengths = mask.sum(-1).tolist()
-    for i, n in enumerate(lengths):
-        n = int(n)
-        if n == 0:
-            continue
-        if step_len is not None:
-            idx = torch.arange(step_len - 1, n, step_len)
-            ends[i, idx] = True
-        elif delimiter:
-            ids = completion_ids[i, :n].tolist()
-            pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-            offsets, pos = [], 0
-            for piece in pieces:
-                pos += len(piece)
-                offsets.append(pos)  # exclusive end offset of each token's text
-            text = "".join(pieces)
-            start = text.find(delimiter)
-            tok = 0
-            while start != -1:
-                last_char = start + len(delimiter) - 1
-                while tok < n and offsets[tok] <= last_char:
-                    tok += 1
-                if tok < n:
-                    ends[i, tok] = True
-                start = text.find(delimiter, start + len(delimiter))
-        ends[i, n - 1] = True
-    return ends & mask
+    if step_len is not None:
+        return F.step_end_mask(completion_ids, mask, split="length", step_len=step_len)
+    if not delimiter:
+        return F.last_token_mask(mask)
+    if tokenizer is None:
+        raise ValueError("Steps split at `delimiter` need a tokenizer: pass `tokenizer=`, `step_ends` or `step_len`.")
+    return F.step_end_mask(completion_ids, mask, tokenizer, split="double_newline", delimiter=delimiter)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -259,14 +306,24 @@ def tokenize_prompt_completion(
 ) -> dict[str, list[int]]:
     """``{"prompt_ids", "completion_ids"}`` of one row: the tokenisation shared by scoring and training.
 
-    A prompt is a string or a conversation (rendered with the chat template and the generation prompt); an empty
-    prompt becomes one BOS (or EOS) token. The completion (a string, or a conversation whose last message is
-    used) is tokenized without special tokens and EOS is appended when the tokenizer has one. Optional
-    truncation: the prompt keeps its last ``max_prompt_length`` tokens, the completion its first
-    ``max_length - len(prompt)`` (at least one).
+    The ids are those TRL's ``GRPOTrainer`` / ``RLOOTrainer`` (1.16, ``_tokenize_prompts``) put in a batch, so a PRM
+    trained online (PRIME) is scored offline (:meth:`ImplicitPRM.score`, best-of-N, :class:`ImplicitPRMTrainer`) on
+    the same ids:
+
+    - a string prompt: ``tokenizer(text=[prompt])``, with the tokenizer's special tokens (its BOS, when its
+      post-processor adds one), as TRL's trainers call it;
+    - a conversation (list of ``{"role", "content"}`` messages): rendered with the chat template and the generation
+      prompt and tokenised without added special tokens (``apply_chat_template(..., add_generation_prompt=True,
+      tokenize=True)``; a template that wants a BOS writes ``bos_token`` itself), as TRL's trainers do.
+
+    An empty prompt that tokenises to nothing becomes one BOS (or EOS) token. The completion (a string, or a
+    conversation whose last message is used) is tokenized without special tokens (no BOS inside the sequence) and
+    EOS is appended when the tokenizer has one, as a completion the policy generated ends. Optional truncation:
+    the prompt keeps its last ``max_prompt_length`` tokens, the completion its first ``max_length - len(prompt)``
+    (at least one).
     """
     if isinstance(prompt, str):
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p = tokenizer(text=[prompt])["input_ids"][0]
     else:
         p = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
             "input_ids"
@@ -480,7 +537,8 @@ class ImplicitPRM:
         """Step rewards (SPEC 1): the sum of each step's token rewards (= Q at its end minus Q at the previous end).
 
         Steps end at ``step_ends`` (``(B, T)`` bool) if given, else at ``delimiter`` in the decoded completion or
-        every ``step_len`` tokens (:func:`delimiter_step_ends`, needs ``tokenizer``); the last token ends a step.
+        every ``step_len`` tokens (:func:`trl_prime.functional.step_end_mask`, the splitter of PRL and PROF: runs of
+        delimiters collapse, whitespace-only text is no step; needs ``tokenizer``); the last token ends a step.
 
         Returns:
             ``(step_values (B, S), step_mask (B, S))`` as :func:`trl_prime.functional.step_rewards`.
@@ -488,10 +546,10 @@ class ImplicitPRM:
         kwargs["include_last_token"] = True
         rewards = self.token_rewards(input_ids, attention_mask, completion_mask, **kwargs)
         if step_ends is None:
-            if self.tokenizer is None and step_len is None:
+            if self.tokenizer is None and step_len is None and delimiter:
                 raise ValueError("step_rewards needs `step_ends`, `step_len`, or a tokenizer to find `delimiter`.")
             T = completion_mask.size(1)
-            step_ends = delimiter_step_ends(
+            step_ends = _bon_step_ends(
                 input_ids[:, -T:], completion_mask, self.tokenizer, delimiter=delimiter, step_len=step_len
             )
         return F.step_rewards(token_rewards=rewards, step_ends=step_ends.bool())

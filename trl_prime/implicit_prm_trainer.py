@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from trl_prime import functional as F
+from trl_prime._guards import DEFAULT_LR_SCHEDULER, check_scheduler_warmup
 from trl_prime.implicit_prm import (
     ImplicitPRM,
     completion_logps,
@@ -79,6 +80,10 @@ class ImplicitPRMConfig(TrainingArguments):
 
     ``per_device_train_batch_size`` is a target number of *rows* per batch: batches are packed with whole prompt
     groups, so a batch may hold fewer rows (the next group did not fit) or more (one group larger than the target).
+
+    Learning rate: 1e-6 at a constant rate (``lr_scheduler_type`` ``"constant"``; transformers' default ``"linear"``
+    decays it to 0). The Implicit PRM paper states no rate or schedule; these are PRIME's PRM's (PRIME section 4.1),
+    the same model trained on the same outcome labels online.
     """
 
     beta: float = field(
@@ -106,6 +111,11 @@ class ImplicitPRMConfig(TrainingArguments):
         metadata={"help": "Batch whole prompt groups together (needed by 'dpo'/'nca'; required for them)."},
     )
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (PRIME's PRM: 1e-6)."})
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Learning-rate schedule ('constant', as PRIME's PRM; transformers' default 'linear' decays "
+                          "to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the trainer tokenises and collates its own columns."}
     )
@@ -141,6 +151,7 @@ class ImplicitPRMConfig(TrainingArguments):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} pairs completions of the same prompt: keep `group_by_prompt`=True."
             )
+        check_scheduler_warmup(self)
         super().__post_init__()
 
 
@@ -1009,7 +1020,7 @@ def score_candidates(
         prompt: one prompt (string or messages).
         completions: its ``N`` candidates (strings or ``[{"role": "assistant", "content": ...}]``).
         aggregations / with_reference: the variants to return.
-        delimiter / step_len: step boundaries (see :func:`~trl_prime.implicit_prm.delimiter_step_ends`).
+        delimiter / step_len: step boundaries (see :meth:`ImplicitPRM.step_rewards`).
         batch_size: completions per forward.
         same_weights: ``pi_phi`` and ``pi_ref`` are known to hold the same weights (an untrained PRM): the reference
             forward is skipped and its log-probs are the PRM's (every reward exactly 0).
@@ -1022,7 +1033,7 @@ def score_candidates(
         ``{"<aggregation>" (with reference) or "<aggregation>/noref": [N floats]}``; with ``return_logps``
         ``(scores, prm_logps, ref_logps)``.
     """
-    from trl_prime.implicit_prm import delimiter_step_ends, peft_adapter
+    from trl_prime.implicit_prm import _bon_step_ends, peft_adapter
 
     tok = prm.tokenizer
     rows = [tokenize_prompt_completion(prompt, c, tok) for c in completions]
@@ -1052,7 +1063,7 @@ def score_candidates(
     for i, c in enumerate(c_ids):
         mask[i, : len(c)] = 1
         cid[i, : len(c)] = torch.tensor(c)
-    ends = delimiter_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
+    ends = _bon_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
     out: dict[str, list[float]] = {}
     for wr in with_reference:
         r = F.implicit_token_rewards(

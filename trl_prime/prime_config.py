@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
-from trl_prime._guards import GuardOptions
+from trl_prime._guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_sum_then_normalize
 from trl_prime.prof import ProfOptions
 
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
@@ -22,6 +22,8 @@ PRM_REFERENCES = ("sft", "policy")
 ESTIMATORS = ("rloo", "grpo", "reinforce")
 BASELINES = ("paper", "reference")
 PROCESS_REWARD_NORMS = ("none", "batch_norm")
+GRPO_PROCESS_FORMS = ("response", "token")
+GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
 PRM_SCHEDULERS = (
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
     "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
@@ -86,6 +88,16 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     prm_max_grad_norm: float | None = field(
         default=1.0, metadata={"help": "Gradient clipping (max global L2 norm) of PRM updates; None disables it."}
     )
+    prm_max_abs_token_reward: float | None = field(
+        default=100.0,
+        metadata={
+            "help": "Largest sane |token reward| r_t = prm_beta * log(pi_phi(y_t)/pi_ref(y_t)) (PRIME Eq. 3). A row "
+            "beyond it (a diverged or overflowing PRM, e.g. r_t ~ 1e36) is treated like a non-finite one: the PRM "
+            "step (checked before it runs) and the policy step of its generation batch are skipped, the rows logged, "
+            "and the skip counts toward `max_nonfinite_skips`. A healthy PRM's |r_t| stays far below: at "
+            "prm_beta=0.05, 100 is a per-token log-ratio of 2,000 nats. None disables the bound; > 0."
+        },
+    )
     prm_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the PRM's AdamW."})
     prm_lr_scheduler: str = field(
         default="constant",
@@ -144,6 +156,26 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         default=True,
         metadata={"help": "Keep the last token's process reward (False = the released code, which drops it)."},
     )
+    grpo_process_form: str = field(
+        default="response",
+        metadata={
+            "help": "Process term of the 'grpo' estimator (PRIME App. B.3): 'response' (default: the reward-to-go "
+            "divided by the completion length L_i, centred and scaled at the response level, so at t=0 it is the "
+            "group z-score of the completion's mean token reward, |A| <= (K-1)/sqrt(K)) or 'token' (the printed "
+            "Eq. 8: L_i times that z-score at t=0, growing with the completion length). Other estimators ignore it."
+        },
+    )
+    grpo_process_scale: str = field(
+        default="outcome_std",
+        metadata={
+            "help": "Divisor of the 'grpo' estimator's process term: 'outcome_std' (default: the outcome's group "
+            "std: both terms share one scale, so an untrained PRM's near-zero rewards stay near 0 instead of "
+            "weighing as much as the outcome, and the process term stays bounded at every token; groups with equal "
+            "outcomes get process term 0) or 'process_std' (the group std of the completions' mean token rewards, "
+            "a z-score at t=0 whatever the reward scale, but unbounded at t>0 when the mean token rewards nearly "
+            "agree). Applies with scale_rewards='group'; other estimators ignore it."
+        },
+    )
     # --- Online prompt filter -----------------------------------------------------------------------------------
     filter_lower: float = field(
         default=0.2,
@@ -167,6 +199,8 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         one_of("prime_estimator", ESTIMATORS)
         one_of("prime_baseline", BASELINES)
         one_of("process_reward_norm", PROCESS_REWARD_NORMS)
+        one_of("grpo_process_form", GRPO_PROCESS_FORMS)
+        one_of("grpo_process_scale", GRPO_PROCESS_SCALES)
         one_of("prm_lr_scheduler", PRM_SCHEDULERS)
         if self.num_generations is None or self.num_generations < 2:
             raise ValueError(
@@ -227,7 +261,12 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
       trainer owns the implicit PRM's reference;
     - ``num_generations`` 4 (TRL: 2): the paper's K;
     - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
-      1e-6).
+      1e-6);
+    - ``lr_scheduler_type`` ``"constant"`` (TRL: ``"linear"``, a decay to 0 over ``max_steps``): the paper trains the
+      policy at a constant rate (PRIME section 4.1), as the PRM (``prm_lr_scheduler``).
+
+    Under PEFT (``peft_config``) these full fine-tuning rates barely move a LoRA adapter: the trainer warns when
+    ``learning_rate`` or ``prm_learning_rate`` keeps its default (``recipes/configs/prime_lora.yaml``: 5e-6, 1e-5).
 
     TRL defaults PRIME keeps: ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO epoch), ``temperature``
     1.0, ``normalize_advantages`` False (it must stay False: use ``whiten_advantages``). The advantage estimator is
@@ -247,6 +286,11 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
     )
     learning_rate: float = field(
         default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
+                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
     )
     prime_estimator: str = field(
         default="rloo",
@@ -272,15 +316,27 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     - ``num_generations`` 4 (TRL: 8): the paper's K;
     - ``learning_rate`` 5e-7 (TRL: 1e-6): the paper's policy learning rate (the PRM's is ``prm_learning_rate``
       1e-6);
+    - ``lr_scheduler_type`` ``"constant"`` (TRL: ``"linear"``, a decay to 0 over ``max_steps``): the paper trains the
+      policy at a constant rate (PRIME section 4.1), as the PRM (``prm_lr_scheduler``);
     - ``loss_type`` ``"dapo"``, pinned (TRL 1.16's default too): the token mean over the kept tokens of the batch,
       PRIME's aggregation. ``"grpo"``, ``"sapo"``, ``"bnpo"`` and ``"dr_grpo"`` normalise per sequence, per
       micro-batch or by a fixed size, so with the prompt filter (or PROF) on they scale each update by the kept
       fraction: a ``UserWarning`` says so at config time.
 
+    Under PEFT (``peft_config``) these full fine-tuning rates barely move a LoRA adapter: the trainer warns when
+    ``learning_rate`` or ``prm_learning_rate`` keeps its default (``recipes/configs/prime_lora.yaml``: 5e-6, 1e-5).
+    TRL's ``multi_objective_aggregation`` must stay ``"sum_then_normalize"``: the outcome ``r_o`` is the weighted sum
+    of the reward functions.
+
     TRL defaults PRIME keeps: ``beta`` 0.0 (no KL), ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO
     epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
     process term group-normalises the completions' mean process rewards, the outcome term is GRPO's); TRL's
-    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. The policy loss is TRL's GRPO
+    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. Its process term is the
+    response-level form by default (``grpo_process_form="response"``: at the first token, the completion's mean token
+    reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
+    Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
+    the process term bounded at every token and an untrained PRM's noise near 0; ``"process_std"`` divides the
+    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
     loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
@@ -292,6 +348,11 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     )
     learning_rate: float = field(
         default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
+                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
     )
     loss_type: str = field(
         default="dapo",
@@ -313,6 +374,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
                 f"`scale_rewards`={self.scale_rewards!r}: the PRIME GRPO estimator normalises within each group; use "
                 "'group' (divide by the group std) or 'none'."
             )
+        check_sum_then_normalize(
+            self, "PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, so "
+            "TRL's per-function normalisation would be ignored"
+        )
         if self.loss_type in ("luspo", "vespo"):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "

@@ -25,6 +25,7 @@ import copy
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -42,8 +43,11 @@ from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_fro
 from trl_prime._rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
 from trl_prime.implicit_prm import (
     ImplicitPRM,
+    adapter_parameters,
     add_fused_head,
+    check_peft_adapter_supported,
     completion_logps,
+    copy_adapter_weights,
     eval_mode,
     position_ids_from_mask,
     unwrap,
@@ -60,6 +64,36 @@ _MM_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
+#: learning rates of the LoRA recipe (recipes/configs/prime_lora.yaml): a LoRA adapter needs larger steps than the
+#: paper's full fine-tuning rates (policy 5e-7, PRM 1e-6; PRIME section 4.1); the PRM keeps twice the policy's
+LORA_RECIPE_LEARNING_RATES = {"learning_rate": 5e-6, "prm_learning_rate": 1e-5}
+
+
+def warn_full_finetuning_rates(args: PrimeOptions, *, prm_is_adapter: bool) -> None:
+    """Warn (``UserWarning``) when a PEFT run keeps PRIME's full fine-tuning learning rates.
+
+    The config defaults ``learning_rate`` 5e-7 and ``prm_learning_rate`` 1e-6 are the paper's rates for full models
+    (PRIME section 4.1); a LoRA adapter barely moves at them. Checked: the policy's rate, and the PRM's when the PRM
+    is an adapter (``prm_is_adapter``; a separate ``prm_model`` is fully fine-tuned). A field counts as kept when it
+    equals its config default.
+    """
+    fields = type(args).__dataclass_fields__
+    names = ["learning_rate"] + (["prm_learning_rate"] if prm_is_adapter else [])
+    kept = [n for n in names if n in fields and getattr(args, n) == fields[n].default]
+    if not kept:
+        return
+    kept_text = ", ".join(f"`{n}`={getattr(args, n):g}" for n in kept)
+    lora = LORA_RECIPE_LEARNING_RATES
+    policy_default, prm_default = fields["learning_rate"].default, fields["prm_learning_rate"].default
+    warnings.warn(
+        f"PEFT run with PRIME's full fine-tuning learning rate(s) {kept_text}: the defaults `learning_rate`="
+        f"{policy_default:g} (policy) and `prm_learning_rate`={prm_default:g} (PRM) are the paper's rates for full "
+        "models, and a LoRA adapter barely moves at them. Set both for LoRA, e.g. learning_rate="
+        f"{lora['learning_rate']:g} and prm_learning_rate={lora['prm_learning_rate']:g} as "
+        "recipes/configs/prime_lora.yaml does (the PRM at about twice the policy's rate, as in the paper).",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 class _PositionIdsFromMask:
@@ -139,6 +173,17 @@ class PrimeMixin(GuardsMixin):
     - ``prm_reference="policy"``: no reference model, the rollout policy's log-probs serve as reference;
     - PEFT (``peft_config`` or a ``PeftModel``): the PRM is a second adapter ``"prm"`` on the policy's base model,
       the reference is the base with adapters disabled (or, for a pre-trained adapter, a frozen copy ``"prm_ref"``).
+      A ``UserWarning`` says so when ``learning_rate`` / ``prm_learning_rate`` keep the paper's full fine-tuning
+      rates (5e-7 / 1e-6), at which LoRA barely moves (:func:`warn_full_finetuning_rates`).
+
+    Temperature: the PRM and its reference score the completions at temperature 1, whatever TRL's sampling
+    ``temperature``. The token reward ``beta * log(pi_phi / pi_ref)`` (PRIME Eq. 3) is a reward model's likelihood
+    ratio, trained as such by the cross-entropy on the outcome labels (PRIME Algorithm 1, line 8); it scores a
+    completion, not the distribution it was sampled from, so the same PRM gives the same rewards at any sampling
+    temperature (and offline, :class:`~trl_prime.ImplicitPRM`). The policy's PPO ratio uses TRL's log-probs at the
+    sampling temperature. ``prm_reference="policy"`` takes the rollout log-probs (sampling temperature) as reference
+    and warns when ``temperature != 1``. (PRL, by contrast, computes its KL-to-go at the sampling temperature: see
+    :class:`~trl_prime.PRLConfig`.) At ``temperature`` 1 the two conventions agree.
 
     Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
     on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
@@ -199,6 +244,8 @@ class PrimeMixin(GuardsMixin):
         if prm_ref_model is None:
             prm_ref_model = args.prm_ref_model
         check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
+        if uses_peft:
+            warn_full_finetuning_rates(args, prm_is_adapter=prm_model is None)
         init_kw = model_init_kwargs(args)  # a custom-code checkpoint is checked as it is loaded
         load_kw = dict(trust_remote_code=init_kw.get("trust_remote_code", False), revision=init_kw.get("revision"))
         check_causal_lm_source(prm_model, "prm_model", **load_kw)
@@ -262,6 +309,7 @@ class PrimeMixin(GuardsMixin):
                     "trained as its own DeepSpeed engine) or train without DeepSpeed."
                 )
             peft_model = self.model
+            check_peft_adapter_supported(peft_model)
             default_cfg = peft_model.peft_config["default"]
             prm_cfg = copy.deepcopy(default_cfg)
             prm_cfg.inference_mode = False
@@ -273,13 +321,10 @@ class PrimeMixin(GuardsMixin):
                 if args.prm_reference == "sft":
                     peft_model.add_adapter(PRM_REF_ADAPTER, copy.deepcopy(prm_cfg))
                     ref_adapter = PRM_REF_ADAPTER
-                params = dict(peft_model.named_parameters())
-                for n, p in list(params.items()):
-                    if ".default." in n:
-                        for a in names:
-                            params[n.replace(".default.", f".{a}.")].data.copy_(p.data)
-            for name, p in peft_model.named_parameters():
-                if f".{PRM_ADAPTER}." in name or f".{PRM_REF_ADAPTER}." in name:
+                for a in names:
+                    copy_adapter_weights(peft_model, "default", a)
+            for a in (PRM_ADAPTER, PRM_REF_ADAPTER):  # found through PEFT's tuner layers (IA3 names lack ".prm.")
+                for _, p in adapter_parameters(peft_model, a):
                     p.requires_grad_(False)  # the policy's optimizer and DDP must not see them
             if self.temperature == 1.0:
                 add_fused_head(peft_model, mark_only=True)  # TRL patched the base at temperature 1
@@ -476,7 +521,9 @@ class PrimeMixin(GuardsMixin):
             set_peft_model_state_dict(self.prm_model, weights, adapter_name=PRM_ADAPTER)
         else:
             _load_weights(self.prm_model, prm_dir)
-        self.prm_optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location=device))
+        # loaded on the CPU (torch.load rejects map_location "cpu:0", the device of a CPU DDP process); the optimizer
+        # moves its state to the parameters' device
+        self.prm_optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location="cpu"))
         self.prm_lr_scheduler.load_state_dict(torch.load(os.path.join(prm_dir, "scheduler.pt")))
 
     # ----------------------------------------------------------------------------------------------------------
@@ -638,10 +685,14 @@ class PrimeMixin(GuardsMixin):
         token_rewards = F.implicit_token_rewards(
             prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=a.prm_beta
         )  # (B, T), every token (the last one is dropped from the advantages if include_last_token=False)
-        bad = self._guard_inspect(mode, local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
-                                  masks={"prm_logps": completion_mask, "token_rewards": completion_mask})
+        if prm_stats.get("token_rewards_checked"):  # by the PRM update, before its step (same values)
+            bad = gather(self._prime_bad_token_reward_rows(token_rewards, completion_mask).to(torch.long)).bool()
+        else:
+            bad = self._prime_inspect_token_rewards(prm_logps, ref_logps, completion_mask, unscored_l, mode=mode)
         if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
             token_rewards = torch.nan_to_num(token_rewards, nan=0.0, posinf=0.0, neginf=0.0)
+            if a.prm_max_abs_token_reward is not None:
+                token_rewards = token_rewards.clamp(-a.prm_max_abs_token_reward, a.prm_max_abs_token_reward)
         seq_rewards = gather(token_rewards.sum(-1))
         # PROF (trl_prime/prof.py): the policy trains on m of the n completions of each prompt (= kept when it is off)
         policy_kept = prime_prof_rows(
@@ -667,6 +718,7 @@ class PrimeMixin(GuardsMixin):
             advantages_g = F.prime_advantages(**adv_inputs)
         else:
             advantages_g = torch.zeros_like(rewards_g)
+        self._guard_single_row_groups(mode, rewards=adv_inputs["outcome_rewards"], group_ids=adv_inputs["group_ids"])
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K,
                                        kept=kept if mode == "train" else None, completion_lengths=lengths)
@@ -752,6 +804,8 @@ class PrimeMixin(GuardsMixin):
             opts["baseline"] = a.prime_baseline
         if a.prime_estimator == "grpo":
             opts["scale_rewards"] = getattr(a, "scale_rewards", "group") != "none"
+            opts["grpo_process_form"] = a.grpo_process_form
+            opts["grpo_process_scale"] = a.grpo_process_scale
         return opts
 
     def _prime_adapt_output(self, output: dict, loss_mask: torch.Tensor) -> None:
@@ -773,10 +827,33 @@ class PrimeMixin(GuardsMixin):
 
     def _prime_optimizer_step(self, loss_finite: bool = True) -> float | None:
         """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed), or
-        ``None`` when the step was skipped because the (global) loss or gradient norm is not finite."""
+        ``None`` when the step was skipped because the (global) loss or gradient norm is not finite (the norm is the
+        one clipping returns, computed before it scales the gradients: an overflow reads inf even though clipping
+        leaves zeros or NaN behind).
+
+        Under DeepSpeed the engine has already stepped in :meth:`_prime_backward`; its ZeRO optimizer skips a step
+        whose gradient norm is not finite (fp32, and bf16 with DeepSpeed's default ``check_grad_overflow``), which is
+        reported here as a skip, except an fp16 loss-scale overflow with a finite loss (the loss scaler's own skip,
+        returned as NaN like the policy's GradScaler skips). A non-finite norm whose step the engine applied anyway
+        raises (the PRM is lost)."""
         if self._prime_engine is not None:
             norm = self._prime_engine.get_global_grad_norm()
-            return float(norm) if norm is not None else float("nan")
+            applied = self._prime_engine.was_step_applied()
+            if norm is not None and math.isfinite(float(norm)) and loss_finite and applied:
+                return float(norm)
+            if norm is None and applied and loss_finite:
+                return float("nan")  # ZeRO gradient-norm computation disabled: nothing to judge
+            if not applied and loss_finite and self._prime_engine.fp16_enabled():
+                # fp16 dynamic loss scaling: an overflowing scaled gradient skips the step and lowers the scale
+                # (as torch's GradScaler does for the policy): calibration, not a poisoned batch
+                return float("nan")
+            if applied:
+                raise RuntimeError(
+                    f"The PRM's DeepSpeed engine applied a step whose gradient norm is {norm} (loss finite: "
+                    f"{loss_finite}): its weights are no longer finite. Enable DeepSpeed's overflow check (bf16: "
+                    "`check_grad_overflow: true`), lower `prm_learning_rate`, and resume from the last checkpoint."
+                )
+            return None
         params = self.implicit_prm.trainable_parameters()
         if self.accelerator.num_processes > 1:
             grads = []
@@ -801,6 +878,29 @@ class PrimeMixin(GuardsMixin):
         self.prm_lr_scheduler.step()
         self.prm_optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _prime_bad_token_reward_rows(self, token_rewards: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool: local rows with a non-finite token reward or one beyond ``prm_max_abs_token_reward``."""
+        bound = self.args.prm_max_abs_token_reward
+        t, m = token_rewards.float(), completion_mask.bool()
+        bad = ~torch.isfinite(t) | ((t.abs() > bound) if bound is not None else torch.zeros_like(m))
+        return (bad & m).any(-1)
+
+    def _prime_inspect_token_rewards(self, prm_logps, ref_logps, completion_mask, unscored=None, *, mode="train"):
+        """Guard the PRM's ``(B, T)`` log-probs and token rewards (PRIME Eq. 3): rows with a non-finite value or a
+        token reward beyond ``prm_max_abs_token_reward`` poison the generation batch (training) and are logged with
+        their sample ids. Collective. Returns the ``(B_global,)`` bool mask of offending rows."""
+        token_rewards = F.implicit_token_rewards(
+            prm_logps=prm_logps, ref_logps=ref_logps, mask=completion_mask, beta=self.args.prm_beta
+        )
+        mask = completion_mask
+        if unscored is not None:  # rows without a PRM forward (log-probs 0) are not judged
+            mask = completion_mask * (~unscored).unsqueeze(1).to(completion_mask.dtype)
+        return self._guard_inspect(
+            mode, local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
+            masks={"prm_logps": mask, "token_rewards": mask},
+            bounds={"token_rewards": self.args.prm_max_abs_token_reward},
+        )
 
     def _prime_global_batch_loss(self, prm_logps, ref_logps, completion_mask, labels):
         """The pairwise / KTO PRM loss (``prm_loss`` "dpo", "nca", "kto") over the *global* batch.
@@ -894,16 +994,27 @@ class PrimeMixin(GuardsMixin):
                 loss_sum = loss.detach() / self.accelerator.num_processes
                 logps.append(lp.detach())
         loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
-        grad_norm = self._prime_optimizer_step(loss_finite=math.isfinite(loss_value))
         prm_logps = torch.cat(logps, dim=0)
-        if grad_norm is None:  # non-finite PRM loss or gradient: step skipped (weights unchanged), batch poisoned
-            self._guard_poison_batch("train", "non-finite PRM loss/gradient")
-            return prm_logps, {"loss": loss_value}
+        # before the step: rows whose PRM log-probs or token rewards (the update's own forward) are non-finite or
+        # beyond `prm_max_abs_token_reward` poison the batch and skip the step, named in the log (collective)
+        bad = self._prime_inspect_token_rewards(prm_logps, ref_logps, completion_mask, unscored)
+        if bool(bad.any()):
+            if self._prime_engine is None:
+                self.prm_optimizer.zero_grad(set_to_none=True)  # skipped: weights, moments and schedule unchanged
+            elif self._prime_optimizer_step(loss_finite=math.isfinite(loss_value)) is not None:
+                self._prime_num_updates += 1  # DeepSpeed stepped inside backward: that step could not be held back
+            return prm_logps, {"loss": loss_value, "token_rewards_checked": True}
+        grad_norm = self._prime_optimizer_step(loss_finite=math.isfinite(loss_value))
+        if grad_norm is None:  # non-finite PRM loss or gradient norm: step skipped (weights unchanged), batch poisoned
+            # every row's log-probs and token rewards passed the check above: no row to blame
+            self._guard_poison_batch("train", "non-finite PRM loss/gradient norm")
+            return prm_logps, {"loss": loss_value, "token_rewards_checked": True}
         self._prime_num_updates += 1
         lr = self.prm_lr_scheduler.get_last_lr()[0] if self.prm_lr_scheduler is not None else a.prm_learning_rate
         if a.prm_update == "double":
             prm_logps = scored_logps()
-        stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr}
+        stats = {"loss": loss_value, "grad_norm": grad_norm, "learning_rate": lr,
+                 "token_rewards_checked": a.prm_update == "single"}
         self._prime_dispatch(
             "on_prm_step", loss=loss_value, grad_norm=grad_norm, learning_rate=lr,
             num_updates=self._prime_num_updates, labels=labels, row_weights=valid.float() / n_global,

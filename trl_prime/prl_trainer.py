@@ -27,7 +27,9 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
-from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
+from trl_prime._guards import (
+    DEFAULT_LR_SCHEDULER, GuardOptions, GuardsMixin, check_peft_config, check_sum_then_normalize,
+)
 from trl_prime._reference import copy_adapter, load_model_copy, prepare_frozen, reference_logps
 from trl_prime._rollout import (
     DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
@@ -52,7 +54,16 @@ class PRLConfig(GuardOptions, GRPOConfig):
     (group mean and unbiased std, eps 1e-6), no KL loss term (TRL's ``beta`` 0: the KL regularisation is inside the
     weights, with coefficient ``1/eta``) and token-mean aggregation (TRL's ``loss_type="dapo"``). TRL's
     ``scale_rewards`` (``"group"`` or ``"none"``) chooses whether ``A`` is divided by the group std. The paper uses
-    ``num_generations`` 5 (set it with a generation batch size divisible by 5).
+    ``num_generations`` 5 (set it with a generation batch size divisible by 5). Policy learning rate: TRL's 1e-6 (PRL
+    Table 6), at a constant rate (``lr_scheduler_type`` ``"constant"``; TRL's default ``"linear"`` decays it to 0).
+
+    Temperature: ``k_t = log pi_old(y_t) - log pi_ref(y_t)`` uses the rollout-policy and reference log-probs at the
+    sampling ``temperature`` (TRL's ``_get_per_token_logps_and_entropies``, which also gives the PPO ratio its
+    log-probs): the KL-to-go is that of the distribution the completions were drawn from, the policy whose
+    KL-regularised objective PRL optimises (PRL section 3.1, Theorem 3.1; ``k_t`` of Algorithm 1, section 3.3), with
+    the reference tempered alike (a reference equal to the policy gives ``k_t = 0`` exactly). PRIME's implicit PRM
+    scores at temperature 1 instead: it is a reward model, not the sampling policy (see
+    :class:`~trl_prime.PrimeRLOOTrainer`). At ``temperature`` 1 (PRL's released rollout setting) the two coincide.
 
     Raises:
         ValueError: an invalid PRL option (the message names the field and the fix).
@@ -90,6 +101,11 @@ class PRLConfig(GuardOptions, GRPOConfig):
         },
     )
     prl_eps: float = field(default=1e-6, metadata={"help": "eps added to the group std of the outcome advantage."})
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule (PRL: 'constant', the single rate of Table 6; TRL's default "
+                          "'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    )
 
     def __post_init__(self):
         def one_of(name, allowed):
@@ -114,11 +130,7 @@ class PRLConfig(GuardOptions, GRPOConfig):
                 f"`scale_rewards`={self.scale_rewards!r}: PRL's outcome advantage is normalised within each group; use "
                 "'group' (divide by the group std) or 'none' (subtract the group mean only)."
             )
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"`multi_objective_aggregation`={self.multi_objective_aggregation!r}: PRL's outcome is the weighted "
-                "sum of the reward functions; use 'sum_then_normalize'."
-            )
+        check_sum_then_normalize(self, "PRL's outcome is the weighted sum of the reward functions")
         if self.loss_type in ("luspo", "vespo"):
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} is sequence-level; PRL feeds token-level (B, T) weights. Use 'dapo' "
@@ -139,6 +151,10 @@ class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     - a ``PeftModel`` with a pre-trained adapter: a frozen copy of that adapter (``"ref"``, as TRL makes for ``beta>0``);
     - otherwise a frozen copy of the policy's initial checkpoint, owned by the trainer (``self.prl_ref_model``),
       placed like TRL's reference (DeepSpeed / FSDP / device).
+
+    Every reference (and the rollout policy's ``pi_old``) is scored at the sampling ``temperature``, so ``S_t`` is the
+    KL-to-go of the tempered distribution the completions were drawn from (PRL section 3.1; PRIME's PRM scores at
+    temperature 1 instead: see :class:`PRLConfig`).
 
     Rows whose outcome is unscorable (every reward function returned ``None``) get weight 0 and loss weight 0.
 
@@ -286,6 +302,7 @@ class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
             eps=a.prl_eps, zero_fill_compat=a.zero_fill_compat,
         )
         advantages_g = F.prl_advantages(**adv_inputs)
+        self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
         output["advantages"] = advantages_g[local, :T]

@@ -37,7 +37,9 @@ from torch import nn
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_prime import functional as F
-from trl_prime._guards import GuardOptions, GuardsMixin, check_peft_config
+from trl_prime._guards import (
+    DEFAULT_LR_SCHEDULER, GuardOptions, GuardsMixin, check_peft_config, check_sum_then_normalize,
+)
 from trl_prime._reference import prepare_frozen
 from trl_prime._rollout import (
     DropZeroWeightRowsMixin, gather_padded, mask_loss_rows, outcome_rewards, replace_logged_advantages,
@@ -116,7 +118,8 @@ class ProfOptions:
     )
     prof_num_keep: int | None = field(
         default=None,
-        metadata={"help": "m, completions kept per prompt (1..num_generations). Default: num_generations // 2."},
+        metadata={"help": "m, completions kept per prompt (2..num_generations: a single kept row has no GRPO "
+                          "baseline, so its advantage would be 0). Default: num_generations // 2."},
     )
     prof_num_remove: int | None = field(
         default=None,
@@ -130,8 +133,10 @@ class ProfOptions:
     prof_penalty_position: str = field(
         default="reference",
         metadata={
-            "help": "'reference' (released code: critic = sign*c - lambda*pen) or 'paper' (penalty before the sign: "
-            "critic = sign*(c - lambda*pen))."
+            "help": "Where the step-count penalty enters the critic: 'reference' (released code) and 'paper' (PROF "
+            "Eq. (1), arXiv v2) both give critic = sign*c - lambda*pen, so a completion with too few or too many "
+            "steps is dropped first from its class, correct or incorrect (functional.prof_select). The v1 preprint's "
+            "sign*(c - lambda*pen), which kept such incorrect completions first, is not offered."
         },
     )
     prof_rounding: str = field(
@@ -239,6 +244,20 @@ class ProfOptions:
             raise ValueError(
                 f"`prof_num_remove`={self.prof_num_remove} must lie in [0, num_generations={K}) (paper: n=8, remove 4)."
             )
+        if K is not None and self.prof_keep_count() < 2:
+            if self.prof_num_keep is not None:
+                why, fix = f"`prof_num_keep`={self.prof_num_keep}", "set prof_num_keep >= 2"
+            elif self.prof_num_remove is not None:
+                why, fix = (f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
+                            f"set prof_num_remove <= {K - 2}")
+            else:
+                why, fix = (f"the default m = num_generations // 2 with `num_generations`={K}",
+                            "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)")
+            raise ValueError(
+                f"PROF would keep one completion per prompt ({why}): a group of one row has no GRPO baseline, so "
+                f"every kept row would get advantage 0 and the policy would learn nothing. {fix[0].upper() + fix[1:]} "
+                "(paper: n=8, m=4)."
+            )
         if not self.prof_prm:
             raise ValueError(
                 "`prof_prm` is empty: set it to 'implicit' (PRIME trainers), an ImplicitPRM folder, or a step PRM path "
@@ -259,8 +278,9 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
     """Configuration of :class:`ProfGRPOTrainer`: TRL's ``GRPOConfig`` plus the PROF options.
 
     PROF defaults here: ``prof_mode="both"``, ``num_generations`` 8 with ``m = 4`` kept, the step PRM
-    ``Qwen/Qwen2.5-Math-PRM-7B`` (``prof_prm``; a token-classification PRM path, or a saved ImplicitPRM folder). The
-    paper also uses KL 0.001 (``beta``), entropy 0.001 (``entropy_coef``), temperature 1.0 and lr 1e-6 (set them).
+    ``Qwen/Qwen2.5-Math-PRM-7B`` (``prof_prm``; a token-classification PRM path, or a saved ImplicitPRM folder), and a
+    constant policy learning rate (``lr_scheduler_type`` ``"constant"``; TRL's default ``"linear"`` decays it to 0).
+    The paper also uses KL 0.001 (``beta``), entropy 0.001 (``entropy_coef``), temperature 1.0 and lr 1e-6 (set them).
 
     Raises:
         ValueError: an invalid PROF option (the message names the field and the fix).
@@ -272,6 +292,11 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
         metadata={"help": "Step PRM: a token-classification PRM path / Hub id, or a folder saved by ImplicitPRM."},
     )
     num_generations: int | None = field(default=8, metadata={"help": "Completions per prompt n (PROF: 8)."})
+    lr_scheduler_type: str = field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": "Policy learning-rate schedule ('constant': PROF Appendix A.1 states no schedule; TRL's "
+                          "default 'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    )
 
     def __post_init__(self):
         self._validate_prof()
@@ -287,11 +312,7 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
                 f"`scale_rewards`={self.scale_rewards!r}: PROF computes GRPO advantages within each prompt's kept rows; "
                 "use 'group' or 'none'."
             )
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"`multi_objective_aggregation`={self.multi_objective_aggregation!r}: PROF splits correct/incorrect on "
-                "the weighted sum of the rewards; use 'sum_then_normalize'."
-            )
+        check_sum_then_normalize(self, "PROF splits correct/incorrect on the weighted sum of the rewards")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -854,10 +875,9 @@ class ProfGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
             self, outcome=outcome, eligible=~torch.isnan(outcome), output=output, capture=capture, num_generations=K
         )
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
-        advantages_g = F.grpo_advantages(
-            torch.where(kept, outcome, torch.full_like(outcome, torch.nan)), group_ids,
-            scale_rewards=self.args.scale_rewards != "none",
-        )
+        kept_outcome = torch.where(kept, outcome, torch.full_like(outcome, torch.nan))
+        advantages_g = F.grpo_advantages(kept_outcome, group_ids, scale_rewards=self.args.scale_rewards != "none")
+        self._guard_single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
         self._guard_inspect("train", global_rows={"advantages": advantages_g})
         self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K,
                                        kept=kept)

@@ -7,6 +7,7 @@ Public API
 - :func:`make_code_reward` -- the same with non-default limits / worker count / tests column.
 - :func:`verify_code` -- per-completion :class:`CodeResult` (reward, reason, passed/total, layers, ...).
 - :func:`extract_code` -- the program of a completion.
+- :func:`default_deadline` -- the outer deadline of one completion (every call has one).
 - :data:`REASONS` -- every reason with its meaning and reward.
 
 Program (:func:`extract_code`): fences are recognised only at the start of a line (after optional
@@ -50,6 +51,13 @@ trip (tuples are lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS
 ``[x]`` also accepts ``x``.
 
 Reward = passed / total test cases. See :data:`REASONS` for the reason of each result.
+
+Infrastructure failures are ``None`` (reason ``sandbox_error``, logged as ``code/sandbox_error`` and so
+counted in the trainers' ``verifier/failure_rate``), never a 0: a sandbox that could not run, one stopped
+or frozen from outside while a time limit ran (``timeout`` is the program's only when the sandbox's
+harness saw the limit run out while it was itself running; see :mod:`trl_prime.rewards.sandbox`), and a
+backend call past its outer deadline (every call has one: ``verify_code(deadline=...)``, default
+:func:`default_deadline`).
 """
 
 from __future__ import annotations
@@ -57,19 +65,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import re
 import textwrap
+import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from trl_prime.rewards.sandbox import SandboxConfig, SandboxRun, run_program
 
-__all__ = ["CodeResult", "REASONS", "code_reward", "make_code_reward", "verify_code", "extract_code"]
+__all__ = ["CodeResult", "REASONS", "code_reward", "make_code_reward", "verify_code", "extract_code",
+           "default_deadline", "DEADLINE_SLACK"]
 
 #: reason -> (meaning, reward). Every :class:`CodeResult` has exactly one of these reasons.
 REASONS: dict[str, tuple[str, str]] = {
@@ -90,7 +100,9 @@ REASONS: dict[str, tuple[str, str]] = {
     "bad_tests": ("the tests entry is malformed or its check/prompt source does not compile (a warning "
                   "names the field); not scored", "None"),
     "sandbox_error": ("infrastructure failure: the sandbox could not run (interpreter missing, set-up "
-                      "failed, a required isolation layer missing); not scored", "None"),
+                      "failed, a required isolation layer missing), was stopped or frozen from outside while "
+                      "a time limit ran, or the backend did not return within the outer deadline; not scored",
+                      "None"),
 }
 
 _PER_CASE_FAILURES = ("failed", "timeout", "memory", "output_limit", "runtime_error")
@@ -370,6 +382,26 @@ def _default_workers() -> int:
     return max(2, n + 1)
 
 
+#: Seconds added to a completion's time limits to form its default outer deadline (see :func:`default_deadline`).
+DEADLINE_SLACK = 30.0
+
+
+def _n_cases(spec: _Spec) -> int:
+    return 1 if spec.mode == "check" else len(spec.inputs)
+
+
+def default_deadline(config: SandboxConfig, n_cases: int) -> float:
+    """Default outer deadline (wall seconds) of one completion with ``n_cases`` test cases.
+
+    ``startup_grace + min(total_timeout, n_cases * timeout) + timeout + DEADLINE_SLACK`` (30 s): the
+    sandbox's start-up allowance, the longest its cases may run, one more case's limit and slack for
+    teardown on a loaded machine. With the default :class:`~trl_prime.rewards.sandbox.SandboxConfig`
+    that is 48 s for one case and 74 s for 8 or more.
+    """
+    return (config.startup_grace + min(config.total_timeout, n_cases * config.timeout) + config.timeout
+            + DEADLINE_SLACK)
+
+
 def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
     program = extract_code(completion)
     if not program.strip():
@@ -463,6 +495,7 @@ def verify_code(
     config: SandboxConfig | None = None,
     max_workers: int | None = None,
     strict: bool = False,
+    deadline: float | None = None,
     **overrides: Any,
 ) -> list[CodeResult]:
     """Run every completion's program against its tests in the sandbox.
@@ -473,19 +506,45 @@ def verify_code(
         config: :class:`~trl_prime.rewards.sandbox.SandboxConfig` (limits, required layers, ...).
         max_workers: concurrent sandboxes (default: CPUs + 1; each is supervised by one thread).
         strict: raise on a malformed ``tests`` entry instead of scoring it ``None`` (``bad_tests``).
+        deadline: outer deadline in wall seconds for each completion, counted from the start of its
+            sandbox run; default :func:`default_deadline` (``startup_grace + min(total_timeout,
+            cases * timeout) + timeout + 30``). A run still going then is abandoned and scored ``None``
+            with reason ``sandbox_error`` (an infrastructure failure, counted in
+            ``verifier/failure_rate``); its thread is left to finish in the background. The sandbox
+            enforces its own limits well within this: the deadline only catches a backend that hangs.
+            While ``MAX_ABANDONED_PER_WORKER * max_workers`` abandoned runs (over all calls in this
+            process) are still going, further completions are not started but scored ``None`` /
+            ``sandbox_error`` at once, so a hanging backend cannot pile up sandboxes step after step.
         **overrides: fields of ``SandboxConfig`` to replace (e.g. ``timeout=1.0``).
 
     Returns:
-        One :class:`CodeResult` per completion, in order.
+        One :class:`CodeResult` per completion, in order. The call takes at most about
+        ``ceil(completions / max_workers) * deadline`` seconds, whatever the backend does. It runs at most
+        ``max_workers`` sandboxes at once, plus the abandoned runs still going in the background; as new runs
+        start only while fewer than ``MAX_ABANDONED_PER_WORKER * max_workers`` are abandoned (see
+        ``deadline``), fewer than ``(MAX_ABANDONED_PER_WORKER + 1) * max_workers`` sandboxes are ever alive at
+        once (for calls with the same ``max_workers``).
 
     Raises:
         ValueError: ``len(completions) != len(tests)``; a malformed ``tests`` entry when ``strict``
-            (the message names the entry, the field and the fix); bad ``SandboxConfig`` values.
+            (the message names the entry, the field and the fix); bad ``SandboxConfig`` values; a
+            ``deadline`` that is not a positive number.
         TypeError: an unknown keyword in ``overrides``.
+
+    Timeouts and infrastructure failures: ``timeout`` (reward 0) is the program's verdict only when the
+    sandbox's harness saw the limit run out while it was itself running. A sandbox stopped or frozen
+    from outside (SIGSTOP to its processes, a cgroup freezer, a paused container, a stalled machine) long
+    enough to cut the limit's window short is ``sandbox_error`` (reward ``None``): the harness notices that
+    it was suspended (a wake-up more than 2 s late) when it resumes, moves the deadline later by the lost
+    time (at most one ``timeout``), and the parent gives up on a harness that stays silent past
+    ``startup_grace + total_timeout + timeout`` (see :mod:`trl_prime.rewards.sandbox`).
     """
     if len(completions) != len(tests):
         raise ValueError(f"got {len(completions)} completions but {len(tests)} tests entries; pass one tests "
                          "entry per completion (TRL repeats dataset columns per generation)")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not deadline > 0):
+        raise ValueError(f"deadline must be a positive number of seconds (or None for the default), got {deadline!r}")
     cfg = config or SandboxConfig()
     if overrides:
         cfg = replace(cfg, **overrides)
@@ -504,23 +563,92 @@ def verify_code(
         jobs.append((i, c, spec))
     if jobs:
         workers = max(1, min(max_workers or _default_workers(), len(jobs)))
-
-        def work(job):
-            i, c, spec = job
-            try:
-                return i, _verify_one(c, spec, cfg)
-            except Exception as e:  # noqa: BLE001 - an infrastructure bug must not look like a 0
-                return i, CodeResult(None, "sandbox_error", detail=f"{type(e).__name__}: {e}")
-
-        if workers == 1:
-            done = map(work, jobs)
-            for i, r in done:
-                results[i] = r
-        else:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code_reward") as pool:
-                for i, r in pool.map(work, jobs):
-                    results[i] = r
+        limits = {i: deadline if deadline is not None else default_deadline(cfg, _n_cases(spec))
+                  for i, _, spec in jobs}
+        cap = MAX_ABANDONED_PER_WORKER * (max_workers or _default_workers())
+        for i, r in _run_with_deadlines(jobs, cfg, workers, limits, cap).items():
+            results[i] = r
     return results  # type: ignore[return-value]
+
+
+# Abandoned runs (past their outer deadline, their thread and sandbox still going) allowed per worker
+# (``max_workers`` of the call) before new completions are scored ``sandbox_error`` without being started.
+MAX_ABANDONED_PER_WORKER = 2
+_ABANDONED_LOCK = threading.Lock()
+_ABANDONED = [0]  # abandoned runs still going, over all calls in this process
+
+
+def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float],
+                        cap: int) -> dict[int, CodeResult]:
+    """Run the jobs on at most ``workers`` daemon threads; a job past its limit is scored ``sandbox_error``.
+
+    Python cannot stop a thread: a job past its deadline is abandoned (its late result is dropped) and
+    a new thread takes its slot, so one hung backend call delays no other completion. The threads are
+    daemons: an abandoned one cannot keep the interpreter from exiting. Abandoned jobs still going are
+    counted over all calls (``_ABANDONED``; a job leaves the count when its backend call finally returns);
+    while there are ``cap`` of them, a job is scored ``sandbox_error`` at once and no thread is started.
+    """
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    out: dict[int, CodeResult] = {}
+    pending = list(reversed(jobs))
+    running: dict[int, float] = {}  # job index -> time its outer deadline expires
+    state: dict[int, list[str]] = {}  # job index -> ["running" | "done" | "abandoned"], under _ABANDONED_LOCK
+
+    def work(job, st):
+        i, c, spec = job
+        try:
+            r = _verify_one(c, spec, cfg)
+        except Exception as e:  # noqa: BLE001 - an infrastructure bug must not look like a 0
+            r = CodeResult(None, "sandbox_error", detail=f"{type(e).__name__}: {e}")
+        with _ABANDONED_LOCK:
+            if st[0] == "abandoned":
+                _ABANDONED[0] -= 1
+            st[0] = "done"
+        done.put((i, r))
+
+    while pending or running:
+        while pending and len(running) < workers:
+            job = pending.pop()
+            i = job[0]
+            with _ABANDONED_LOCK:
+                stuck = _ABANDONED[0]
+            if stuck >= cap:
+                out[i] = CodeResult(
+                    None, "sandbox_error",
+                    detail=f"not run: {stuck} earlier sandbox runs abandoned past their outer deadline are still "
+                    f"going (cap MAX_ABANDONED_PER_WORKER * max_workers = {cap}); the sandbox backend hangs",
+                )
+                continue
+            running[i] = time.monotonic() + limits[i]
+            state[i] = ["running"]
+            try:
+                threading.Thread(target=work, args=(job, state[i]), name=f"code_reward-{i}", daemon=True).start()
+            except RuntimeError as e:  # no thread could be started
+                del running[i]
+                out[i] = CodeResult(None, "sandbox_error", detail=f"could not start a worker thread: {e}")
+        if not running:
+            continue
+        try:
+            i, r = done.get(timeout=max(0.0, min(running.values()) - time.monotonic()))
+        except queue.Empty:
+            now = time.monotonic()
+            for i in [i for i, t in running.items() if t <= now]:
+                with _ABANDONED_LOCK:
+                    if state[i][0] == "done":  # returned just now: its result is in the queue
+                        continue
+                    state[i][0] = "abandoned"
+                    _ABANDONED[0] += 1
+                del running[i]
+                out[i] = CodeResult(
+                    None, "sandbox_error", elapsed=limits[i],
+                    detail=f"the sandbox backend did not return within the outer deadline of {limits[i]:g} s "
+                    "(verify_code(deadline=...)); the run was abandoned",
+                )
+            continue
+        if i in running:  # else: already scored past its deadline
+            del running[i]
+            out[i] = r
+    return out
 
 
 def _report(fn, results: list[CodeResult], log_metric: Callable[[str, float], Any] | None) -> None:
@@ -537,22 +665,28 @@ def make_code_reward(
     *,
     max_workers: int | None = None,
     tests_column: str = "tests",
+    deadline: float | None = None,
     **overrides: Any,
 ) -> Callable[..., list[float | None]]:
     """Build a TRL reward function like :func:`code_reward` with other limits or another tests column.
 
     The returned function is named ``code_reward`` (TRL logs ``rewards/code_reward/...``), reads the
     dataset column ``tests_column``, and keeps ``last_counts`` / ``last_results`` like :func:`code_reward`.
+    ``deadline`` is :func:`verify_code`'s outer deadline per completion (default :func:`default_deadline`).
     """
     cfg = config or SandboxConfig()
     if overrides:
         cfg = replace(cfg, **overrides)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not deadline > 0):
+        raise ValueError(f"deadline must be a positive number of seconds (or None for the default), got {deadline!r}")
 
     def code_reward(completions, **kwargs):  # noqa: D401 - TRL reward function
         if tests_column not in kwargs:
             raise ValueError(f"code_reward needs the dataset column {tests_column!r} (one tests entry per row); "
                              f"got columns {sorted(k for k in kwargs if k not in ('log_metric', 'log_extra'))}")
-        results = verify_code(completions, kwargs[tests_column], config=cfg, max_workers=max_workers)
+        results = verify_code(completions, kwargs[tests_column], config=cfg, max_workers=max_workers,
+                              deadline=deadline)
         _report(code_reward, results, kwargs.get("log_metric"))
         return [r.reward for r in results]
 
@@ -589,8 +723,9 @@ def code_reward(completions: Sequence[Any], tests: Sequence[Any], **kwargs: Any)
         ValueError: ``len(completions) != len(tests)``.
 
     Default limits: :class:`~trl_prime.rewards.sandbox.SandboxConfig` (4 s per case, 30 s per program,
-    1 GiB address space, 256 KiB output or twice the expected output); use :func:`make_code_reward` to
-    change them.
+    1 GiB address space, 256 KiB output or twice the expected output) and the outer deadline
+    :func:`default_deadline` (48 s for one test case, 74 s for 8 or more); use :func:`make_code_reward`
+    to change them.
     """
     results = verify_code(completions, tests)
     _report(code_reward, results, kwargs.get("log_metric"))

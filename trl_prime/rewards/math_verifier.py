@@ -30,6 +30,38 @@ removed, case and whitespace ignored, a trailing period dropped) and must be equ
 reads as math (``"inf"``, ``"sin x"``) and ``\\text{...}``-wrapped golds keep the math-verify judge. (So a
 gold ``"xy"`` is the word "xy": write a product of variables as ``"x y"`` or ``"x \\cdot y"``.)
 
+Pre-pass: forms math-verify 0.9 mis-parses (found on MATH-500 answer forms) are rewritten, in golds and answers
+alike, before math-verify sees them (math-verify stays the judge): upright constants ``\\mathrm{e}``,
+``\\text{e}``, ``\\operatorname{e}``, ``{\\rm e}`` (and ``i``) become ``e`` / ``i`` (math-verify reports the gold
+``\\frac{1}{\\mathrm{e}}`` unparseable and reads the answer ``2\\mathrm{e}`` as ``2``); the imaginary unit after a
+digit becomes a separate token, whatever the spacing (``5i``, ``5 i``, ``5\\,i`` -> ``5 i``: math-verify makes
+``i`` real in ``6 - 5i`` and complex in ``6 - 5 i``, so they never matched); thin-space thousands separators are
+dropped in runs of three-digit groups (``5\\,600`` -> ``5600``, which math-verify reads as 605), while
+``(1,\\,2)``, ``2\\,x`` or ``0.123\\,456`` are left alone.
+
+Numbers: math-verify rounds floats to 6 decimals (and chops differences below ~1e-15), so all small numbers
+looked equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` = ``\\frac{1}{2^{99}}``). A numeric "equal" of
+math-verify now also needs agreement to a relative tolerance, ``rel_tol`` (default ``1e-4``; see
+:func:`verify_math`), or, when the final answer or the gold is written as one plain decimal number, agreement
+by less than half a unit in its last written decimal place (a correctly rounded decimal stays right: ``0.001429`` =
+``\\frac{1}{700}``, ``0.000143`` = ``\\frac{1}{7000}``; ``0.0000002`` != ``0.0000001``, which differ by a whole
+unit of their 7th decimal). This can only turn "equal" into "not equal", and changes nothing above ~0.01 in
+magnitude. If the installed math-verify cannot take the tolerance (its numeric comparison is no longer
+``math_verify.grader.sympy_numeric_eq``), the workers fall back to math-verify's verdict alone
+(``rel_tol=None``) and one ``RuntimeWarning`` says so.
+
+Known blind spots (math-verify 0.9 readings this verifier does not correct):
+
+* Subscript bases are ignored: ``52_9`` equals ``52_8`` (both read as 52), ``1011_2`` is 1011, not 11.
+* Scientific notation in an answer reads ``e`` as Euler's number: ``1e6`` is ``6e``, not 1000000 (write
+  ``10^6`` or ``1\\times 10^{6}``; numeric golds are written out without exponent, see above).
+* ``i`` is a symbol, not the imaginary unit: ``(1+i)^2`` does not equal ``2i`` and ``i^2`` does not equal
+  ``-1``; answers match a complex gold only in the same simplified form.
+* A gold that is a single letter (``x``, ``i``) matches only that letter, not an expression equal to it
+  (``\\frac{2i}{2}``).
+* Repeating decimals (``0.\\overline{3}``) cannot be parsed: such a gold is ``gold_unparseable``.
+* Thousands separated by other spacing than ``\\,`` (``5\\;600``, ``5~600``, ``5 600``) are not one number.
+
 Where the work happens
 ----------------------
 Parsing and verification run in a persistent pool of worker *processes* (plain ``python`` subprocesses that
@@ -101,6 +133,7 @@ _EXTRACTIONS = ("boxed", "boxed_or_answer_phrase")
 
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_LIMIT_MB = 1024
+DEFAULT_REL_TOL = 1e-4  # numbers that math-verify calls equal must also agree to this relative tolerance
 _STARTUP_TIMEOUT = 60.0  # a worker must import math-verify within this many seconds
 _MAX_STARTUP_FAILURES = 3  # per call; then the remaining items get reason "error"
 _MAX_CHUNK = 16  # answers sent to a worker at once (same gold)
@@ -197,7 +230,11 @@ def _answer_phrase(text: str) -> str | None:
                 break
         else:
             rest = re.split(r"\.(?:\s|$)", rest, maxsplit=1)[0]
-        rest = _strip_math(rest.rstrip(". ").strip())
+        # emphasis and the sentence's period, in either order: "**73**." and "**73.**" -> "73"
+        prev = None
+        while prev != rest:
+            prev, rest = rest, rest.strip().strip("*").rstrip(".").strip()
+        rest = _strip_math(rest)
         if rest:
             return rest
     return None
@@ -290,6 +327,162 @@ def _normalize_gold(gold: Any) -> str | None:
             s = content
     s = _strip_math(s)
     return s or None
+
+
+# Forms math-verify 0.9 mis-parses, rewritten before it sees a gold or an answer (see "Pre-pass" in the module doc)
+_UPRIGHT_CONSTANT_RE = re.compile(
+    r"\\(?:mathrm|textrm|textnormal|text|mathit|operatorname)\s*\{\s*([ei])\s*\}"  # \mathrm{e}, \text{i}
+    r"|\{\s*\\rm\s+([ei])\s*\}"  # {\rm e}
+    r"|\\mathrm\s+([ei])(?![A-Za-z])"  # \mathrm e
+)
+_DIGIT_I_RE = re.compile(r"(?<=\d)i(?![A-Za-z])")  # 5i -> 5 i
+_SPACED_DIGIT_I_RE = re.compile(r"(?<=\d)(?:\s|~|\\[,;:! ])+i(?![A-Za-z])")  # 5\,i, 5~i -> 5 i
+_THIN_THOUSANDS_RE = re.compile(r"(?<![\d.])\d{1,3}(?:\\,\d{3})+(?!\d)")  # 5\,600, 1\,234\,567
+
+
+def _plain_constant(m: re.Match) -> str:
+    """``\\mathrm{e}`` -> ``e``, spaced only where it would merge with a command name or a letter around it."""
+    text, letter = m.string, m.group(1) or m.group(2) or m.group(3)
+    before = " " if m.start() > 0 and text[m.start() - 1].isalpha() else ""
+    after = " " if m.end() < len(text) and text[m.end()].isalpha() else ""
+    return before + letter + after
+
+
+def _normalize_forms(text: str) -> str:
+    """Rewrite the answer forms math-verify 0.9 mis-parses into forms it reads right (applied to golds and answers).
+
+    * Upright constants: ``\\mathrm{e}``, ``\\text{e}``, ``\\textrm{e}``, ``\\operatorname{e}``, ``{\\rm e}``,
+      ``\\mathrm e`` (and the same for ``i``) -> ``e`` / ``i``. math-verify reads ``\\frac{1}{\\mathrm{e}}`` as
+      the truncated ``\\frac{1}{`` (a gold: unparseable, its rows silently dropped) and ``2\\mathrm{e}`` as ``2``.
+    * The imaginary unit after a digit is written as a separate token, with any spacing between collapsed:
+      ``5i``, ``5 i``, ``5\\,i``, ``5~i`` -> ``5 i``. math-verify makes ``i`` a real symbol when it touches a digit
+      (``6 - 5i``) and a complex one when it stands alone (``6 - 5 i``), so the two never compared equal.
+    * Thin-space thousands separators: a run of digit groups ``d{1,3}(\\,ddd)+`` not preceded by a digit or a
+      decimal point -> the digits alone (``5\\,600`` -> ``5600``, ``1\\,234\\,567`` -> ``1234567``); math-verify
+      reads ``5\\,600`` as 605. Only groups of exactly three digits after a ``\\,`` count, so ``(1,\\,2)`` or
+      ``2\\,x`` are left alone.
+    """
+    if "\\" in text or "{" in text:
+        text = _UPRIGHT_CONSTANT_RE.sub(_plain_constant, text)
+        text = _THIN_THOUSANDS_RE.sub(lambda m: m.group(0).replace("\\,", ""), text)
+    if "i" in text:
+        text = _SPACED_DIGIT_I_RE.sub(" i", text)
+        text = _DIGIT_I_RE.sub(" i", text)
+    return text
+
+
+_PLAIN_DECIMAL_RE = re.compile(r"[+-]?\d*\.(\d+)")
+
+
+def _half_unit(text: str | None) -> str | None:
+    """Half a unit in the last decimal place of ``text`` when it is one plain decimal number, else None.
+
+    ``"0.001429"`` -> ``"5e-7"``, ``"-2.50"`` -> ``"5e-3"`` (written trailing zeros count), ``".5"`` -> ``"5e-2"``.
+    Anything else (integers, fractions, ``10^{-7}``, ``2.5 \\times 10^{-7}``, percentages, tuples) -> None. The
+    precision is read from the text the answer or gold was written in, before math-verify parses it into a
+    number that no longer knows how many decimals it was written with.
+    """
+    if text is None:
+        return None
+    m = _PLAIN_DECIMAL_RE.fullmatch(text.strip())
+    return None if m is None else f"5e-{len(m.group(1)) + 1}"
+
+
+def _relatively_different(a: Any, b: Any, rel_tol: float, abs_tol: str | None = None) -> bool:
+    """Whether two SymPy expressions are numbers that differ by more than ``rel_tol`` relative to the larger
+    (and, when ``abs_tol`` is given, also by ``abs_tol`` or more: half a unit in the last written decimal place
+    of a plain-decimal answer or gold, see :func:`_half_unit`).
+
+    Used (in the workers) to veto math-verify's numeric "equal", which rounds floats to 6 decimals and chops
+    differences below ~1e-15 absolute. Compared: ``a`` and ``b`` when neither has a free symbol (numbers, also
+    complex; a percentage ``9\\%`` is compared both as 0.09 and as 9, as math-verify accepts either); else, when
+    the symbols cancel in ``a - b`` (``x - 2^{-99}`` vs ``x - 2^{-98}``, the sides of two equations), their
+    symbol-free terms. ``|a - b| <= rel_tol * max(|a|, |b|)`` or ``|a - b| < abs_tol`` at 50 significant digits
+    counts as close. Anything
+    else (symbols left in ``a - b``, sets, non-finite values, an evaluation error) is not judged here: False.
+    """
+    from sympy import Abs, Basic, Float, Mul, Rational, UnevaluatedExpr
+
+    if not (isinstance(a, Basic) and isinstance(b, Basic)):
+        return False
+
+    def pct(x):  # math-verify's percentage form X * UnevaluatedExpr(1/100) -> X
+        if isinstance(x, Mul) and len(x.args) == 2 and x.args[1] == UnevaluatedExpr(Rational(1, 100)):
+            return x.args[0]
+        return x
+
+    try:
+        symbols = a.free_symbols | b.free_symbols
+        if symbols:
+            if (a - b).free_symbols:
+                return False
+            pairs = [(a.as_independent(*symbols, as_Add=True)[0], b.as_independent(*symbols, as_Add=True)[0])]
+        else:
+            pairs = [(a, b), (pct(a), pct(b))]
+        for x, y in pairs:
+            x, y = x.doit().evalf(50), y.doit().evalf(50)
+            if not (x.is_number and y.is_number and x.is_finite and y.is_finite):
+                return False
+            diff, scale = Abs(x - y).evalf(50), max(Abs(x).evalf(50), Abs(y).evalf(50))
+            if not (isinstance(diff, Float) or diff == 0) or not (isinstance(scale, Float) or scale == 0):
+                return False
+            if diff <= Float(rel_tol, 50) * scale:
+                return False
+            # less than half a unit; a tie (0.00000015 vs 0.0000001) is out, also when the binary rounding of the
+            # parsed floats (53 bits: ~1e-16 relative) puts it a hair inside
+            if abs_tol is not None and diff < Float(abs_tol, 50) * (1 - Float("1e-9", 50)):
+                return False
+        return True
+    except Exception:  # math-verify's verdict stands
+        return False
+
+
+_HOOK_UNUSABLE = (
+    "trl_prime math verifier: the installed math-verify ({version}) does not compare numbers through "
+    "math_verify.grader.sympy_numeric_eq as versions 0.8/0.9 do, so the relative tolerance cannot be applied; "
+    "falling back to math-verify's verdict alone (rel_tol=None: numbers below ~1e-6 all compare equal). Install "
+    "math-verify>=0.8,<0.10 to restore it."
+)
+
+
+def _install_numeric_hook(
+    grader: Any, accept: Callable[[Any, Any], bool], same: Callable[[str, str], bool]
+) -> str | None:
+    """Make math-verify's numeric "equal" also require ``accept(a, b)``; returns None, or why it could not.
+
+    Wraps ``grader.sympy_numeric_eq`` (``grader`` is ``math_verify.grader``, through which math-verify 0.8/0.9
+    compares every pair of numbers, also inside tuples, sets, intervals, matrices and equations), then checks with
+    ``same(gold_text, answer_text)`` (a full math-verify comparison) that the wrapper is in use and works:
+    ``\\frac{1}{3}`` must still equal ``0.333333`` (equal only through the numeric comparison) and
+    ``\\frac{1}{2^{98}}`` must no longer equal ``\\frac{1}{2^{99}}`` (``accept`` must reject that pair, as it does
+    for any ``rel_tol`` below 1/2). When the function is missing or the check fails (a math-verify that compares
+    numbers elsewhere, or where the wrapper raises), ``grader`` is left as it was and the
+    returned message says so; the worker then runs with math-verify's verdict alone (``rel_tol=None``).
+    """
+    try:
+        from importlib.metadata import version
+
+        installed = version("math-verify")
+    except Exception:
+        installed = "unknown version"
+    original = getattr(grader, "sympy_numeric_eq", None)
+    if not callable(original):
+        return _HOOK_UNUSABLE.format(version=installed)
+
+    def numeric_eq_with_tolerance(a, b, *args, **kwargs):
+        return original(a, b, *args, **kwargs) and accept(a, b)
+
+    grader.sympy_numeric_eq = numeric_eq_with_tolerance
+    try:
+        used = same("\\frac{1}{3}", "0.333333") and not same("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}")
+    except MemoryError:
+        raise
+    except Exception:
+        used = False
+    if used:
+        return None
+    grader.sympy_numeric_eq = original
+    return _HOOK_UNUSABLE.format(version=installed)
 
 
 _WORD_GOLD_RE = re.compile(r"[A-Za-z]+(?:\s+[A-Za-z]+)*")
@@ -390,10 +583,18 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
     config = [LatexExtractionConfig(boxed_match_priority=0)]
 
+    import math_verify.grader as grader
+
+    rel_tol = [DEFAULT_REL_TOL]  # of the request being served
+    abs_tol: list[str | None] = [None]  # half a unit in the last place of a plain-decimal answer or gold, if any
+
+    def within_tolerance(a, b) -> bool:
+        return rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0])
+
     def parse_box(text: str) -> list:
         try:
             return parse(
-                "\\boxed{" + text + "}",
+                "\\boxed{" + _normalize_forms(text) + "}",
                 extraction_config=config,
                 fallback_mode="first_match",
                 parsing_timeout=None,  # no signal.alarm: the parent kills us on deadline
@@ -466,11 +667,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             pass
 
     probe = parse_box(_PROBE)
+    # every numeric "equal" of math-verify must also pass within_tolerance; if it cannot: math-verify alone
+    hook_problem = _install_numeric_hook(grader, within_tolerance, lambda g, a: same(parse_box(g), parse_box(a)))
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
         same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
         same(parse_box(a), probe)
     golds: OrderedDict[str, tuple[str, list, str | None]] = OrderedDict()  # gold -> (status, parsed, text key)
-    send(["ready", os.getpid()])
+    send(["ready", os.getpid(), hook_problem])
 
     while True:
         line = stdin.readline()
@@ -478,6 +681,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
             return  # parent gone
         request = json.loads(line)
         gold_text, answers, seconds = request["g"], request["a"], float(request["t"])
+        rel_tol[0] = None if hook_problem else request.get("r", DEFAULT_REL_TOL)
+        abs_tol[0] = None
         try:
             memory_cap(request["m"])
             cpu_budget(seconds)
@@ -513,7 +718,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
                 if not parsed:
                     send(["a", "no_answer", None])
                 else:
-                    send(["a", "correct" if same(gold, parsed) else "wrong", show(parsed)])
+                    units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
+                    abs_tol[0] = max(units, key=float) if units else None  # the coarser written precision
+                    verdict = "correct" if same(gold, parsed) else "wrong"
+                    abs_tol[0] = None
+                    send(["a", verdict, show(parsed)])
             except MemoryError:
                 send(["a", "memory", None])
 
@@ -616,11 +825,17 @@ class _Pool:
 
     # -- one batch ---------------------------------------------------------------------------------------------
     def run(
-        self, chunks: deque[_Chunk], timeout: float, memory_limit_mb: int, out: "_Outcomes", ready_by: float = 0.0
+        self,
+        chunks: deque[_Chunk],
+        timeout: float,
+        memory_limit_mb: int,
+        out: "_Outcomes",
+        ready_by: float = 0.0,
+        rel_tol: float | None = DEFAULT_REL_TOL,
     ) -> None:
         """Process ``chunks``; with ``ready_by`` (a monotonic time) also wait until every worker is ready."""
         try:
-            self._run(chunks, timeout, memory_limit_mb, out, ready_by)
+            self._run(chunks, timeout, memory_limit_mb, out, ready_by, rel_tol)
         except BaseException:  # e.g. KeyboardInterrupt: workers still holding this call's items are useless
             for w in [w for w in self.workers if w.chunk is not None or w.outbuf]:
                 w.kill()
@@ -628,7 +843,13 @@ class _Pool:
             raise
 
     def _run(
-        self, chunks: deque[_Chunk], timeout: float, memory_limit_mb: int, out: "_Outcomes", ready_by: float
+        self,
+        chunks: deque[_Chunk],
+        timeout: float,
+        memory_limit_mb: int,
+        out: "_Outcomes",
+        ready_by: float,
+        rel_tol: float | None,
     ) -> None:
         failures = 0
         last_failure = ""
@@ -672,6 +893,8 @@ class _Pool:
             if kind == "ready":
                 w.ready = True
                 w.since = now
+                if len(msg) > 2 and msg[2]:
+                    _warn_once(msg[2])
                 return
             c = w.chunk
             if c is None:
@@ -743,7 +966,7 @@ class _Pool:
                             break
                         w.chunk = c
                         w.since = time.monotonic()
-                        request = {"g": c.gold, "a": c.answers, "t": timeout, "m": memory_limit_mb}
+                        request = {"g": c.gold, "a": c.answers, "t": timeout, "m": memory_limit_mb, "r": rel_tol}
                         w.outbuf = (json.dumps(request) + "\n").encode()
                 # wait for output, EOF or a deadline
                 now = time.monotonic()
@@ -852,10 +1075,23 @@ class _Outcomes:
 _LOCK = threading.Lock()
 _POOL: _Pool | None = None
 _CLOSING = False  # set at interpreter exit
-_ANSWER_CACHE: OrderedDict[tuple[str, str], tuple[str, str | None]] = OrderedDict()
+# (gold, answer, rel_tol) -> (reason, parsed)
+_ANSWER_CACHE: OrderedDict[tuple[str, str, float | None], tuple[str, str | None]] = OrderedDict()
 _GOLD_CACHE: OrderedDict[str, bool] = OrderedDict()  # gold -> parseable (deterministic outcomes only)
 # gold -> the largest timeout (s) under which parsing it timed out: a call with that timeout or less skips it
 _GOLD_TIMEOUTS: OrderedDict[str, float] = OrderedDict()
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A worker's start-up problem (e.g. the tolerance hook cannot be applied), warned once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 def _get_pool(num_workers: int) -> _Pool:
@@ -971,6 +1207,17 @@ def _gold_timed_out_before(gold: str, timeout: float) -> float | None:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _check_rel_tol(rel_tol: Any) -> float | None:
+    if rel_tol is None:
+        return None
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, (int, float)) or not 0 <= rel_tol < 1:
+        raise ValueError(
+            f"rel_tol must be a number in [0, 1) (relative tolerance for numbers; default {DEFAULT_REL_TOL:g}) or "
+            f"None (math-verify's verdict alone), got {rel_tol!r}"
+        )
+    return float(rel_tol)
+
+
 def verify_math(
     completions: Sequence[Any],
     golds: Sequence[Any],
@@ -979,6 +1226,7 @@ def verify_math(
     num_workers: int | None = None,
     extraction: str = "boxed",
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+    rel_tol: float | None = DEFAULT_REL_TOL,
 ) -> list[MathResult]:
     """Check the final answer of each completion against its gold answer with ``math-verify``.
 
@@ -997,6 +1245,21 @@ def verify_math(
         extraction: ``"boxed"`` (default; only the last ``\\boxed{}``/``\\fbox{}`` is a final answer) or
             ``"boxed_or_answer_phrase"`` (see :func:`extract_answer`).
         memory_limit_mb: address-space cap (``RLIMIT_AS``) of each worker, in MiB; 0 disables it.
+        rel_tol: relative tolerance for numbers (default ``1e-4``, the tolerance of the ToRA / Qwen2.5-Math
+            graders' ``numeric_equal``). math-verify stays the judge and rounds floats to 6 *decimals*, which makes
+            every two numbers below ~1e-6 equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` =
+            ``\\frac{1}{2^{99}}``); a numeric "equal" of math-verify (also for the elements of tuples, sets,
+            intervals, matrices and the sides of equations) therefore also needs
+            ``|a - b| <= rel_tol * max(|a|, |b|)``. It only ever turns "equal" into "not equal": above ~0.01 in
+            magnitude math-verify's verdicts are unchanged (``0.333333`` = ``\\frac{1}{3}``, ``3.141593`` = ``\\pi``,
+            ``0.5`` = ``\\frac{1}{2}``; ``3.14159`` != ``\\pi`` and ``0.33`` != ``\\frac{1}{3}`` as before). A
+            correctly rounded decimal stays right: when the answer or the gold is one plain decimal number
+            (``0.001429``), a difference below half a unit in its last written decimal place (``5e-7``; the
+            coarser of the two when both are; an exact tie is out) also counts as agreement, so ``0.001429`` =
+            ``\\frac{1}{700}`` and ``0.000143`` = ``\\frac{1}{7000}``, while ``0.0000002`` != ``0.0000001`` (a whole
+            unit apart). Decimals inside tuples, sets or expressions get ``rel_tol`` alone. None: math-verify's
+            verdict alone; also what the workers fall back to, with one ``RuntimeWarning``, when the installed
+            math-verify cannot take the tolerance (tested: 0.9).
 
     Returns:
         One :class:`MathResult` per completion, in order. ``reason`` is one of :data:`REASONS`: ``correct``
@@ -1007,7 +1270,7 @@ def verify_math(
 
     Raises:
         ValueError: ``completions`` and ``golds`` differ in length or are not sequences, a completion or gold has
-            an unsupported type, or ``timeout``/``num_workers``/``extraction`` is invalid.
+            an unsupported type, or ``timeout``/``num_workers``/``extraction``/``rel_tol`` is invalid.
 
     Thread-safe: calls from several threads (or from inside a running event loop, which it blocks) are served
     one at a time; the deadlines hold in all cases because they are enforced by killing worker processes.
@@ -1031,6 +1294,7 @@ def verify_math(
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
     if not (isinstance(memory_limit_mb, int) and memory_limit_mb >= 0):
         raise ValueError(f"memory_limit_mb must be an integer >= 0 (0: no cap), got {memory_limit_mb!r}")
+    rel_tol = _check_rel_tol(rel_tol)
 
     answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
     gold_texts = [_normalize_gold(g) for g in golds]
@@ -1044,7 +1308,7 @@ def verify_math(
             parseable = _GOLD_CACHE.get(gold)
             if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
                 continue
-            if answer is None or (gold, answer) in _ANSWER_CACHE:
+            if answer is None or (gold, answer, rel_tol) in _ANSWER_CACHE:
                 if parseable is None:
                     todo.setdefault(gold, {})
                 continue
@@ -1060,7 +1324,7 @@ def verify_math(
                     chunks.append(_Chunk(gold, []))
                 for start in range(0, len(pending), size):
                     chunks.append(_Chunk(gold, pending[start : start + size]))
-            _get_pool(num_workers).run(chunks, float(timeout), int(memory_limit_mb), out)
+            _get_pool(num_workers).run(chunks, float(timeout), int(memory_limit_mb), out, rel_tol=rel_tol)
         # memoise deterministic outcomes
         for gold in out.ok:
             _cache_put(_GOLD_CACHE, gold, True)
@@ -1072,7 +1336,7 @@ def verify_math(
             _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
         for (gold, answer), (reason, parsed, _) in out.answers.items():
             if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
-                _cache_put(_ANSWER_CACHE, (gold, answer), (reason, parsed))
+                _cache_put(_ANSWER_CACHE, (gold, answer, rel_tol), (reason, parsed))
 
         results: list[MathResult] = []
         for raw, gold, answer in zip(golds, gold_texts, answers):
@@ -1098,9 +1362,9 @@ def verify_math(
                 continue
             got = out.answers.get((gold, answer))
             if got is None:
-                cached = _ANSWER_CACHE.get((gold, answer))
+                cached = _ANSWER_CACHE.get((gold, answer, rel_tol))
                 if cached is not None:
-                    _ANSWER_CACHE.move_to_end((gold, answer))
+                    _ANSWER_CACHE.move_to_end((gold, answer, rel_tol))
                     got = (cached[0], cached[1], "")
                 else:  # cannot happen unless the pool lost the item; never a silent 0
                     got = ("error", None, "no verdict was produced for this answer")
@@ -1235,6 +1499,7 @@ def make_math_reward(
     num_workers: int | None = None,
     extraction: str = "boxed",
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+    rel_tol: float | None = DEFAULT_REL_TOL,
     name: str | None = None,
 ) -> Callable[..., list[float | None]]:
     """Build a TRL reward function that scores math completions against the dataset column ``answer_column``.
@@ -1242,7 +1507,7 @@ def make_math_reward(
     Args:
         answer_column: the dataset column holding the gold answers (TRL passes every dataset column to reward
             functions as a keyword argument).
-        timeout, num_workers, extraction, memory_limit_mb: as in :func:`verify_math`.
+        timeout, num_workers, extraction, memory_limit_mb, rel_tol: as in :func:`verify_math`.
         name: the function's ``__name__`` (TRL logs rewards under it); default ``"math_reward"`` for the
             ``solution`` column, else ``"math_reward_<column>"``.
 
@@ -1264,7 +1529,14 @@ def make_math_reward(
         raise ValueError(f"extraction must be one of {_EXTRACTIONS}, got {extraction!r}")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    options = dict(timeout=timeout, num_workers=num_workers, extraction=extraction, memory_limit_mb=memory_limit_mb)
+    rel_tol = _check_rel_tol(rel_tol)
+    options = dict(
+        timeout=timeout,
+        num_workers=num_workers,
+        extraction=extraction,
+        memory_limit_mb=memory_limit_mb,
+        rel_tol=rel_tol,
+    )
 
     def reward(completions, **kwargs):
         return _score(reward, answer_column, completions, kwargs.get(answer_column), kwargs, options)
@@ -1297,7 +1569,7 @@ def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = Non
         the prose never counts), ``timeout``; None ``gold_unparseable`` or ``error`` (NaN in TRL). The counts of
         the last batch are in ``math_reward.last_counts``, the full :class:`MathResult` list in
         ``math_reward.last_results``; both are thread-local: they hold the last call made in the reading thread.
-        Defaults: ``timeout=5`` s per step, workers = CPUs (at most 8), 1 GiB per worker.
+        Defaults: ``timeout=5`` s per step, workers = CPUs (at most 8), 1 GiB per worker, ``rel_tol=1e-4``.
 
     Raises:
         ValueError: the ``solution`` column is missing or has a different length than ``completions``.
@@ -1306,7 +1578,11 @@ def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = Non
 
 
 _DEFAULT_OPTIONS = dict(
-    timeout=DEFAULT_TIMEOUT, num_workers=None, extraction="boxed", memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB
+    timeout=DEFAULT_TIMEOUT,
+    num_workers=None,
+    extraction="boxed",
+    memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB,
+    rel_tol=DEFAULT_REL_TOL,
 )
 math_reward.last_counts = LastCounts()
 math_reward.required_columns = ("solution",)  # type: ignore[attr-defined]  # checked at trainer start-up

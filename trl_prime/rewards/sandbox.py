@@ -47,6 +47,35 @@ are out of its reach (the judge is not dumpable, ptrace/process_vm/pidfd_getfd a
 scopes signals), so exiting early, printing success text, patching builtins or reading
 ``/proc/self/fd`` cannot produce a pass.
 
+Time limits: the program's fault or the sandbox's
+-------------------------------------------------
+The harness enforces every limit itself (wall clock per case and in total, ``RLIMIT_CPU``) and reports
+each case. A limit is the program's (``timeout``) only when the harness saw it run out while the harness
+itself was running. Two checks tell it from an infrastructure failure (``SandboxRun.ok`` False, reason
+``sandbox_error`` in :mod:`trl_prime.rewards.code_verifier`), neither of which the program controls:
+
+- *suspension*: the harness waits for a case in wake-ups of at most ``_TICK`` (0.25 s); a wake-up more
+  than ``_STALL_GAP`` (2 s) late means the harness was not running (its processes stopped by SIGSTOP or a
+  cgroup freezer, a paused container, a stalled machine). Such a stall moves the case's and the run's
+  deadlines later by its length (by at most one ``timeout`` each), so a short stall on a loaded host does
+  not cut the program's time. A wall-clock limit is the program's ``timeout`` when the harness was running
+  for the whole limit in that limit's window (window length minus stalled seconds >= limit, for the case's
+  own window or the run's total window); when stalls cut the window short, it is a ``sandbox_error``,
+  whatever the program did. A program that burned its CPU limit is still ``timeout``.
+- *silence*: a harness that stays stopped cannot report at all; the parent waits ``startup_grace +
+  total_timeout + timeout`` seconds (beyond every limit the harness enforces), then reports the run as
+  an infrastructure failure naming the states of the sandbox's processes (e.g. ``stopped x4``) instead
+  of scoring the unreported cases.
+
+A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
+not of the harness (its limit still runs out while the harness watches); stopping the harness is refused
+by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's init, which resumes a
+stopped harness and which, as pid 1 of the pid namespace, ignores SIGSTOP sent from inside. Only with
+neither ``pidns`` nor ``landlock_signal`` could a program stop init and harness and so turn its 0 into an
+unscored ``None``. Stopping only the case process from outside is indistinguishable from a self-stop and
+stays the program's ``timeout``. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code`
+gives every completion an outer deadline, for a backend that hangs in ways no limit here catches.
+
 Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`)
 -------------------------------------------------------------------------------------------
 ``process_group``   the sandbox runs in its own session/process group; the parent kills the group.
@@ -1294,9 +1323,18 @@ def _init_main(job: dict, layers: list[str], notes: list[str]) -> None:
         code = 0
         while True:
             try:
-                pid, status = os.waitpid(-1, 0)
+                pid, status = os.waitpid(-1, os.WUNTRACED)
             except ChildProcessError:
                 break
+            if pid == w and os.WIFSTOPPED(status):
+                # A stopped harness could not enforce any limit and the parent would report an infrastructure
+                # failure: resume it, so that a program stopping its harness (possible without landlock_signal)
+                # still gets its own verdict. (A stop of the whole sandbox from outside stops this process too.)
+                try:
+                    os.kill(w, signal.SIGCONT)
+                except OSError:
+                    pass
+                continue
             if pid == w:
                 code = os.waitstatus_to_exitcode(status) & 0xFF
                 break
@@ -1487,10 +1525,20 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
         import json  # noqa: F401 - imported once here, so that every case process has it ready
 
     pidns = "pidns" in layers
-    total_deadline = time.monotonic() + job["total_timeout"]
+    _RUN_START[0] = time.monotonic()
+    last = time.monotonic()
     for i in range(job["n_cases"]):
-        if time.monotonic() >= total_deadline:
-            send({"event": "case", "i": i, "status": "timeout", "detail": "total time limit reached before this case"})
+        now = time.monotonic()
+        if now - last > _STALL_GAP:  # the harness did not run between two cases
+            _HARNESS_STALLED[0] += now - last
+        total_deadline = _total_deadline(job)
+        if now >= total_deadline:
+            rec = {"event": "case", "i": i, "status": "timeout", "detail": "total time limit reached before this case"}
+            verdict = _wall_timeout(job, now, now, 0.0)
+            if verdict["status"] == "sandbox_error":
+                rec.update(verdict)
+            send(rec)
+            last = time.monotonic()
             continue
         try:
             if job["mode"] == "check":
@@ -1504,6 +1552,7 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             rec = {"event": "case", "i": i, "status": "sandbox_error",
                    "detail": "harness failed on this case: " + _format_exc_short()[-1500:]}
         send(rec)
+        last = time.monotonic()
     send({"event": "done"})
     os._exit(0)
 
@@ -1567,12 +1616,60 @@ def _dir_usage(path: str, limit_files: int) -> tuple[int, int]:
     return total, count
 
 
-def _wait_case(pid: int, deadline: float, guard=None):
+# The harness wakes at least every _TICK seconds while a case runs; a wake-up later than _STALL_GAP seconds
+# beyond the one it asked for means the harness itself did not run (its processes stopped or frozen from
+# outside, the machine stalled). A limit's deadline moves later by the stalled seconds (by at most one
+# ``timeout`` per case and per run, so the harness still reports within the parent's startup_grace + total_timeout
+# + timeout); a limit is the program's only if the harness ran for the whole limit (see _limit_reached).
+_TICK = 0.25
+_STALL_GAP = 2.0
+# seconds the harness lost to stalls so far in this run (harness process only)
+_HARNESS_STALLED = [0.0]
+# monotonic time at which the harness started its first case (the start of the total limit's window)
+_RUN_START = [0.0]
+
+
+def _total_deadline(job: dict) -> float:
+    """The run's total wall-clock deadline: ``total_timeout`` after the first case, moved later by the seconds the
+    harness was stalled (by at most ``timeout``)."""
+    return _RUN_START[0] + job["total_timeout"] + min(_HARNESS_STALLED[0], job["timeout"])
+
+
+def _case_deadlines(job: dict, start: float, total_deadline: float) -> tuple[float, float]:
+    """(deadline, latest deadline) of a case started at ``start``: its wall-clock deadline, and how far stalls of
+    the harness may move it (one more ``timeout``, never past the run's total deadline plus ``timeout``)."""
+    latest = min(start + 2 * job["timeout"], _RUN_START[0] + job["total_timeout"] + job["timeout"])
+    return min(start + job["timeout"], total_deadline), latest
+
+
+def _limit_reached(start: float, end: float, lost: float, limit: float) -> bool:
+    """Whether a wall-clock ``limit`` whose window ran from ``start`` to ``end`` (monotonic seconds) really ran
+    out: the harness was running for at least ``limit`` seconds of the window, i.e. ``(end - start) - lost >=
+    limit`` with ``lost`` the seconds it was stalled in the window (1 ms of slack for float rounding). When it
+    did not, a stall cut the window short: the timeout is the sandbox's, not the program's."""
+    return (end - start) - lost >= limit - 1e-3
+
+
+def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None, latest: float | None = None):
     """Wait for ``pid`` until ``deadline``; ``guard()`` (disk quota) is polled every 0.1 s when given.
 
-    Returns (wait status, rusage, timed_out, guard_hit). On timeout or guard hit the process is killed.
+    Returns (wait status, rusage, timed_out, guard_hit, stalled). On timeout or guard hit the process is
+    killed. ``stalled``: seconds the harness itself was not running while it waited (sum of the wake-ups
+    late by more than ``_STALL_GAP``, counted from ``since``); also added to ``_HARNESS_STALLED``. Each stall
+    moves ``deadline`` later by its length, up to ``latest`` (default: ``deadline``, i.e. never).
     """
     timed_out = guard_hit = False
+    stalled = 0.0
+    prev, asked = (time.monotonic() if since is None else since), 0.0
+    latest = deadline if latest is None else max(latest, deadline)
+
+    def late(now: float) -> None:
+        nonlocal stalled, deadline
+        gap = now - prev - asked
+        if gap > _STALL_GAP:
+            stalled += gap
+            deadline = min(deadline + gap, latest)
+
     pfd = None
     try:
         pfd = os.pidfd_open(pid)
@@ -1583,16 +1680,22 @@ def _wait_case(pid: int, deadline: float, guard=None):
             poller = select.poll()
             poller.register(pfd, select.POLLIN)
             while True:
-                rem = deadline - time.monotonic()
+                now = time.monotonic()
+                late(now)
+                rem = deadline - now
                 if rem <= 0:
                     timed_out = True
                     break
-                step = min(rem, 0.1) if guard is not None else rem
+                step = min(rem, 0.1 if guard is not None else _TICK)
+                prev, asked = now, step
                 if poller.poll(int(step * 1000) + 1):
                     break
-                if guard is not None and guard():
-                    guard_hit = True
-                    break
+                if guard is not None:
+                    g0 = time.monotonic()
+                    if guard():
+                        guard_hit = True
+                        break
+                    prev += time.monotonic() - g0  # the quota scan's own time is no stall
         finally:
             os.close(pfd)
     else:
@@ -1605,6 +1708,7 @@ def _wait_case(pid: int, deadline: float, guard=None):
             if done is not None:
                 break
             now = time.monotonic()
+            late(now)
             if now >= deadline:
                 timed_out = True
                 break
@@ -1613,6 +1717,7 @@ def _wait_case(pid: int, deadline: float, guard=None):
                 if guard():
                     guard_hit = True
                     break
+            prev, asked = time.monotonic(), delay
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
     if timed_out or guard_hit:
@@ -1622,7 +1727,24 @@ def _wait_case(pid: int, deadline: float, guard=None):
             except OSError:
                 pass
     _, status, ru = os.wait4(pid, 0)
-    return status, ru, timed_out, guard_hit
+    _HARNESS_STALLED[0] += stalled
+    return status, ru, timed_out, guard_hit, stalled
+
+
+def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
+    """Status and detail of a case (started at ``start``) whose wall-clock deadline ran out at ``end``: the
+    program's ``timeout`` when the case's limit or the run's total limit really ran out (:func:`_limit_reached`
+    on the case's window with the ``stalled`` seconds in it, or on the run's window with all stalls so far), else
+    a ``sandbox_error``: stalls of the harness cut the window short."""
+    case = _limit_reached(start, end, stalled, job["timeout"])
+    run = _limit_reached(_RUN_START[0], end, _HARNESS_STALLED[0], job["total_timeout"])
+    if not (case or run):
+        lost = max(stalled, _HARNESS_STALLED[0])
+        return {"status": "sandbox_error",
+                "detail": f"the sandbox was suspended for {lost:.1f} s while the wall-clock limit ran (its "
+                          "processes stopped or frozen from outside, or the machine stalled); not the program's "
+                          "timeout"}
+    return {"status": "timeout", "detail": f"wall-clock limit ({job['timeout']} s) exceeded"}
 
 
 def _exited_already(pid: int) -> bool:
@@ -1736,7 +1858,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
         oom0 = _oom_kills(job.get("oom_fd"))
         setup_r, setup_w = os.pipe()
         start = time.monotonic()
-        deadline = min(start + job["timeout"], total_deadline)
+        deadline, latest = _case_deadlines(job, start, total_deadline)
         pid = os.fork()
         if pid == 0:
             os.close(setup_r)
@@ -1745,8 +1867,9 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
             _case_child(job, plan, stdin_fd, files["out"], files["err"], extra, setup_w, cap,
                         lambda: _execute_candidate(job, i, code, extra))  # never returns
         os.close(setup_w)
-        status, ru, timed_out, guard_hit = _wait_case(pid, deadline, _disk_guard(job, plan))
-        elapsed = time.monotonic() - start
+        status, ru, timed_out, guard_hit, stalled = _wait_case(pid, deadline, _disk_guard(job, plan), start, latest)
+        end = time.monotonic()
+        elapsed = end - start
         _cleanup_case_processes([pid], pidns)
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
@@ -1774,7 +1897,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
     text = stdout.decode("utf-8", "replace")
     rec["stdout"] = text if mode == "stdin" else text[:2000]
     if timed_out:
-        rec.update(status="timeout", detail=f"wall-clock limit ({job['timeout']} s) exceeded")
+        rec.update(_wall_timeout(job, start, end, stalled))
     elif guard_hit:
         rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
                                                  f"{job['max_files']} files) exceeded")
@@ -1813,7 +1936,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         pipes = [req_r, req_w, resp_r, resp_w, setup_c_r, setup_c_w, setup_j_r, setup_j_w]
         oom0 = _oom_kills(job.get("oom_fd"))
         start = time.monotonic()
-        deadline = min(start + job["timeout"], total_deadline)
+        deadline, latest = _case_deadlines(job, start, total_deadline)
         # the judge first: a program that forks up to the process limit cannot keep it from starting
         jpid = os.fork()
         if jpid == 0:
@@ -1835,8 +1958,10 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             if fd not in (setup_c_r, setup_j_r):
                 os.close(fd)
         pipes = [setup_c_r, setup_j_r]
-        jstatus, jru, timed_out, guard_hit = _wait_case(jpid, deadline, _disk_guard(job, plan))
-        elapsed = time.monotonic() - start
+        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start,
+                                                                 latest)
+        end = time.monotonic()
+        elapsed = end - start
         cand_done = _exited_already(cpid)
         try:
             os.killpg(cpid, signal.SIGKILL)
@@ -1882,7 +2007,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         rec.update(status="check_error", detail=jdetail.split(": ", 1)[-1])
         return rec
     if timed_out:
-        rec.update(status="timeout", detail=f"wall-clock limit ({job['timeout']} s) exceeded")
+        rec.update(_wall_timeout(job, start, end, stalled))
         return rec
     if guard_hit:
         rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
@@ -2389,7 +2514,8 @@ class SandboxConfig:
             ``landlock_net``, ``landlock_signal``, ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``,
             ``seccomp``), for debugging and fallback tests.
         startup_grace: extra seconds the parent waits (beyond the time limits) before it kills a
-            sandbox that does not answer.
+            sandbox that does not answer; such a run is an infrastructure failure (``ok=False``), never
+            the program's timeout.
     """
 
     timeout: float = 4.0
@@ -2472,7 +2598,9 @@ class CaseOutcome:
 class SandboxRun:
     """Result of :func:`run_program`.
 
-    ``ok`` is False on an infrastructure failure (``error`` says why; no verdict may be drawn).
+    ``ok`` is False on an infrastructure failure (``error`` says why; no verdict may be drawn): the
+    sandbox could not start, a required layer is missing, the harness failed, it was suspended while a
+    wall-clock limit ran, or it stopped answering (see "Time limits" in the module docstring).
     ``compile_error`` is set when the program does not compile (no case ran); ``check_error`` when the
     check (or prompt) source does not. ``cases`` has one :class:`CaseOutcome` per test case otherwise.
     ``process_limit_hit`` is True when the pids cgroup refused a fork; ``memory_limit_hit`` when the
@@ -2837,7 +2965,8 @@ def run_program(
 
     Returns:
         :class:`SandboxRun`. Never raises for anything the program does; ``ok=False`` marks an
-        infrastructure failure (interpreter missing, sandbox set-up failed, a required layer missing).
+        infrastructure failure (interpreter missing, sandbox set-up failed, a required layer missing,
+        the sandbox suspended while a wall-clock limit ran or silent past its limits).
 
     Raises:
         ValueError: bad arguments (unknown mode, missing ``fn_name``/``check``/``entry_point``, a stdin
@@ -2959,10 +3088,13 @@ def run_program(
         if fd is not None:
             os.close(fd)
     events, timed_out, overflow, finished = [], False, False, False
+    states = ""
+    limit = cfg.startup_grace + cfg.total_timeout + cfg.timeout
     try:
-        events, timed_out, overflow = _read_events(r, t0 + cfg.startup_grace + cfg.total_timeout + cfg.timeout,
-                                                   budget=sum(caps) * 7 + (n + 16) * 8192 + (1 << 20))
+        events, timed_out, overflow = _read_events(r, t0 + limit, budget=sum(caps) * 7 + (n + 16) * 8192 + (1 << 20))
         finished = True
+        if timed_out:
+            states = _process_states(proc.pid, cg)  # before the teardown kills them
     finally:
         # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
         # process group and the cgroups are empty, so its pid (= the group id) cannot be reused meanwhile.
@@ -3000,6 +3132,11 @@ def run_program(
         _remove_run_dir(base)
 
     run = _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text)
+    if not run.ok and timed_out and run.error == _SILENT:
+        run.error = (f"the sandbox did not report within its time limits ({limit:g} s = startup_grace + "
+                     "total_timeout + timeout): its harness, which enforces every limit itself and reports a "
+                     "program's timeout, stopped answering (processes stopped or frozen from outside, or the "
+                     f"machine stalled); not the program's timeout. Process states at that moment: {states}")
     ready = next((e for e in events if e.get("event") == "ready"), None)
     if run.ok and ready is not None and isinstance(ready.get("probe"), list):
         _PROBE_CACHE[probe_key] = [str(x) for x in ready["probe"]]
@@ -3012,6 +3149,36 @@ def run_program(
     if run.ok and run.layers:  # a failed run executed no candidate code
         _maybe_warn(run.layers)
     return run
+
+
+_SILENT = "harness silent"
+_STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible", "T": "stopped", "t": "traced",
+                "Z": "zombie", "X": "dead", "I": "idle", "P": "parked"}
+
+
+def _process_states(sid: int, cg: str | None) -> str:
+    """States of the sandbox's processes (its session's and its pids cgroup's), e.g. ``"stopped x4"``."""
+    pids: set[int] = set()
+    if cg:
+        try:
+            with open(os.path.join(cg, "cgroup.procs")) as f:
+                pids.update(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    counts: dict[str, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # state ppid pgrp session ...
+        except (OSError, IndexError):
+            continue
+        if len(fields) < 4 or (int(name) not in pids and fields[3] != str(sid).encode()):
+            continue
+        state = _STATE_NAMES.get(fields[0].decode("ascii", "replace"), fields[0].decode("ascii", "replace"))
+        counts[state] = counts.get(state, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "no process left"
 
 
 def _read_events(r: int, deadline: float, budget: int):
@@ -3083,13 +3250,14 @@ def _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text) -> S
             c.verified = nonce is not None and e.get("res") == nonce
         cases[i] = c
     done = any(e.get("event") == "done" for e in events)
+    if timed_out and any(c is None for c in cases):
+        # The harness stops every case at its own limits and reports each one; when the parent's deadline
+        # (which includes startup_grace on top of those limits) runs out first, the harness was not running.
+        return SandboxRun(ok=False, error=_SILENT, layers=layers, notes=notes)
     for i in range(n):
         if cases[i] is None:
-            if timed_out:
-                cases[i] = CaseOutcome(status="timeout", detail="sandbox wall-clock limit reached")
-            else:
-                why = "harness terminated before reporting this case (killed by the program?)"
-                cases[i] = CaseOutcome(status="runtime_error", detail=why if not done else "case not reported")
+            why = "harness terminated before reporting this case (killed by the program?)"
+            cases[i] = CaseOutcome(status="runtime_error", detail=why if not done else "case not reported")
     return SandboxRun(ok=True, layers=layers, cases=cases, notes=notes)
 
 
