@@ -11,7 +11,8 @@ Every method gets the same prompts, seeds, batch (8 prompts x 4 completions), sa
 learning rate (``--lr``, constant schedule, AdamW) and step budget:
 
 - ``rloo`` TRL ``RLOOTrainer`` vs ``prime_rloo`` ``PrimeRLOOTrainer`` (PRIME Eq. 5);
-- ``grpo`` TRL ``GRPOTrainer`` vs ``prime_grpo`` ``PrimeGRPOTrainer`` (PRIME App. B.3);
+- ``grpo`` TRL ``GRPOTrainer`` vs ``prime_grpo`` ``PrimeGRPOTrainer`` (PRIME App. B.3; process term divided by the
+  outcome's group std, the default) and ``prime_grpo_process_std`` (``grpo_process_scale="process_std"``);
 - ``reinforce`` (PRIME's REINFORCE estimator with ``process_coef=0``) vs ``prime_reinforce``;
 - ``prl`` ``PRLGRPOTrainer`` (steps split at blank lines);
 - ``prof_grpo``: PROF (keep 2 of 4 completions per prompt, ranked by the online implicit PRM) on GRPO advantages
@@ -63,6 +64,8 @@ METHODS = {
     "prime_rloo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {}),
     "grpo": ("trl.GRPOTrainer", "trl.GRPOConfig", {}),
     "prime_grpo": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig", {}),
+    "prime_grpo_process_std": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig",
+                               {"grpo_process_scale": "process_std"}),
     "reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
                   {"prime_estimator": "reinforce", "process_coef": 0.0}),
     "prime_reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prime_estimator": "reinforce"}),
@@ -77,7 +80,8 @@ METHODS = {
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
 }
-QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prl", "prime_rloo_pc0", "prime_rloo_prm2x"]
+QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prime_rloo_pc0",
+                 "prime_rloo_prm2x"]
 PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
 ESTIMATOR_PAIRS = [("rloo", "prime_rloo"), ("grpo", "prime_grpo"), ("reinforce", "prime_reinforce")]
@@ -494,7 +498,7 @@ def report(result: dict) -> str:
 GROUPS = [
     ("RLOO family", ["rloo", "prime_rloo", "prime_rloo_pc0", "prime_rloo_frozen", "prime_rloo_double",
                      "prime_rloo_prm2x", "prime_rloo_dpo"]),
-    ("GRPO family", ["grpo", "prime_grpo", "prl", "prof_grpo"]),
+    ("GRPO family", ["grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prof_grpo"]),
     ("REINFORCE", ["reinforce", "prime_reinforce"]),
 ]
 
@@ -575,6 +579,10 @@ def main(argv=None) -> dict:
     p.add_argument("--offline-prm", dest="offline_prm", action="store_true", default=None,
                    help="run the offline implicit PRM section (default: on, off with --quick)")
     p.add_argument("--no-offline-prm", dest="offline_prm", action="store_false")
+    p.add_argument("--offline-prompts", type=int, default=256,
+                   help="train prompts whose 8 rollouts each train the offline PRMs (default 256)")
+    p.add_argument("--offline-problems", type=int, default=128,
+                   help="held-out problems of the best-of-N evaluation, 64 samples each (default 128)")
     p.add_argument("--json", default=None, help="write the results (per-seed curves) to this JSON file")
     p.add_argument("--report", default=None, help="write the markdown tables to this file")
     p.add_argument("--plot-dir", default=None, help="write the learning-curve plots (PNG) into this folder")
@@ -638,8 +646,7 @@ def main(argv=None) -> dict:
         os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
         torch.set_num_threads(a.threads * a.workers)  # before the workers start
         offline, offline_folder = offline_prm(
-            warm, spec, work, n_prompts=256 if not a.quick else 128, rollouts=8, n_problems=128 if not a.quick else 64,
-            log=tqdm.write)
+            warm, spec, work, n_prompts=a.offline_prompts, rollouts=8, n_problems=a.offline_problems, log=tqdm.write)
         torch.set_num_threads(a.threads)
         tqdm.write(f"offline PRM section: {offline['seconds']} s")
 
@@ -647,6 +654,39 @@ def main(argv=None) -> dict:
                  lr=a.lr, prm_lr=a.prm_lr, prompts_per_step=a.prompts_per_step, num_generations=a.num_generations,
                  n_heldout=a.heldout, offline_prm=offline_folder, device=a.device)
             for m, s in todo]
+    def build(runs: dict[str, list[dict]], partial: bool) -> dict:
+        runs = {m: sorted(runs[m], key=lambda r: r["seed"]) for m in METHODS if m in runs}
+        summary = {k: summarize(runs, k) for k in ("greedy", "sampled")}
+        result = {
+            "methods": {
+                m: {"steps": rs[0]["steps"], "seeds": [r["seed"] for r in rs],
+                    "accuracy": [r["sampled"] for r in rs], "accuracy_greedy": [r["greedy"] for r in rs],
+                    "start": summary["sampled"][m]["start"][0], "final": [r["sampled"][-1] for r in rs],
+                    "final_greedy": [r["greedy"][-1] for r in rs],
+                    "prm_pair_accuracy": [r["pair_accuracy"] for r in rs] if rs[0]["pair_accuracy"] else None,
+                    "seconds": [r["seconds"] for r in rs]}
+                for m, rs in runs.items()
+            },
+            "task": {"name": "step-by-step multi-operand addition", "difficulty": str(spec),
+                     "operands": spec.operands, "digits": spec.digits, "heldout": a.heldout, "warm_start": info,
+                     "warm_start_hash": Path(warm).name},
+            "settings": {"steps": steps, "seeds": seeds, "seed_offset": a.seed_offset, "eval_every": a.eval_every,
+                         "merged": a.merge, "lr": a.lr, "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step,
+                         "num_generations": a.num_generations, "lr_scheduler_type": "constant", "temperature": 1.0,
+                         "filter": [0.0, 1.0],
+                         "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: "
+                                     "greedy)",
+                         "command": " ".join(["python", "benchmarks/learning.py",
+                                              *(argv if argv is not None else sys.argv[1:])])},
+            "machine": _common.machine(),
+            "summary": summary,
+            "offline_prm": offline,
+            "seconds": round(time.time() - t0, 1),
+            "partial": partial,
+        }
+        result["claims"] = claims(summary["sampled"], offline)
+        return result
+
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -674,36 +714,12 @@ def main(argv=None) -> dict:
             runs.setdefault(r["method"], []).append(r)
             tqdm.write(f"{r['method']:>18} seed {r['seed']}: greedy {r['greedy'][0]:.3f} -> {r['greedy'][-1]:.3f}, "
                        f"sampled {r['sampled'][0]:.3f} -> {r['sampled'][-1]:.3f} ({r['seconds']} s)")
+            if a.json:  # after every run, so an interrupted benchmark keeps its finished runs (--merge it)
+                _common.dump(build(runs, partial=True), a.json)
     done.set()
     th.join()
     bar.close()
-    runs = {m: sorted(runs[m], key=lambda r: r["seed"]) for m in METHODS if m in runs}
-    summary = {k: summarize(runs, k) for k in ("greedy", "sampled")}
-    result = {
-        "methods": {
-            m: {"steps": rs[0]["steps"], "seeds": [r["seed"] for r in rs],
-                "accuracy": [r["sampled"] for r in rs], "accuracy_greedy": [r["greedy"] for r in rs],
-                "start": summary["sampled"][m]["start"][0], "final": [r["sampled"][-1] for r in rs],
-                "final_greedy": [r["greedy"][-1] for r in rs],
-                "prm_pair_accuracy": [r["pair_accuracy"] for r in rs] if rs[0]["pair_accuracy"] else None,
-                "seconds": [r["seconds"] for r in rs]}
-            for m, rs in runs.items()
-        },
-        "task": {"name": "step-by-step multi-operand addition", "difficulty": str(spec), "operands": spec.operands,
-                 "digits": spec.digits, "heldout": a.heldout, "warm_start": info, "warm_start_hash": Path(warm).name},
-        "settings": {"steps": steps, "seeds": seeds, "seed_offset": a.seed_offset, "eval_every": a.eval_every,
-                     "merged": a.merge,
-                     "lr": a.lr, "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step,
-                     "num_generations": a.num_generations, "lr_scheduler_type": "constant", "temperature": 1.0,
-                     "filter": [0.0, 1.0], "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: greedy)",
-                     "command": " ".join(["python", "benchmarks/learning.py", *(argv if argv is not None else
-                                                                                 sys.argv[1:])])},
-        "machine": _common.machine(),
-        "summary": summary,
-        "offline_prm": offline,
-        "seconds": round(time.time() - t0, 1),
-    }
-    result["claims"] = claims(summary["sampled"], offline)
+    result = build(runs, partial=False)
     text = report(result)
     print(text)
     if a.report:
