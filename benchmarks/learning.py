@@ -337,6 +337,8 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
 def diff_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Welch: mean(b) - mean(a) and its 95% interval."""
     ma, mb = statistics.fmean(a), statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:  # no interval from one seed
+        return mb - ma, float("nan"), float("nan")
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
     if se == 0:
@@ -398,7 +400,7 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         sa, sb = steps_to(a["steps"], a["mean"], thr), steps_to(b["steps"], b["mean"], thr)
         ratio = sa / sb if sb > 0 and math.isfinite(sb) else (float("inf") if sb == 0 else 0.0)
         d, lo, hi = diff_ci(a["auc_per_seed"], b["auc_per_seed"])
-        verdict = ("replicated" if lo > 0 and ratio >= 2.0 else
+        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 and ratio >= 2.0 else
                    "not replicated" if hi < 0 or (d <= 0.005 and ratio < 1.5) else "inconclusive")
         rows.append(("2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
                      f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
@@ -406,13 +408,15 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
     if "prime_rloo" in summary and "pair_accuracy" in summary["prime_rloo"]:
         p = summary["prime_rloo"]["pair_accuracy"]
         (f, _), (l, lh) = p["first"], p["last"]
-        verdict = ("replicated" if l - lh >= 0.65 else "not replicated" if l + lh < 0.65 else "inconclusive")
+        verdict = ("inconclusive (one seed)" if math.isnan(lh) else "replicated" if l - lh >= 0.65 else
+                   "not replicated" if l + lh < 0.65 else "inconclusive")
         rows.append(("online PRM pair accuracy rises from 0.5 to ~0.75",
                      f"PRIME-RLOO prm/pair_accuracy {f:.3f} (first {p['window']} steps) -> {l:.3f} +- {lh:.3f} "
                      f"(last {p['window']})", verdict))
     if "prime_rloo" in summary and "prime_rloo_frozen" in summary:
         d, lo, hi = diff_ci(summary["prime_rloo_frozen"]["auc_per_seed"], summary["prime_rloo"]["auc_per_seed"])
-        verdict = "replicated" if lo > 0 else "not replicated" if hi < 0 or d <= 0 else "inconclusive"
+        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 else
+                   "not replicated" if hi < 0 or d <= 0 else "inconclusive")
         rows.append(("an online PRM beats a frozen (offline-trained) one",
                      f"AUC online - frozen {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", verdict))
     pairs = [(a, b) for a, b in ESTIMATOR_PAIRS if a in summary and b in summary]
@@ -421,8 +425,8 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         for a, b in pairs:
             d, lo, hi = diff_ci(summary[a]["auc_per_seed"], summary[b]["auc_per_seed"])
             parts.append(f"{b} - {a} AUC {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-            verdicts.append("up" if lo > 0 else "down" if hi < 0 else "flat")
-        verdict = ("replicated" if all(v == "up" for v in verdicts) and len(pairs) == 3 else
+            verdicts.append("?" if math.isnan(lo) else "up" if lo > 0 else "down" if hi < 0 else "flat")
+        verdict = ("inconclusive (one seed)" if "?" in verdicts else "replicated" if all(v == "up" for v in verdicts) and len(pairs) == 3 else
                    "not replicated" if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
                    else "inconclusive")
         rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE)", "; ".join(parts), verdict))
@@ -430,7 +434,8 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         d, lo, hi = diff_ci(summary["rloo"]["auc_per_seed"], summary["prime_rloo_pc0"]["auc_per_seed"])
         rows.append(("(check) process_coef=0 equals RLOO up to noise",
                      f"AUC pc0 - RLOO {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                     "consistent" if lo <= 0 <= hi else "NOT consistent"))
+                     "inconclusive (one seed)" if math.isnan(lo) else "consistent" if lo <= 0 <= hi
+                     else "NOT consistent"))
     if offline:
         t = offline["best_of_n"]
         parts, better = [], []
@@ -515,20 +520,23 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
         summ = result["summary"][key]
         groups = [(t, [m for m in ms if m in summ]) for t, ms in GROUPS]
         groups = [(t, ms) for t, ms in groups if ms]
-        fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.8), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 5 * len(groups)), 4.0), sharey=True,
+                                 squeeze=False)
         for ax, (title, ms) in zip(axes[0], groups):
             for m in ms:
                 s = summ[m]
-                lo = [a - (0 if math.isnan(h) else h) for a, h in zip(s["mean"], s["half"])]
-                hi = [a + (0 if math.isnan(h) else h) for a, h in zip(s["mean"], s["half"])]
+                lo = [max(0.0, a - (0 if math.isnan(h) else h)) for a, h in zip(s["mean"], s["half"])]
+                hi = [min(1.0, a + (0 if math.isnan(h) else h)) for a, h in zip(s["mean"], s["half"])]
                 (line,) = ax.plot(s["steps"], s["mean"], label=f"{m} (n={len(s['auc_per_seed'])})")
                 ax.fill_between(s["steps"], lo, hi, color=line.get_color(), alpha=0.18)
             ax.set_title(title)
+            ax.set_ylim(0, 1)
             ax.set_xlabel("RL step (8 prompts x 4 completions)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         axes[0][0].set_ylabel(f"held-out accuracy ({key})")
-        fig.suptitle(f"{result['task']['difficulty']} addition, tiny Llama, mean and 95% interval over seeds ({tag})")
+        fig.suptitle(f"{result['task']['difficulty']} addition, 1M-parameter Llama: mean and 95% t-interval over seeds",
+                     fontsize=10)
         fig.tight_layout()
         f = str(Path(folder) / f"learning_curves_{key}_{tag}.png")
         fig.savefig(f, dpi=110)
@@ -591,6 +599,8 @@ def main(argv=None) -> dict:
     p.add_argument("--merge", action="append", default=[], metavar="JSON",
                    help="start from the runs of an earlier --json file (same settings): only the (method, seed) pairs "
                         "it lacks are run; repeatable")
+    p.add_argument("--report-only", action="store_true",
+                   help="with --merge: run nothing, only combine the merged runs into the JSON, tables and plots")
     p.add_argument("--rerun", action="store_true",
                    help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)")
     a = p.parse_args(argv)
@@ -640,9 +650,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="learning_bench_"))
     wanted = [(m, a.seed_offset + s) for s in range(seeds) for m in methods]
-    todo = [(m, s) for m, s in wanted if (m, s) not in merged]
+    todo = [] if a.report_only else [(m, s) for m, s in wanted if (m, s) not in merged]
     offline, offline_folder = merged_offline, None
-    if any(m == "prime_rloo_frozen" for m, _ in todo) or (use_offline and offline is None):
+    if any(m == "prime_rloo_frozen" for m, _ in todo) or (use_offline and offline is None and not a.report_only):
         os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
         torch.set_num_threads(a.threads * a.workers)  # before the workers start
         offline, offline_folder = offline_prm(

@@ -10,8 +10,8 @@ in an advantage fails the first test; a trainer that ignores its advantages fail
 
 Calibration (benchmarks/RESULTS.md, "Learning"): the warm start is evaluated once, so "by chance" here means the
 evaluation noise of 512 samples around ~0.33 (standard deviation 0.021) plus the seed spread of the runs. In the
-benchmark's ``--quick`` run (3 seeds) every trainer tested here gained +0.13 or more by step 30 (mean about +0.2),
-while a sign-flipped run falls to near 0 within 20 steps. ``MARGIN`` = 0.08 is about 4 evaluation standard
+benchmark (2 seeds each of RLOO, GRPO, PRIME-RLOO, PRIME-GRPO, PRL) every run gained +0.13 to +0.19 by step 30
+(mean +0.18), while a sign-flipped run falls to near 0 within 20 steps. ``MARGIN`` = 0.08 is about 4 evaluation standard
 deviations, and well below the smallest gain seen.
 
 In CI the cache (``~/.cache/trl_prime/learning/``, or ``$TRL_PRIME_CACHE``) is empty: the session fixture builds the
