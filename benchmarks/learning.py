@@ -1,0 +1,748 @@
+"""Does it learn? A controlled learning benchmark with seeds and error bars (issue 14).
+
+The task (``benchmarks/learning_task.py``): add 4 one-digit numbers step by step (running sums, one step per
+line pair, the answer in ``\\boxed{}`` checked by ``trl_prime.rewards.math_reward``); ``--difficulty OxD`` sets the
+operands and digits. The model: a 1.06M-parameter Llama with a character-level tokenizer, warm-started with TRL's
+``SFTTrainer`` on solutions of a teacher whose running sums are off by one in 30% of the steps, so that the warm
+start is right about 40% of the time sampled at temperature 1 (92% greedy) and an early slipped step decides the
+outcome. Cached by the hash of its recipe (``~/.cache/trl_prime/learning/<hash>/``, about 3 minutes to build).
+
+Every method gets the same prompts, seeds, batch (8 prompts x 4 completions), sampling (temperature 1), policy
+learning rate (``--lr``, constant schedule, AdamW) and step budget:
+
+- ``rloo`` TRL ``RLOOTrainer`` vs ``prime_rloo`` ``PrimeRLOOTrainer`` (PRIME Eq. 5);
+- ``grpo`` TRL ``GRPOTrainer`` vs ``prime_grpo`` ``PrimeGRPOTrainer`` (PRIME App. B.3; process term divided by the
+  outcome's group std, the default) and ``prime_grpo_process_std`` (``grpo_process_scale="process_std"``);
+- ``reinforce`` (PRIME's REINFORCE estimator with ``process_coef=0``) vs ``prime_reinforce``;
+- ``prl`` ``PRLGRPOTrainer`` (steps split at blank lines);
+- ``prof_grpo``: PROF (keep 2 of 4 completions per prompt, ranked by the online implicit PRM) on GRPO advantages
+  (``PrimeGRPOTrainer``, ``prof_mode="both"``, ``prof_prm="implicit"``, ``process_coef=0``);
+- ablations: ``prime_rloo_frozen`` (the PRM is the offline implicit PRM of this task, trained with CE on outcome-
+  labelled rollouts of the warm start, and never updated: ``prm_learning_rate=0``), ``prime_rloo_double``
+  (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
+  ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
+  ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
+  ``--prm-lr``).
+
+PRIME's online prompt filter is opened to [0, 1] for every PRIME method, so every method trains on every row (TRL's
+RLOO/GRPO have no filter). Held-out accuracy (256 problems never trained on; sampled at temperature 1, 2 samples
+each, and greedy) is measured every ``--eval-every`` steps. The report: mean and 95% t-interval curves per method, a
+table of start and final accuracy, area under the curve, steps to reach RLOO's final accuracy (the paper's
+sample-efficiency measure), PRIME's ``prm/pair_accuracy`` trajectory, and a "paper claims" table. The offline
+implicit PRM section (on by default, off with ``--quick``): CE and DPO PRMs trained on outcome-labelled rollouts of
+the warm start, best-of-N (N = 4, 16, 64) against the first sample, majority vote and the oracle.
+
+Runs are spread over ``--workers`` processes with one torch thread each. Examples::
+
+    python benchmarks/learning.py --quick --json docs/learning/quick.json --plot-dir docs/learning
+    python benchmarks/learning.py --json docs/learning/full.json --plot-dir docs/learning   # every method, 5 seeds
+    python benchmarks/learning.py --methods prime_grpo,grpo --seeds 5 --steps 100 --json prime_grpo.json  # some rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402,F401  (offline environment, repository on sys.path)
+import learning_task as lt  # noqa: E402
+
+# name: (trainer, config, option overrides)
+METHODS = {
+    "rloo": ("trl.RLOOTrainer", "trl.RLOOConfig", {}),
+    "prime_rloo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {}),
+    "grpo": ("trl.GRPOTrainer", "trl.GRPOConfig", {}),
+    "prime_grpo": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig", {}),
+    "prime_grpo_process_std": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig",
+                               {"grpo_process_scale": "process_std"}),
+    "reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
+                  {"prime_estimator": "reinforce", "process_coef": 0.0}),
+    "prime_reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prime_estimator": "reinforce"}),
+    "prl": ("trl_prime.PRLGRPOTrainer", "trl_prime.PRLConfig", {"prl_step_split": "double_newline"}),
+    "prof_grpo": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig",
+                  {"prof_mode": "both", "prof_prm": "implicit", "process_coef": 0.0}),
+    "prime_rloo_frozen": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
+                          {"prm_learning_rate": 0.0, "prm_model": "<offline>"}),
+    "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
+    "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),
+    "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
+    # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
+    "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
+}
+QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prime_rloo_pc0",
+                 "prime_rloo_prm2x"]
+PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
+# (baseline, PRIME) pairs of the "gains for every estimator" claim
+ESTIMATOR_PAIRS = [("rloo", "prime_rloo"), ("grpo", "prime_grpo"), ("reinforce", "prime_reinforce")]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One run (in a worker process)
+# ----------------------------------------------------------------------------------------------------------------
+def _resolve(dotted: str):
+    import importlib
+
+    mod, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(mod), name)
+
+
+def rl_config(method: str, *, seed: int, steps: int, lr: float, prm_lr: float, prompts_per_step: int,
+              num_generations: int, max_completion_length: int, output_dir: str, offline_prm: str | None = None,
+              warm: str | None = None, device: str = "cpu", extra: dict | None = None):
+    """The TRL / trl-prime config of ``method``: the shared settings plus the method's overrides."""
+    _, cfg_name, overrides = METHODS[method]
+    kw = dict(
+        output_dir=output_dir, report_to="none", disable_tqdm=True, save_strategy="no", logging_steps=1, seed=seed,
+        use_cpu=device == "cpu", bf16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=prompts_per_step * num_generations, num_generations=num_generations,
+        max_completion_length=max_completion_length, max_steps=steps, learning_rate=lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, beta=0.0, temperature=1.0, top_k=0,
+        top_p=1.0, max_grad_norm=1.0, dataloader_num_workers=0,
+    )
+    if method in PRIME_METHODS:
+        kw.update(prm_learning_rate=prm_lr, filter_lower=0.0, filter_upper=1.0, prm_beta=0.05)
+    over = dict(overrides)
+    if "prm_lr_over_lr" in over:
+        over["prm_learning_rate"] = lr * over.pop("prm_lr_over_lr")
+    if over.get("prm_model") == "<offline>":
+        if offline_prm is None:
+            raise ValueError(f"method {method!r} needs the offline PRM (built by the benchmark before the runs)")
+        over["prm_model"], over["prm_ref_model"] = offline_prm, warm
+    kw.update(over)
+    kw.update(extra or {})
+    return _resolve(cfg_name)(**kw)
+
+
+def flip_advantage_sign(trainer) -> None:
+    """Test-only sabotage: negate every advantage the trainer computes (the policy then unlearns the task)."""
+    inner = trainer._generate_and_score_completions
+
+    def flipped(inputs):
+        out = inner(inputs)
+        out["advantages"] = -out["advantages"]
+        return out
+
+    trainer._generate_and_score_completions = flipped
+
+
+def run_one(method: str, seed: int, *, warm: str, spec: lt.TaskSpec, steps: int, eval_every: int, lr: float,
+            prm_lr: float, prompts_per_step: int = 8, num_generations: int = 4, n_heldout: int = 256,
+            eval_samples: int = 2, offline_prm: str | None = None, flip_sign: bool = False, progress=None,
+            device: str = "cpu", extra: dict | None = None) -> dict:
+    """Train ``method`` from the warm start ``warm`` for ``steps`` steps; return its held-out accuracy curve.
+
+    Returns ``{"method", "seed", "steps": [0, e, 2e, ...], "greedy": [...], "sampled": [...],
+    "pair_accuracy": [per step, PRIME only], "seconds"}``. ``progress(n)`` (optional) is called after each step.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+
+    from trl_prime.rewards import math_reward
+
+    t0 = time.time()
+    recipe = lt.WarmStartRecipe(task=spec)
+    train, heldout = lt.make_splits(spec, max(4096, steps * prompts_per_step), n_heldout, recipe.data_seed)
+    ds = Dataset.from_list([{"prompt": p["prompt"], "solution": p["solution"]} for p in train])
+    T = lt.max_completion_tokens(spec)
+    out_dir = tempfile.mkdtemp(prefix=f"learning_{method}_{seed}_")
+    args = rl_config(method, seed=seed, steps=steps, lr=lr, prm_lr=prm_lr, prompts_per_step=prompts_per_step,
+                     num_generations=num_generations, max_completion_length=T, output_dir=out_dir,
+                     offline_prm=offline_prm, warm=warm, device=device, extra=extra)
+    tokenizer = AutoTokenizer.from_pretrained(warm)
+    curve = {"steps": [], "greedy": [], "sampled": []}
+
+    def measure(model, step):
+        acc = lt.evaluate(model, tokenizer, heldout, greedy=True, samples=eval_samples, seed=10_000 + step, spec=spec)
+        curve["steps"].append(step)
+        curve["greedy"].append(acc["greedy"])
+        curve["sampled"].append(acc.get("sampled", float("nan")))
+
+    class Eval(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            measure(trainer.model, 0)
+
+        def on_step_end(self, args, state, control, **kw):
+            if progress is not None:
+                progress(1)
+            if state.global_step % eval_every == 0 or state.global_step == args.max_steps:
+                measure(trainer.model, state.global_step)
+
+    trainer = _resolve(METHODS[method][0])(
+        model=warm, reward_funcs=math_reward, args=args, train_dataset=ds, processing_class=tokenizer,
+        callbacks=[Eval()],
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # the per-step log dicts (disable_tqdm=True prints them)
+    if flip_sign:
+        flip_advantage_sign(trainer)
+    torch.manual_seed(seed)
+    trainer.train()
+    pair = [h.get("prm/pair_accuracy") for h in trainer.state.log_history if "prm/pair_accuracy" in h]
+    import shutil
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return {"method": method, "seed": seed, **curve, "pair_accuracy": pair, "seconds": round(time.time() - t0, 1)}
+
+
+def _init_worker(q, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "1")
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = q
+    import logging
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+def _job(kw: dict) -> dict:
+    q = _PROGRESS_QUEUE
+    return run_one(**kw, progress=lambda n: q.put(n))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Offline implicit PRM (Implicit PRM arXiv 2412.01981): CE and DPO on outcome-labelled rollouts, best-of-N
+# ----------------------------------------------------------------------------------------------------------------
+def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, rollouts: int, n_problems: int,
+                max_n: int = 64, epochs: int = 2, lr: float = 5e-4, log=print) -> tuple[dict, str]:
+    """Train CE and DPO implicit PRMs on outcome-labelled rollouts of the warm start; best-of-N on held-out problems.
+
+    Returns ``(results, ce_prm_folder)``; the CE PRM also serves as the frozen PRM of ``prime_rloo_frozen``.
+    """
+    import random
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_prime import ImplicitPRMConfig, ImplicitPRMTrainer, build_outcome_dataset
+    from trl_prime.implicit_prm_trainer import sample_completions
+    from trl_prime.rewards import math_reward
+    from trl_prime.rewards.math_verifier import extract_answer
+
+    t0 = time.time()
+    recipe = lt.WarmStartRecipe(task=spec)
+    train, heldout = lt.make_splits(spec, 4096, recipe.n_heldout, recipe.data_seed)
+    T = lt.max_completion_tokens(spec)
+    prompts = Dataset.from_list([{"prompt": p["prompt"], "solution": p["solution"]}
+                                 for p in random.Random(7).sample(train, n_prompts)])
+    data, stats = build_outcome_dataset(warm, prompts, reward_func=math_reward, num_generations=rollouts,
+                                        max_new_tokens=T, batch_size=256, seed=0, return_stats=True)
+    res = {"rollouts": len(data), "rollout_accuracy": sum(data["label"]) / max(1, len(data)),
+           "n_prompts": n_prompts, "rollouts_per_prompt": rollouts}
+    log(f"offline PRM data: {len(data)} rollouts, accuracy {res['rollout_accuracy']:.3f}")
+    folders = {}
+    for loss in ("ce", "dpo"):
+        folder = workdir / f"prm_{loss}"
+        args = ImplicitPRMConfig(
+            output_dir=str(folder), loss_type=loss, beta=0.05, learning_rate=lr, num_train_epochs=epochs,
+            per_device_train_batch_size=64, lr_scheduler_type="constant", warmup_steps=0, use_cpu=True, bf16=False,
+            report_to="none", save_strategy="no", logging_steps=10, disable_tqdm=True, seed=0, max_length=128,
+            max_prompt_length=64,
+        )
+        tr = ImplicitPRMTrainer(model=warm, args=args, train_dataset=data)
+        tr.train()
+        tr.save_model(str(folder))
+        hist = [h for h in tr.state.log_history if "pair_accuracy" in h]
+        res[f"{loss}_train_pair_accuracy"] = hist[-1]["pair_accuracy"] if hist else None
+        folders[loss] = (str(folder), tr.prm)
+    log(f"offline PRMs trained ({time.time() - t0:.0f} s)")
+
+    # best-of-N on held-out problems: max_n samples each, disjoint groups of N
+    problems = heldout[:n_problems]
+    tok = AutoTokenizer.from_pretrained(warm)
+    model = AutoModelForCausalLM.from_pretrained(warm)
+    texts, _ = sample_completions(model, tok, [p["prompt"] for p in problems], max_n, max_new_tokens=T,
+                                  batch_size=512, seed=1)
+    flat = [c for cs in texts for c in cs]
+    golds = [p["solution"] for p in problems for _ in range(max_n)]
+    labels = [r or 0.0 for r in math_reward(flat, solution=golds)]
+    answers = [extract_answer(c) for c in flat]
+    flat_prompts = [p["prompt"] for p in problems for _ in range(max_n)]
+    scores = {}
+    for loss, (_, prm) in folders.items():
+        for agg in ("min", "sum"):
+            with torch.no_grad():
+                scores[f"{loss}_{agg}"] = prm.score(flat_prompts, flat, aggregation=agg, batch_size=256)
+    table = {}
+    for n in (4, 16, 64):
+        if n > max_n:
+            continue
+        rows = {k: [] for k in ("first", "majority", "oracle", *scores)}
+        for i in range(len(problems)):
+            for g in range(max_n // n):
+                idx = list(range(i * max_n + g * n, i * max_n + (g + 1) * n))
+                rows["first"].append(labels[idx[0]])
+                rows["oracle"].append(max(labels[j] for j in idx))
+                counts = {}
+                for j in idx:  # most frequent extracted answer; ties -> the one seen first
+                    if answers[j] is not None:
+                        counts.setdefault(answers[j], []).append(j)
+                best = max(counts.values(), key=len)[0] if counts else idx[0]
+                rows["majority"].append(labels[best])
+                for k, s in scores.items():
+                    j = max(idx, key=lambda j: (s[j] if not math.isnan(s[j]) else -math.inf, -j))
+                    rows[k].append(labels[j])
+        table[n] = {k: sum(v) / len(v) for k, v in rows.items()}
+    res["best_of_n"] = table
+    res["n_problems"] = n_problems
+    res["seconds"] = round(time.time() - t0, 1)
+    return res, folders["ce"][0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics
+# ----------------------------------------------------------------------------------------------------------------
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    if df <= 0:
+        return float("nan")
+    return T975.get(df) or T975[max(k for k in T975 if k <= df)]
+
+
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% t-interval (NaN half-width for one value)."""
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def diff_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch: mean(b) - mean(a) and its 95% interval."""
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:  # no interval from one seed
+        return mb - ma, float("nan"), float("nan")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return mb - ma, mb - ma, mb - ma
+    df = (va + vb) ** 2 / ((va**2) / (len(a) - 1) + (vb**2) / (len(b) - 1))
+    h = t975(int(df)) * se
+    return mb - ma, mb - ma - h, mb - ma + h
+
+
+def auc(steps: list[int], ys: list[float]) -> float:
+    """Mean accuracy over the run (trapezoid area under the curve divided by the step span)."""
+    area = sum((steps[i + 1] - steps[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(steps) - 1))
+    return area / (steps[-1] - steps[0])
+
+
+def steps_to(steps: list[int], ys: list[float], threshold: float) -> float:
+    """First step at which ``ys`` reaches ``threshold`` (linear interpolation between evals); inf if never."""
+    for i, y in enumerate(ys):
+        if y >= threshold:
+            if i == 0:
+                return float(steps[0])
+            y0 = ys[i - 1]
+            return steps[i - 1] + (steps[i] - steps[i - 1]) * (threshold - y0) / (y - y0)
+    return float("inf")
+
+
+def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
+    """Per method: curves (mean, 95% half-width), start, final, AUC, pair accuracy."""
+    out = {}
+    for m, rs in runs.items():
+        steps = rs[0]["steps"]
+        curves = [r[key] for r in rs]
+        mean = [mean_ci([c[i] for c in curves])[0] for i in range(len(steps))]
+        half = [mean_ci([c[i] for c in curves])[1] for i in range(len(steps))]
+        s = {"steps": steps, "mean": mean, "half": half, "start": mean_ci([c[0] for c in curves]),
+             "final": mean_ci([c[-1] for c in curves]), "auc": mean_ci([auc(steps, c) for c in curves]),
+             "auc_per_seed": [auc(steps, c) for c in curves], "final_per_seed": [c[-1] for c in curves]}
+        pairs = [r["pair_accuracy"] for r in rs if r.get("pair_accuracy")]
+        if pairs:
+            n = min(len(p) for p in pairs)
+            w = max(1, n // 5)
+            s["pair_accuracy"] = {
+                "first": mean_ci([statistics.fmean(p[:w]) for p in pairs]),
+                "middle": mean_ci([statistics.fmean(p[n // 2 - w // 2 : n // 2 - w // 2 + w]) for p in pairs]),
+                "last": mean_ci([statistics.fmean(p[n - w :]) for p in pairs]),
+                "window": w,
+                "curve": [statistics.fmean(p[i] for p in pairs) for i in range(n)],
+            }
+        out[m] = s
+    return out
+
+
+def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
+    """The PRIME paper's claims, what we measured, and a verdict (rules in RESULTS.md)."""
+    rows = []
+    if "rloo" in summary and "prime_rloo" in summary:
+        a, b = summary["rloo"], summary["prime_rloo"]
+        thr = a["final"][0]
+        sa, sb = steps_to(a["steps"], a["mean"], thr), steps_to(b["steps"], b["mean"], thr)
+        ratio = sa / sb if sb > 0 and math.isfinite(sb) else (float("inf") if sb == 0 else 0.0)
+        d, lo, hi = diff_ci(a["auc_per_seed"], b["auc_per_seed"])
+        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 and ratio >= 2.0 else
+                   "not replicated" if hi < 0 or (d <= 0.005 and ratio < 1.5) else "inconclusive")
+        rows.append(("2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
+                     f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
+                     f"AUC difference {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", verdict))
+    if "prime_rloo" in summary and "pair_accuracy" in summary["prime_rloo"]:
+        p = summary["prime_rloo"]["pair_accuracy"]
+        (f, _), (l, lh) = p["first"], p["last"]
+        verdict = ("inconclusive (one seed)" if math.isnan(lh) else "replicated" if l - lh >= 0.65 else
+                   "not replicated" if l + lh < 0.65 else "inconclusive")
+        rows.append(("online PRM pair accuracy rises from 0.5 to ~0.75",
+                     f"PRIME-RLOO prm/pair_accuracy {f:.3f} (first {p['window']} steps) -> {l:.3f} +- {lh:.3f} "
+                     f"(last {p['window']})", verdict))
+    if "prime_rloo" in summary and "prime_rloo_frozen" in summary:
+        d, lo, hi = diff_ci(summary["prime_rloo_frozen"]["auc_per_seed"], summary["prime_rloo"]["auc_per_seed"])
+        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 else
+                   "not replicated" if hi < 0 or d <= 0 else "inconclusive")
+        rows.append(("an online PRM beats a frozen (offline-trained) one",
+                     f"AUC online - frozen {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", verdict))
+    pairs = [(a, b) for a, b in ESTIMATOR_PAIRS if a in summary and b in summary]
+    if pairs:
+        parts, verdicts = [], []
+        for a, b in pairs:
+            d, lo, hi = diff_ci(summary[a]["auc_per_seed"], summary[b]["auc_per_seed"])
+            parts.append(f"{b} - {a} AUC {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            verdicts.append("?" if math.isnan(lo) else "up" if lo > 0 else "down" if hi < 0 else "flat")
+        verdict = ("inconclusive (one seed)" if "?" in verdicts else "replicated" if all(v == "up" for v in verdicts) and len(pairs) == 3 else
+                   "not replicated" if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
+                   else "inconclusive")
+        rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE)", "; ".join(parts), verdict))
+    if "rloo" in summary and "prime_rloo_pc0" in summary:
+        d, lo, hi = diff_ci(summary["rloo"]["auc_per_seed"], summary["prime_rloo_pc0"]["auc_per_seed"])
+        rows.append(("(check) process_coef=0 equals RLOO up to noise",
+                     f"AUC pc0 - RLOO {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                     "inconclusive (one seed)" if math.isnan(lo) else "consistent" if lo <= 0 <= hi
+                     else "NOT consistent"))
+    if offline:
+        t = offline["best_of_n"]
+        parts, better = [], []
+        for n, r in sorted(t.items(), key=lambda kv: int(kv[0])):
+            best = max(r["ce_min"], r["dpo_min"])
+            parts.append(f"N={n}: PRM {best:.3f} vs majority {r['majority']:.3f}")
+            better.append(best - r["majority"])
+        verdict = ("replicated" if all(b > 0.01 for b in better) else
+                   "not replicated" if all(b < 0.01 for b in better) else "inconclusive")
+        rows.append(("(Implicit PRM paper) best-of-N with the implicit PRM beats majority vote", "; ".join(parts),
+                     verdict))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+def fmt(mc: tuple[float, float]) -> str:
+    m, h = mc
+    return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
+
+
+def report(result: dict) -> str:
+    lines = []
+    summ_s, summ_g = result["summary"]["sampled"], result["summary"]["greedy"]
+    thr = summ_s["rloo"]["final"][0] if "rloo" in summ_s else None
+    if thr is not None:
+        lines.append(f"Accuracy: held-out, sampled at temperature 1 (2 samples per problem) unless marked greedy. "
+                     f"Steps to threshold: first step where the mean curve reaches RLOO's final mean ({thr:.3f}).")
+        lines.append("")
+    lines.append("| method | seeds | start | final | AUC | steps to threshold | final (greedy) | AUC (greedy) | "
+                 "prm/pair_accuracy first -> last |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for m, s in summ_s.items():
+        g = summ_g[m]
+        st = steps_to(s["steps"], s["mean"], thr) if thr is not None else float("nan")
+        pa = s.get("pair_accuracy")
+        pa_txt = f"{pa['first'][0]:.3f} -> {fmt(pa['last'])}" if pa else ""
+        lines.append(f"| {m} | {len(s['auc_per_seed'])} | {fmt(s['start'])} | {fmt(s['final'])} | {fmt(s['auc'])} | "
+                     f"{'never' if math.isinf(st) else f'{st:.0f}'} | {fmt(g['final'])} | {fmt(g['auc'])} | "
+                     f"{pa_txt} |")
+    lines.append("")
+    lines.append("| paper claim | measured | verdict |")
+    lines.append("|---|---|---|")
+    for c, meas, v in result["claims"]:
+        lines.append(f"| {c} | {meas} | **{v}** |")
+    off = result.get("offline_prm")
+    if off:
+        lines.append("")
+        lines.append(f"Offline implicit PRM: {off['rollouts']} rollouts of the warm start ({off['n_prompts']} train "
+                     f"prompts x {off['rollouts_per_prompt']}, accuracy {off['rollout_accuracy']:.3f}); training pair "
+                     f"accuracy CE {off['ce_train_pair_accuracy']}, DPO {off['dpo_train_pair_accuracy']}. Best-of-N "
+                     f"on {off['n_problems']} held-out problems (accuracy of the chosen completion, averaged over "
+                     "disjoint groups of N of 64 samples):")
+        lines.append("")
+        lines.append("| N | first sample | majority vote | PRM CE (min) | PRM CE (sum) | PRM DPO (min) | PRM DPO (sum) | "
+                     "oracle |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for n, r in sorted(off["best_of_n"].items(), key=lambda kv: int(kv[0])):
+            lines.append(f"| {n} | {r['first']:.3f} | {r['majority']:.3f} | {r['ce_min']:.3f} | {r['ce_sum']:.3f} | "
+                         f"{r['dpo_min']:.3f} | {r['dpo_sum']:.3f} | {r['oracle']:.3f} |")
+    return "\n".join(lines)
+
+
+GROUPS = [
+    ("RLOO family", ["rloo", "prime_rloo", "prime_rloo_pc0", "prime_rloo_frozen", "prime_rloo_double",
+                     "prime_rloo_prm2x", "prime_rloo_dpo"]),
+    ("GRPO family", ["grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prof_grpo"]),
+    ("REINFORCE", ["reinforce", "prime_reinforce"]),
+]
+
+
+def plot(result: dict, folder: str, tag: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    files = []
+    for key in ("sampled", "greedy"):
+        summ = result["summary"][key]
+        groups = [(t, [m for m in ms if m in summ]) for t, ms in GROUPS]
+        groups = [(t, ms) for t, ms in groups if ms]
+        fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 5 * len(groups)), 4.0), sharey=True,
+                                 squeeze=False)
+        for ax, (title, ms) in zip(axes[0], groups):
+            for m in ms:
+                s = summ[m]
+                lo = [max(0.0, a - (0 if math.isnan(h) else h)) for a, h in zip(s["mean"], s["half"])]
+                hi = [min(1.0, a + (0 if math.isnan(h) else h)) for a, h in zip(s["mean"], s["half"])]
+                (line,) = ax.plot(s["steps"], s["mean"], label=f"{m} (n={len(s['auc_per_seed'])})")
+                ax.fill_between(s["steps"], lo, hi, color=line.get_color(), alpha=0.18)
+            ax.set_title(title)
+            ax.set_ylim(0, 1)
+            ax.set_xlabel("RL step (8 prompts x 4 completions)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[0][0].set_ylabel(f"held-out accuracy ({key})")
+        fig.suptitle(f"{result['task']['difficulty']} addition, 1M-parameter Llama: mean and 95% t-interval over seeds",
+                     fontsize=10)
+        fig.tight_layout()
+        f = str(Path(folder) / f"learning_curves_{key}_{tag}.png")
+        fig.savefig(f, dpi=110)
+        plt.close(fig)
+        files.append(f)
+    summ = result["summary"]["sampled"]
+    pm = [m for m in summ if "pair_accuracy" in summ[m]]
+    if pm:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for m in pm:
+            c = summ[m]["pair_accuracy"]["curve"]
+            w = 5
+            smooth = [statistics.fmean(c[max(0, i - w + 1) : i + 1]) for i in range(len(c))]
+            ax.plot(range(1, len(c) + 1), smooth, label=m)
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("prm/pair_accuracy (mean over seeds, 5-step moving average)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        f = str(Path(folder) / f"prm_pair_accuracy_{tag}.png")
+        fig.savefig(f, dpi=110)
+        plt.close(fig)
+        files.append(f)
+    return files
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help=f"3 seeds (instead of 5), the main comparisons ({','.join(QUICK_METHODS)}), no offline PRM")
+    p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per method (default 5; --quick 3)")
+    p.add_argument("--seed-offset", type=int, default=0, help="shift every seed by N (seeds are N, N+1, ...)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 60)")
+    p.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every N steps")
+    p.add_argument("--difficulty", default="4x1", help="OPERANDSxDIGITS, e.g. 4x1 (default) or 3x2")
+    p.add_argument("--lr", type=float, default=5e-5, help="policy learning rate, every method (constant schedule)")
+    p.add_argument("--prm-lr", type=float, default=1e-5, help="implicit PRM learning rate (PRIME methods)")
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--num-generations", type=int, default=4)
+    p.add_argument("--heldout", type=int, default=256, help="held-out problems per evaluation")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--offline-prm", dest="offline_prm", action="store_true", default=None,
+                   help="run the offline implicit PRM section (default: on, off with --quick)")
+    p.add_argument("--no-offline-prm", dest="offline_prm", action="store_false")
+    p.add_argument("--offline-prompts", type=int, default=256,
+                   help="train prompts whose 8 rollouts each train the offline PRMs (default 256)")
+    p.add_argument("--offline-problems", type=int, default=128,
+                   help="held-out problems of the best-of-N evaluation, 64 samples each (default 128)")
+    p.add_argument("--json", default=None, help="write the results (per-seed curves) to this JSON file")
+    p.add_argument("--report", default=None, help="write the markdown tables to this file")
+    p.add_argument("--plot-dir", default=None, help="write the learning-curve plots (PNG) into this folder")
+    p.add_argument("--tag", default=None, help="suffix of the plot files (default: quick / full)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--merge", action="append", default=[], metavar="JSON",
+                   help="start from the runs of an earlier --json file (same settings): only the (method, seed) pairs "
+                        "it lacks are run; repeatable")
+    p.add_argument("--report-only", action="store_true",
+                   help="with --merge: run nothing, only combine the merged runs into the JSON, tables and plots")
+    p.add_argument("--rerun", action="store_true",
+                   help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)")
+    a = p.parse_args(argv)
+    methods = a.methods.split(",") if a.methods else (QUICK_METHODS if a.quick else list(METHODS))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        p.error(f"unknown --methods {bad}; choose from {list(METHODS)}")
+    seeds = a.seeds or (3 if a.quick else 5)
+    steps = a.steps or 60
+    use_offline = a.offline_prm if a.offline_prm is not None else (not a.quick or "prime_rloo_frozen" in methods)
+    if "prime_rloo_frozen" in methods and not use_offline:
+        p.error("prime_rloo_frozen needs the offline PRM: drop --no-offline-prm")
+    settings = {"difficulty": a.difficulty, "steps": steps, "eval_every": a.eval_every, "lr": a.lr,
+                "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step, "num_generations": a.num_generations,
+                "heldout": a.heldout}
+    merged: dict[tuple[str, int], dict] = {}
+    merged_offline = None
+    for path in a.merge:
+        old = json.loads(Path(path).read_text())
+        theirs = {**old["settings"], "difficulty": old["task"]["difficulty"], "heldout": old["task"]["heldout"]}
+        diff = {k: (theirs.get(k), v) for k, v in settings.items() if theirs.get(k) != v}
+        if diff:
+            p.error(f"--merge {path}: settings differ (theirs, ours): {diff}")
+        for m, d in old["methods"].items():
+            for i, seed in enumerate(d["seeds"]):
+                merged[(m, seed)] = {"method": m, "seed": seed, "steps": d["steps"], "sampled": d["accuracy"][i],
+                                     "greedy": d["accuracy_greedy"][i], "seconds": d["seconds"][i],
+                                     "pair_accuracy": d["prm_pair_accuracy"][i] if d["prm_pair_accuracy"] else []}
+        merged_offline = old.get("offline_prm") or merged_offline
+    if a.rerun:
+        merged = {k: v for k, v in merged.items() if k[0] not in methods}
+    if seeds < 1 or steps < 1 or a.eval_every < 1 or a.workers < 1:
+        p.error("--seeds, --steps, --eval-every and --workers must be >= 1")
+    spec = lt.TaskSpec.parse(a.difficulty)
+    tag = a.tag or ("quick" if a.quick else "full")
+    from tqdm.auto import tqdm
+
+    t0 = time.time()
+    import torch
+
+    torch.set_num_threads(max(1, a.threads * a.workers))
+    recipe = lt.WarmStartRecipe(task=spec)
+    warm = lt.warm_start(recipe, log=tqdm.write)
+    info = json.loads((Path(warm) / "info.json").read_text())
+    tqdm.write(f"warm start: {warm} ({info['parameters']} parameters, SFT {info['sft_seconds']} s, held-out "
+               f"{info['heldout_accuracy']})")
+    torch.set_num_threads(a.threads)
+    work = Path(tempfile.mkdtemp(prefix="learning_bench_"))
+    wanted = [(m, a.seed_offset + s) for s in range(seeds) for m in methods]
+    todo = [] if a.report_only else [(m, s) for m, s in wanted if (m, s) not in merged]
+    offline, offline_folder = merged_offline, None
+    if any(m == "prime_rloo_frozen" for m, _ in todo) or (use_offline and offline is None and not a.report_only):
+        os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
+        torch.set_num_threads(a.threads * a.workers)  # before the workers start
+        offline, offline_folder = offline_prm(
+            warm, spec, work, n_prompts=a.offline_prompts, rollouts=8, n_problems=a.offline_problems, log=tqdm.write)
+        torch.set_num_threads(a.threads)
+        tqdm.write(f"offline PRM section: {offline['seconds']} s")
+
+    jobs = [dict(method=m, seed=a.seed_offset + s, warm=warm, spec=spec, steps=steps, eval_every=a.eval_every,
+                 lr=a.lr, prm_lr=a.prm_lr, prompts_per_step=a.prompts_per_step, num_generations=a.num_generations,
+                 n_heldout=a.heldout, offline_prm=offline_folder, device=a.device)
+            for m, s in todo]
+    def build(runs: dict[str, list[dict]], partial: bool) -> dict:
+        runs = {m: sorted(runs[m], key=lambda r: r["seed"]) for m in METHODS if m in runs}
+        summary = {k: summarize(runs, k) for k in ("greedy", "sampled")}
+        result = {
+            "methods": {
+                m: {"steps": rs[0]["steps"], "seeds": [r["seed"] for r in rs],
+                    "accuracy": [r["sampled"] for r in rs], "accuracy_greedy": [r["greedy"] for r in rs],
+                    "start": summary["sampled"][m]["start"][0], "final": [r["sampled"][-1] for r in rs],
+                    "final_greedy": [r["greedy"][-1] for r in rs],
+                    "prm_pair_accuracy": [r["pair_accuracy"] for r in rs] if rs[0]["pair_accuracy"] else None,
+                    "seconds": [r["seconds"] for r in rs]}
+                for m, rs in runs.items()
+            },
+            "task": {"name": "step-by-step multi-operand addition", "difficulty": str(spec),
+                     "operands": spec.operands, "digits": spec.digits, "heldout": a.heldout, "warm_start": info,
+                     "warm_start_hash": Path(warm).name},
+            "settings": {"steps": steps, "seeds": seeds, "seed_offset": a.seed_offset, "eval_every": a.eval_every,
+                         "merged": a.merge, "lr": a.lr, "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step,
+                         "num_generations": a.num_generations, "lr_scheduler_type": "constant", "temperature": 1.0,
+                         "filter": [0.0, 1.0],
+                         "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: "
+                                     "greedy)",
+                         "command": " ".join(["python", "benchmarks/learning.py",
+                                              *(argv if argv is not None else sys.argv[1:])])},
+            "machine": _common.machine(),
+            "summary": summary,
+            "offline_prm": offline,
+            "seconds": round(time.time() - t0, 1),
+            "partial": partial,
+        }
+        result["claims"] = claims(summary["sampled"], offline)
+        return result
+
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Manager().Queue()
+    runs: dict[str, list[dict]] = {}
+    for (m, _), r in merged.items():
+        runs.setdefault(m, []).append(r)
+    bar = tqdm(total=len(jobs) * steps, desc="RL steps", unit="step", smoothing=0.05)
+    done = threading.Event()
+
+    def pump():
+        while not done.is_set():
+            try:
+                bar.update(q.get(timeout=0.5))
+            except queue.Empty:
+                pass
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    with ProcessPoolExecutor(max_workers=a.workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(q, a.threads)) as ex:
+        futures = [ex.submit(_job, j) for j in jobs]
+        for f in futures:
+            r = f.result()
+            runs.setdefault(r["method"], []).append(r)
+            tqdm.write(f"{r['method']:>18} seed {r['seed']}: greedy {r['greedy'][0]:.3f} -> {r['greedy'][-1]:.3f}, "
+                       f"sampled {r['sampled'][0]:.3f} -> {r['sampled'][-1]:.3f} ({r['seconds']} s)")
+            if a.json:  # after every run, so an interrupted benchmark keeps its finished runs (--merge it)
+                _common.dump(build(runs, partial=True), a.json)
+    done.set()
+    th.join()
+    bar.close()
+    result = build(runs, partial=False)
+    text = report(result)
+    print(text)
+    if a.report:
+        Path(a.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.report).write_text(text + "\n")
+    if a.plot_dir:
+        for f in plot(result, a.plot_dir, tag):
+            tqdm.write(f"plot: {f}")
+    if a.json:
+        _common.dump(result, a.json)
+    tqdm.write(f"total {time.time() - t0:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()
