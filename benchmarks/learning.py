@@ -236,7 +236,7 @@ def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_prime import ImplicitPRMConfig, ImplicitPRMTrainer, build_outcome_dataset
-    from trl_prime.implicit_prm_trainer import sample_completions
+    from trl_prime.implicit_prm.data import sample_completions
     from trl_prime.rewards import math_reward
     from trl_prime.rewards.math_verifier import extract_answer
 

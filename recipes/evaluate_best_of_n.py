@@ -154,7 +154,7 @@ def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
     truncated)`` replaces the policy (tests).
     """
     from trl_prime.data import load_prompt_dataset, outcome_reward
-    from trl_prime.implicit_prm_trainer import _reasons_of, sample_completions
+    from trl_prime.implicit_prm.data import _reasons_of, sample_completions
     from trl_prime.rewards.math_verifier import extract_answer
 
     key = _sampling_key(args)
@@ -219,7 +219,8 @@ def _prm_label(path: str) -> str:
 
 def score_records(prm_path: str, records: list[dict], args: BestOfNArguments, prm=None) -> dict[str, list[list[float]]]:
     """``{variant: [[score] * n] * problems}`` of one PRM, cached in ``<output_file stem>.scores.<label>.json``."""
-    from trl_prime.implicit_prm_trainer import last_turn_prompt, question_prompt, score_candidates
+    from trl_prime.implicit_prm.data import last_turn_prompt, question_prompt
+    from trl_prime.implicit_prm.best_of_n import score_candidates
 
     variants_key = {
         "prm": prm_path, "aggregations": list(args.aggregations), "noref": args.score_without_reference,
@@ -298,7 +299,7 @@ def _correct(reward) -> float:
 
 def best_of_n_metrics(records: list[dict], ns: Sequence[int], prm_scores: dict[str, dict[str, list[list[float]]]]):
     """``{N: {"first", "majority", "oracle", "bon/<prm>/<variant>": accuracy in [0, 1]}}`` over the problems."""
-    from trl_prime.implicit_prm_trainer import argmax_first
+    from trl_prime.implicit_prm.best_of_n import argmax_first
 
     out = {}
     P = len(records)

@@ -11,7 +11,7 @@ Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`
         --dataset_name PRIME-RL/Eurus-2-RL-Data --num_generations 8 --bf16 true
 
 1. Rollouts: ``num_generations`` completions of the policy (``model_name_or_path``) per training problem, labelled
-   by the verifier (:func:`trl_prime.implicit_prm_trainer.build_outcome_dataset`); unscorable ones are dropped and
+   by the verifier (:func:`trl_prime.implicit_prm.data.build_outcome_dataset`); unscorable ones are dropped and
    counted. Saved to ``rollouts_path`` (JSONL) and reused when it exists (delete it to resample).
 2. Training: :class:`trl_prime.ImplicitPRMTrainer` from the same checkpoint (the reference is a frozen copy), saved
    with ``save_model(output_dir)``; load it with ``ImplicitPRM.from_pretrained(output_dir)``.
@@ -71,7 +71,7 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
     from datasets import Dataset
 
     from trl_prime.data import load_prompt_dataset
-    from trl_prime.implicit_prm_trainer import build_outcome_dataset
+    from trl_prime.implicit_prm.data import build_outcome_dataset
 
     path = Path(script_args.rollouts_path)
     settings = {k: getattr(script_args, k) for k in (
@@ -116,7 +116,7 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
     from trl import get_peft_config
 
     from trl_prime import ImplicitPRMTrainer
-    from trl_prime.implicit_prm_trainer import last_turn_prompt, pairable_rows, question_prompt
+    from trl_prime.implicit_prm.data import last_turn_prompt, pairable_rows, question_prompt
     from trl_prime.models import resolve_model_path
 
     if script_args.num_threads:

@@ -16,7 +16,7 @@ from trl_prime import (
     ImplicitPRMConfig, PRLConfig, PRLGRPOTrainer, PrimeGRPOConfig, PrimeRLOOConfig, PrimeRLOOTrainer, ProfGRPOConfig,
 )
 from trl_prime import functional as F
-from trl_prime.prime_trainer import LORA_RECIPE_LEARNING_RATES, PrimeMixin, warn_full_finetuning_rates
+from trl_prime.prime.trainer import LORA_RECIPE_LEARNING_RATES, PrimeMixin, warn_full_finetuning_rates
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = dict(bf16=False, use_cpu=True, report_to=[])

@@ -19,7 +19,7 @@ import torch.utils._python_dispatch
 from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
-from trl_prime.implicit_prm import unwrap
+from trl_prime.modeling import unwrap
 
 K = 4
 B = 8  # rows of a generation round (per_device_train_batch_size * steps_per_generation)
@@ -136,7 +136,7 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
     log-probs for token rewards and metrics only, so they get one no-grad forward (no activations, no backward)."""
     from transformers import TrainerCallback
 
-    from trl_prime.implicit_prm import completion_logps
+    from trl_prime.modeling import completion_logps
 
     seen = {}
 
@@ -243,8 +243,8 @@ def test_policy_loss_skips_filtered_rows_with_the_same_update(tiny_model_path, t
     """Rows of filtered prompts have loss weight 0: the policy's loss forward and backward run on the kept rows only
     (4 of 8 here), and the update is the one the whole micro-batch gives (same losses, same weights after 2 steps as
     with the row dropping turned off). TRL's "grpo" loss divides by the number of rows, so it keeps every row."""
-    import trl_prime._rollout as rollout
-    import trl_prime.prime_trainer as pt
+    import trl_prime.rollout as rollout
+    import trl_prime.prime.trainer as pt
 
     def run(drop: bool, name: str):
         if not drop:
@@ -278,7 +278,7 @@ def test_drop_zero_weight_rows():
     """Row-aligned tensors lose their zero-weight rows (order kept); 0-dim tensors and non-tensors pass through; at
     least one row stays; multimodal batches, batches with (row-aligned) lists and fully weighted ones are returned as
     they are; the input is not modified."""
-    from trl_prime._rollout import drop_zero_weight_rows
+    from trl_prime.rollout import drop_zero_weight_rows
 
     w = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0]])
     inputs = {"completion_ids": torch.arange(12).view(4, 3), "advantages": torch.tensor([0.5, -1.0, 2.0, 3.0]),

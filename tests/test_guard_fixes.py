@@ -16,7 +16,7 @@ from trl_prime import (
     PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
     ProfGRPOTrainer,
 )
-from trl_prime.implicit_prm import adapter_parameters, unwrap
+from trl_prime.modeling import adapter_parameters, unwrap
 
 K = 4
 
@@ -210,7 +210,7 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_mod
     """Row 5's PRM log-probs blow up at step 2 (token rewards ~1e5, finite, past prm_max_abs_token_reward=100): the
     PRM step (checked before it runs) and the policy step are skipped, row 5 and its sample id are logged, step 3
     trains."""
-    import trl_prime.prime_trainer as pt
+    import trl_prime.prime.trainer as pt
 
     snaps = Snapshots()
     tr = _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), callbacks=[snaps], max_steps=3,
@@ -316,7 +316,7 @@ def test_prl_reference_copy_refuses_a_prompt_learning_adapter(tiny_model_path):
     from peft import PromptTuningConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trl_prime._reference import copy_adapter
+    from trl_prime.modeling import copy_adapter
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
                            PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))

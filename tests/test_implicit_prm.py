@@ -10,7 +10,7 @@ import torch
 
 from trl_prime import ImplicitPRM
 from trl_prime import functional as F
-from trl_prime.implicit_prm import completion_logps, has_fused_head
+from trl_prime.modeling import completion_logps, has_fused_head
 
 PROMPTS = ["What is 2 + 3?", [{"role": "user", "content": "Compute 7 * 6."}], "Let x be 4."]
 COMPLETIONS = [

@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from trl_prime import ImplicitPRM, ImplicitPRMConfig, ImplicitPRMTrainer
-from trl_prime.implicit_prm_trainer import (
-    argmax_first,
+from trl_prime.implicit_prm.best_of_n import argmax_first, score_candidates
+from trl_prime.implicit_prm.data import (
     build_outcome_dataset,
     last_turn_prompt,
     pairable_rows,
     question_prompt,
     sample_completions,
-    score_candidates,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,7 +250,7 @@ def test_implicit_prm_recipe_end_to_end(tiny_model_path, tmp_path, prm_prompt):
     first = trainer.train_dataset[0]  # the PRM was trained on the shortened prompt
     want = (question_prompt if prm_prompt == "question" else last_turn_prompt)(rows[0]["prompt"])
     comp = rows[0]["completion"] if not isinstance(want, str) else rows[0]["completion"][-1]["content"]
-    from trl_prime.implicit_prm import tokenize_prompt_completion
+    from trl_prime.implicit_prm.model import tokenize_prompt_completion
 
     assert first["prompt_ids"] == tokenize_prompt_completion(want, comp, trainer.processing_class)["prompt_ids"]
     # the rollouts are reused only with the settings they were sampled with

@@ -7,8 +7,8 @@ import torch
 
 from trl_prime import ImplicitPRM, ImplicitPRMConfig, ImplicitPRMTrainer, best_of_n
 from trl_prime import functional as F
-from trl_prime.implicit_prm import completion_logps
-from trl_prime.implicit_prm_trainer import PromptGroupBatchSampler
+from trl_prime.modeling import completion_logps
+from trl_prime.implicit_prm.trainer import PromptGroupBatchSampler
 
 PROMPTS = ["What is 2 + 3?", "Compute 7 * 6.", "Let x be 4."]
 GOOD = ["The answer is 5.", "7 * 6 = 42.\n\nSo the answer is 42.", "x + 4 = 8"]
@@ -275,7 +275,7 @@ def test_config_validation_names_the_field(tmp_path, kw, field):
 def test_pair_accuracy_metric_counts_only_prompts_with_a_pair(tiny_model_path, tmp_path):
     """A prompt whose completions are all right (or all wrong) has no ranking pair: it must not pull the logged
     pair accuracy towards 0.5. One perfectly ranked prompt + one all-wrong prompt -> 1.0 (not 0.75)."""
-    from trl_prime.implicit_prm_trainer import pairable_group_rows
+    from trl_prime.implicit_prm.trainer import pairable_group_rows
 
     labels = torch.tensor([1.0, 0.0, 0.0, 0.0, float("nan"), 1.0])
     gids = torch.tensor([0, 0, 1, 1, 2, 2])

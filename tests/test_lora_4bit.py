@@ -25,7 +25,7 @@ from tiny import tiny_prompt_dataset  # noqa: E402
 from transformers import BitsAndBytesConfig  # noqa: E402
 
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer  # noqa: E402
-from trl_prime.implicit_prm import unwrap  # noqa: E402
+from trl_prime.modeling import unwrap  # noqa: E402
 
 K = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

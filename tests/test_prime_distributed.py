@@ -139,7 +139,7 @@ def test_ddp_two_processes_pairwise_prm_loss_pairs_within_prompts(tiny_model_pat
     norm of the 2-process step is checked against a one-process recomputation on the concatenated batch."""
     from transformers import AutoModelForCausalLM
 
-    from trl_prime.implicit_prm import completion_logps
+    from trl_prime.modeling import completion_logps
 
     out = str(tmp_path / "ddp_dpo")
     summary = _launch("ddp", tiny_model_path, out, "--prm_loss", "dpo", "--max_steps", "1")

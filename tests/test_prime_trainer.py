@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
 from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback, TokenRewardLogger
-from trl_prime.implicit_prm import unwrap
+from trl_prime.modeling import unwrap
 
 K = 4
 

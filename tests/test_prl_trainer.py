@@ -12,7 +12,7 @@ from tiny_prm import llama_style_tokenizer, qwen_style_tokenizer
 
 from trl_prime import PRLConfig, PRLGRPOTrainer
 from trl_prime import functional as F
-from trl_prime.implicit_prm import unwrap
+from trl_prime.modeling import unwrap
 
 K = 4
 

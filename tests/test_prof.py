@@ -19,7 +19,8 @@ from trl_prime import ProfFilter, ProfGRPOConfig, ProfGRPOTrainer, PrimeGRPOConf
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
 from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback
-from trl_prime.prof import QWEN_PRM_SYSTEM_PROMPT, StepBatch, TokenClassificationStepPRM, load_step_prm
+from trl_prime.prof.config import QWEN_PRM_SYSTEM_PROMPT
+from trl_prime.prof.step_prm import StepBatch, TokenClassificationStepPRM, load_step_prm
 
 N = 8
 NEWLINE_BIAS = {"sequence_bias": {(build_tokenizer().convert_tokens_to_ids("Ċ"),): 4.0}}
@@ -323,10 +324,10 @@ def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_pat
     are replaced by anything, and equals the gradient of the kept rows alone; changing a kept row changes it. Both
     with the loss skipping zero-weight rows (the default) and with that turned off (the loss masks alone)."""
     if not row_dropping:
-        import trl_prime._rollout
-        import trl_prime.prime_trainer
+        import trl_prime.rollout
+        import trl_prime.prime.trainer
 
-        for mod in (trl_prime._rollout, trl_prime.prime_trainer):
+        for mod in (trl_prime.rollout, trl_prime.prime.trainer):
             monkeypatch.setattr(mod, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
     if which == "prof-grpo":
         tr = _spy(ProfGRPOTrainer)(model=tiny_model_path, reward_funcs=contains_reward("e"),
@@ -408,7 +409,7 @@ def test_saved_implicit_prm_folder_and_prof_pos_in_prof_grpo(tiny_model_path, tm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_prime import ImplicitPRM
-    from trl_prime.prof import ImplicitStepPRM
+    from trl_prime.prof.step_prm import ImplicitStepPRM
 
     prm_model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     with torch.no_grad():

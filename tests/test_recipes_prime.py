@@ -293,7 +293,7 @@ def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl
     import torch
 
     from trl_prime import PrimeRLOOConfig
-    from trl_prime.implicit_prm import unwrap
+    from trl_prime.modeling import unwrap
 
     mod = _recipe("prime_lora")
     out = str(tmp_path / "lora")

@@ -18,7 +18,7 @@ from trl_prime import (
     PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
     ProfGRPOTrainer,
 )
-from trl_prime.implicit_prm import unwrap
+from trl_prime.modeling import unwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = 4
@@ -304,7 +304,7 @@ def test_guarded_step_under_fp16_grad_scaler():
 def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_path, monkeypatch):
     """NaN in the PRM's log-probs (so in its loss, gradient and token rewards) at step 2: neither the PRM nor the
     policy moves; NaN in the rollout log-probs of PRL at step 1: no policy step."""
-    import trl_prime.prime_trainer as pt
+    import trl_prime.prime.trainer as pt
 
     snaps = Snapshots()
     tr = _prime(tiny_model_path, tmp_path, callbacks=[snaps], max_steps=3)

@@ -24,7 +24,7 @@ from trl_prime import (
     PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
     ProfGRPOTrainer,
 )
-from trl_prime.implicit_prm import unwrap
+from trl_prime.modeling import unwrap
 
 K = 4
 MAX_STEPS = 6

@@ -18,7 +18,7 @@ import torch
 
 from trl_prime import ImplicitPRM
 from trl_prime import functional as F
-from trl_prime.implicit_prm import tokenize_prompt_completion
+from trl_prime.implicit_prm.model import tokenize_prompt_completion
 
 PLAIN = ["What is 2 + 3?", "Let x be 4."]
 CONVERSATIONAL = [
@@ -107,7 +107,7 @@ def test_bos_tokenizer_adds_bos_once():
 @pytest.mark.parametrize("kind", ["plain", "conversational"])
 def test_offline_ids_equal_trl_trainer_ids(trl_trainers, trainer_name, kind):
     """TRL's ``_tokenize_prompts`` (the prompt ids of every GRPO/RLOO batch) vs the offline tokenisation."""
-    from trl_prime.implicit_prm_trainer import _render_prompt
+    from trl_prime.implicit_prm.data import _render_prompt
 
     trainer = trl_trainers[trainer_name]
     tok = trainer.processing_class
@@ -242,8 +242,8 @@ def test_step_ends_are_hand_derived_and_no_step_is_empty(step_prm):
 
 def test_best_of_n_prl_and_prof_split_alike(step_prm):
     from trl_prime import PRLGRPOTrainer
-    from trl_prime.implicit_prm_trainer import score_candidates
-    from trl_prime.prof import ImplicitStepPRM, StepBatch
+    from trl_prime.implicit_prm.best_of_n import score_candidates
+    from trl_prime.prof.step_prm import ImplicitStepPRM, StepBatch
 
     tok = step_prm.tokenizer
     prompt = "What is 2 + 3?"

@@ -13,20 +13,20 @@ __version__ = "0.1.0.dev0"
 
 # public name -> submodule that defines it
 _LAZY = {
-    "ImplicitPRM": "trl_prime.implicit_prm",
-    "ImplicitPRMConfig": "trl_prime.implicit_prm_trainer",
-    "ImplicitPRMTrainer": "trl_prime.implicit_prm_trainer",
-    "best_of_n": "trl_prime.implicit_prm_trainer",
-    "build_outcome_dataset": "trl_prime.implicit_prm_trainer",
-    "PrimeRLOOConfig": "trl_prime.prime_config",
-    "PrimeGRPOConfig": "trl_prime.prime_config",
-    "PrimeRLOOTrainer": "trl_prime.prime_trainer",
-    "PrimeGRPOTrainer": "trl_prime.prime_trainer",
-    "PRLConfig": "trl_prime.prl_trainer",
-    "PRLGRPOTrainer": "trl_prime.prl_trainer",
-    "ProfFilter": "trl_prime.prof",
-    "ProfGRPOConfig": "trl_prime.prof",
-    "ProfGRPOTrainer": "trl_prime.prof",
+    "ImplicitPRM": "trl_prime.implicit_prm.model",
+    "ImplicitPRMConfig": "trl_prime.implicit_prm.config",
+    "ImplicitPRMTrainer": "trl_prime.implicit_prm.trainer",
+    "best_of_n": "trl_prime.implicit_prm.best_of_n",
+    "build_outcome_dataset": "trl_prime.implicit_prm.data",
+    "PrimeRLOOConfig": "trl_prime.prime.config",
+    "PrimeGRPOConfig": "trl_prime.prime.config",
+    "PrimeRLOOTrainer": "trl_prime.prime.trainer",
+    "PrimeGRPOTrainer": "trl_prime.prime.trainer",
+    "PRLConfig": "trl_prime.prl.config",
+    "PRLGRPOTrainer": "trl_prime.prl.trainer",
+    "ProfFilter": "trl_prime.prof.filter",
+    "ProfGRPOConfig": "trl_prime.prof.config",
+    "ProfGRPOTrainer": "trl_prime.prof.trainer",
 }
 
 __all__ = ["functional", "rewards", "__version__", *_LAZY]

@@ -7,7 +7,7 @@ failures, degenerate batches, atomic checkpoints).
 - Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
   missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
   causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:
-  :func:`trl_prime.implicit_prm.check_peft_adapter_supported`).
+  :func:`trl_prime.modeling.check_peft_adapter_supported`).
 - :func:`keep_4bit_layers_differentiable`: a 4-bit (bitsandbytes NF4/FP4) base keeps the layout that backpropagates
   on a CPU with AVX512-BF16 (below), so LoRA adapters on it train.
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
@@ -152,7 +152,7 @@ def check_scheduler_warmup(args) -> None:
 
 def check_sum_then_normalize(args, why: str) -> None:
     """TRL's ``multi_objective_aggregation`` must be ``"sum_then_normalize"`` for the trl-prime GRPO configs: their
-    outcome is the weighted sum of the reward functions (:func:`trl_prime._rollout.outcome_rewards`), so TRL's
+    outcome is the weighted sum of the reward functions (:func:`trl_prime.rollout.outcome_rewards`), so TRL's
     ``"normalize_then_sum"`` would be ignored. ``why`` says what the method does with that sum. Configs without the
     field (RLOO) pass.
 

@@ -33,7 +33,6 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn.functional as F
 
-
 __all__ = [
     # implicit PRM
     "implicit_token_rewards",

@@ -73,7 +73,7 @@ def main():
 
     from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
     from trl_prime.callbacks import PrimeCallback
-    from trl_prime.implicit_prm import unwrap
+    from trl_prime.modeling import unwrap
 
     class Dump(PrimeCallback):
         def __init__(self):

@@ -40,7 +40,7 @@ def main():
         ProfGRPOConfig, ProfGRPOTrainer,
     )
     from trl_prime.callbacks import PrimeCallback
-    from trl_prime.implicit_prm import unwrap
+    from trl_prime.modeling import unwrap
 
     bias = {"sequence_bias": {(build_tokenizer().convert_tokens_to_ids("Ċ"),): 4.0}}
     common = dict(

@@ -54,7 +54,7 @@ def main():
         recipe_argv = [*recipe_argv, "--accelerator_config", json.dumps({"use_configured_state": True})]
 
     from trl_prime import PrimeRLOOConfig
-    from trl_prime.implicit_prm import unwrap
+    from trl_prime.modeling import unwrap
 
     mod = _load_recipe(cli.recipe)
     data_args, training_args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(recipe_argv))

@@ -54,7 +54,7 @@ def main():
     from tiny import contains_reward, tiny_prompt_dataset
 
     from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer
-    from trl_prime.implicit_prm import unwrap
+    from trl_prime.modeling import unwrap
 
     n_proc = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch sets it; the trainer checks it below
     per_device = 12 // n_proc

@@ -2452,8 +2452,8 @@ if __name__ == "__main__":
 
 import atexit  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import itertools  # noqa: E402
+import json  # noqa: E402
 import secrets  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402

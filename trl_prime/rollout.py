@@ -65,6 +65,7 @@ def replace_logged_advantages(trainer, values: Sequence[float] | torch.Tensor) -
 # "dr_grpo" and "luspo" divide by the number of rows, so dropping rows would change them: those keep every row.
 ROW_COUNT_FREE_LOSS_TYPES = ("dapo", "bnpo", "cispo", "vespo")
 
+
 # multimodal inputs are not row-aligned (e.g. pixel_values holds patches): batches carrying them keep every row
 _NOT_ROW_ALIGNED = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",

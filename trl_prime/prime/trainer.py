@@ -40,33 +40,48 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 from trl_prime import functional as F
 from trl_prime._compat import check_trl_version_once
 from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
-from trl_prime._reference import load_model_copy, model_init_kwargs, prepare_frozen
-from trl_prime._rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
-from trl_prime.implicit_prm import (
-    ImplicitPRM,
+from trl_prime.implicit_prm.model import ImplicitPRM
+from trl_prime.modeling import (
     adapter_parameters,
     add_fused_head,
     check_peft_adapter_supported,
     completion_logps,
     copy_adapter_weights,
     eval_mode,
+    load_model_copy,
+    model_init_kwargs,
     position_ids_from_mask,
+    prepare_frozen,
     unwrap,
 )
-from trl_prime.prime_config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
-from trl_prime.prof import ProfFilter, prime_prof_rows
+from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
+from trl_prime.prof.filter import ProfFilter, prime_prof_rows
+from trl_prime.rollout import DropZeroWeightRowsMixin, drop_zero_weight_rows, outcome_rewards
 
 check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
+
 PRM_ADAPTER = "prm"
+
+
 PRM_REF_ADAPTER = "prm_ref"
+
+
 PRM_CHECKPOINT_DIR = "prm"
+
+
 PRM_DEEPSPEED_DIR = "prm_deepspeed"
+
+
 PRIME_STATE_NAME = "prime_state.json"
+
+
 _MM_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
+
+
 #: learning rates of the LoRA recipe (recipes/configs/prime_lora.yaml): a LoRA adapter needs larger steps than the
 #: paper's full fine-tuning rates (policy 5e-7, PRM 1e-6; PRIME section 4.1); the PRM keeps twice the policy's
 LORA_RECIPE_LEARNING_RATES = {"learning_rate": 5e-6, "prm_learning_rate": 1e-5}
@@ -363,7 +378,7 @@ class PrimeMixin(GuardsMixin):
                 trained_reference="policy" if args.prm_reference == "policy" else None,
             )
         del self._prime_spec
-        self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof.py); None when prof_mode="off"
+        self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof/); None when prof_mode="off"
         self._guard_setup()  # start-up dataset checks; non-finite / verifier guards (trl_prime/_guards.py)
 
     # ----------------------------------------------------------------------------------------------------------
@@ -697,7 +712,7 @@ class PrimeMixin(GuardsMixin):
             if a.prm_max_abs_token_reward is not None:
                 token_rewards = token_rewards.clamp(-a.prm_max_abs_token_reward, a.prm_max_abs_token_reward)
         seq_rewards = gather(token_rewards.sum(-1))
-        # PROF (trl_prime/prof.py): the policy trains on m of the n completions of each prompt (= kept when it is off)
+        # PROF (trl_prime/prof/): the policy trains on m of the n completions of each prompt (= kept when it is off)
         policy_kept = prime_prof_rows(
             self, mode=mode, kept=kept, scorable=scorable, outcome=outcome, output=output, capture=cap,
             token_rewards=token_rewards, num_generations=K,
@@ -1058,7 +1073,7 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
 
     def _compute_loss(self, model, inputs):
         # rows with loss weight 0 (filtered prompts, PROF-dropped or unscorable rows) add nothing to this token-sum
-        # loss: the policy's forward and backward skip them (trl_prime/_rollout.py)
+        # loss: the policy's forward and backward skip them (trl_prime/rollout.py)
         if not self.aux_loss_enabled:  # a MoE router loss is a statistic of every attended token: keep the rows
             inputs = drop_zero_weight_rows(inputs, inputs["prime_loss_mask"], self.accelerator)
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]

@@ -14,16 +14,32 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig, RLOOConfig
 
 from trl_prime._guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_sum_then_normalize
-from trl_prime.prof import ProfOptions
+from trl_prime.prof.config import ProfOptions
 
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
+
+
 PRM_UPDATES = ("single", "double")
+
+
 PRM_REFERENCES = ("sft", "policy")
+
+
 ESTIMATORS = ("rloo", "grpo", "reinforce")
+
+
 BASELINES = ("paper", "reference")
+
+
 PROCESS_REWARD_NORMS = ("none", "batch_norm")
+
+
 GRPO_PROCESS_FORMS = ("response", "token")
+
+
 GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
+
+
 PRM_SCHEDULERS = (
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
     "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
@@ -31,7 +47,7 @@ PRM_SCHEDULERS = (
 
 
 @dataclass
-class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof.py; prof_mode="off" by default)
+class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof/; prof_mode="off" by default)
     # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/_guards.py)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (PRIME, arXiv 2502.01456).
 

@@ -1,0 +1,200 @@
+"""Best-of-N reranking with an implicit PRM (Implicit PRM arXiv 2412.01981 Sec. 4: min over step rewards by default).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trl_prime import functional as F
+from trl_prime.implicit_prm.model import ImplicitPRM, _bon_step_ends, tokenize_prompt_completion
+from trl_prime.modeling import eval_mode, peft_adapter, unwrap
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Best-of-N
+# ----------------------------------------------------------------------------------------------------------------
+def best_of_n(
+    prm: ImplicitPRM,
+    prompts: Sequence[Any],
+    candidates: Sequence[Sequence[Any]],
+    *,
+    aggregation: str = "min",
+    with_reference: bool = True,
+    delimiter: str | None = "\n\n",
+    step_len: int | None = None,
+    batch_size: int = 8,
+) -> list[int]:
+    """Index of the best candidate of each prompt under ``prm.score`` (Implicit PRM best-of-N).
+
+    Args:
+        prm: an :class:`ImplicitPRM` (anything with its ``score`` method).
+        prompts: one prompt per problem (string or list of messages).
+        candidates: ``candidates[i]`` is the list of completions for ``prompts[i]`` (any number, >= 1).
+        aggregation / with_reference / delimiter / step_len / batch_size: passed to :meth:`ImplicitPRM.score`
+            (``min`` over steps by default; ``with_reference=False`` scores ``beta * log pi_phi`` alone).
+
+    Returns:
+        ``len(prompts)`` indices: the argmax of each prompt's scores, the first one on ties (a NaN score never wins
+        over a number).
+
+    Raises:
+        ValueError: ``prompts`` and ``candidates`` differ in length, or a prompt has no candidate.
+    """
+    if len(prompts) != len(candidates):
+        raise ValueError(f"got {len(prompts)} prompts but {len(candidates)} candidate lists; pass one list per prompt.")
+    flat_p, flat_c, sizes = [], [], []
+    for i, (p, cands) in enumerate(zip(prompts, candidates)):
+        if isinstance(cands, str) or len(cands) == 0:
+            raise ValueError(f"candidates[{i}] must be a non-empty list of completions, got {cands!r}.")
+        flat_p.extend([p] * len(cands))
+        flat_c.extend(cands)
+        sizes.append(len(cands))
+    scores = prm.score(
+        flat_p, flat_c, aggregation=aggregation, with_reference=with_reference, delimiter=delimiter,
+        step_len=step_len, batch_size=batch_size,
+    )
+    out, start = [], 0
+    for n in sizes:
+        s = [float("-inf") if math.isnan(x) else float(x) for x in scores[start : start + n]]
+        best = 0
+        for j in range(1, n):
+            if s[j] > s[best]:  # strict: the first maximum wins
+                best = j
+        out.append(best)
+        start += n
+    return out
+
+
+@torch.no_grad()
+def _shared_prompt_logps(model: nn.Module, prompt_ids: list[int], completion_ids: list[list[int]], batch_size: int):
+    """``(B, T)`` log-probs of several completions of ONE prompt, the prompt run once (its KV cache is shared).
+
+    Numerically the same quantity as :func:`completion_logps` on ``prompt + completion`` rows (positions 0..P-1 for
+    the prompt, P.. for the completion; right padding after a completion cannot change it: attention is causal).
+    """
+    from trl.trainer.utils import selective_log_softmax
+
+    device = next(unwrap(model).parameters()).device
+    p = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    out = model(input_ids=p, use_cache=True)
+    cache0, first = out.past_key_values, out.logits[:, -1].float().log_softmax(-1)
+    P, T = len(prompt_ids), max(map(len, completion_ids))
+    pad = 0
+    res = torch.zeros((len(completion_ids), T), dtype=torch.float32)
+    for b0 in range(0, len(completion_ids), batch_size):
+        rows = completion_ids[b0 : b0 + batch_size]
+        B, Tb = len(rows), max(map(len, rows))
+        ids = torch.full((B, Tb), pad, dtype=torch.long, device=device)
+        am = torch.zeros((B, P + Tb), dtype=torch.long, device=device)
+        am[:, :P] = 1
+        for i, c in enumerate(rows):
+            ids[i, : len(c)] = torch.tensor(c, device=device)
+            am[i, P : P + len(c)] = 1
+        cache = copy.deepcopy(cache0)
+        cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))
+        pos = (P + torch.arange(Tb, device=device)).unsqueeze(0).expand(B, -1)
+        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        lp = torch.empty((B, Tb), dtype=torch.float32, device=device)
+        lp[:, 0] = first[0, ids[:, 0]]
+        if Tb > 1:
+            lp[:, 1:] = selective_log_softmax(logits[:, :-1].float(), ids[:, 1:])
+        res[b0 : b0 + B, :Tb] = lp.cpu()
+    return res
+
+
+@torch.no_grad()
+def score_candidates(
+    prm: ImplicitPRM,
+    prompt: Any,
+    completions: Sequence[Any],
+    *,
+    aggregations: Sequence[str] = ("min", "mean", "sum", "last"),
+    with_reference: Sequence[bool] = (True,),
+    delimiter: str | None = "\n\n",
+    step_len: int | None = None,
+    batch_size: int = 16,
+    same_weights: bool = False,
+    ref_logps: torch.Tensor | None = None,
+    return_logps: bool = False,
+):
+    """:meth:`ImplicitPRM.score` for many completions of one prompt and several aggregations at once.
+
+    The prompt is run once per model (shared KV cache) and each model's log-probs are computed once for all
+    ``aggregations`` x ``with_reference`` variants; the values equal :meth:`ImplicitPRM.score`'s (Implicit PRM §3:
+    ``r_t = beta (log pi_phi - log pi_ref)``, step rewards summed between step ends, then ``min``/``mean``/``sum``/
+    ``last``; without reference ``beta * log pi_phi``).
+
+    Args:
+        prm: the implicit PRM (its ``tokenizer`` is used; separate or adapter reference).
+        prompt: one prompt (string or messages).
+        completions: its ``N`` candidates (strings or ``[{"role": "assistant", "content": ...}]``).
+        aggregations / with_reference: the variants to return.
+        delimiter / step_len: step boundaries (see :meth:`ImplicitPRM.step_rewards`).
+        batch_size: completions per forward.
+        same_weights: ``pi_phi`` and ``pi_ref`` are known to hold the same weights (an untrained PRM): the reference
+            forward is skipped and its log-probs are the PRM's (every reward exactly 0).
+        ref_logps: precomputed ``(N, T')`` float reference log-probs of these completions (``T' >=`` the longest
+            completion incl. EOS; e.g. the untrained PRM's ``return_logps`` output, when the reference is that
+            checkpoint): the reference forward is skipped.
+        return_logps: also return the ``(N, T)`` float32 log-probs of ``pi_phi`` and of ``pi_ref`` (None if unused).
+
+    Returns:
+        ``{"<aggregation>" (with reference) or "<aggregation>/noref": [N floats]}``; with ``return_logps``
+        ``(scores, prm_logps, ref_logps)``.
+    """
+
+    tok = prm.tokenizer
+    rows = [tokenize_prompt_completion(prompt, c, tok) for c in completions]
+    p_ids = rows[0]["prompt_ids"]
+    c_ids = [r["completion_ids"] for r in rows]
+    with prm.prm_context():
+        lp = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
+    ref = None
+    if any(with_reference):
+        if ref_logps is not None:
+            ref = ref_logps[:, : lp.size(1)].float()
+            if ref.shape != lp.shape:
+                raise ValueError(f"ref_logps has shape {tuple(ref_logps.shape)}; expected ({lp.size(0)}, >= {lp.size(1)}).")
+        elif same_weights:
+            ref = lp
+        elif prm.ref_model is not None:
+            with eval_mode(prm.ref_model):
+                ref = _shared_prompt_logps(prm.ref_model, p_ids, c_ids, batch_size)
+        elif prm.adapter_name is not None:
+            with eval_mode(prm.model), peft_adapter(prm.model, prm.ref_adapter_name):
+                ref = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
+        else:
+            raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
+    T = lp.size(1)
+    mask = torch.zeros((len(c_ids), T), dtype=torch.long)
+    cid = torch.full((len(c_ids), T), tok.pad_token_id if tok.pad_token_id is not None else 0, dtype=torch.long)
+    for i, c in enumerate(c_ids):
+        mask[i, : len(c)] = 1
+        cid[i, : len(c)] = torch.tensor(c)
+    ends = _bon_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
+    out: dict[str, list[float]] = {}
+    for wr in with_reference:
+        r = F.implicit_token_rewards(
+            prm_logps=lp, ref_logps=ref if wr else torch.zeros_like(lp), mask=mask, beta=prm.beta,
+        )
+        values, smask = F.step_rewards(token_rewards=r, step_ends=ends)
+        for how in aggregations:
+            key = how if wr else f"{how}/noref"
+            out[key] = [float(x) for x in F.aggregate_step_rewards(step_values=values, step_mask=smask, how=how)]
+    return (out, lp, ref) if return_logps else out
+
+
+def argmax_first(scores: Sequence[float]) -> int:
+    """Index of the largest score, the first one on ties; NaN never wins over a number (best-of-N selection)."""
+    best, bv = 0, None
+    for j, x in enumerate(scores):
+        v = float("-inf") if x is None or math.isnan(float(x)) else float(x)
+        if bv is None or v > bv:
+            best, bv = j, v
+    return best

@@ -1,0 +1,344 @@
+"""Generic model utilities shared by every trainer: position ids, unwrapping, fused LM heads, completion log-probs,
+PEFT adapters, and frozen models next to TRL's policy (loading a copy, freezing and placing it, reading its log-probs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterable
+
+import torch
+from accelerate.utils import is_peft_model
+from torch import nn
+
+
+# Attribute set on a model whose forward carries TRL's fused LM head at temperature 1 (see `add_fused_head`)
+_FUSED_ATTR = "_trl_prime_fused_t1"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Log-probs
+# ----------------------------------------------------------------------------------------------------------------
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids ``(B, L)`` long from a 0/1 attention mask: 0 at the first real token, +1 per real token.
+
+    Left padding gets position 0 (its value is irrelevant: padded keys are masked out). With these ids a left-padded
+    row is scored exactly like the same row without padding.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DDP / DeepSpeed engines (``.module``), else ``model`` itself."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+def _fused_base(model: nn.Module) -> nn.Module:
+    base = unwrap(model)
+    if hasattr(base, "get_base_model"):  # PeftModel: TRL patches the base model
+        base = base.get_base_model()
+    return base
+
+
+def has_fused_head(model: nn.Module) -> bool:
+    """Whether ``model`` (possibly wrapped) carries TRL's fused LM head at temperature 1 (see :func:`add_fused_head`)."""
+    return bool(getattr(_fused_base(model), _FUSED_ATTR, False))
+
+
+def add_fused_head(model: nn.Module, *, mark_only: bool = False) -> nn.Module:
+    """Give a causal LM TRL's fused LM head at temperature 1 and mark it, so :func:`completion_logps` uses it.
+
+    ``model(..., labels=..., fused_lm_head=True)`` then returns per-token log-probs without materialising the
+    ``(B, T, V)`` logits; the ordinary forward (and ``generate``) is unchanged. ``mark_only=True`` only marks a model
+    TRL already patched at temperature 1. Patch a model *before* copying it (a deep copy of a patched model keeps a
+    forward bound to the original).
+    """
+    base = _fused_base(model)
+    if getattr(base, _FUSED_ATTR, False):
+        return model
+    if not mark_only:
+        try:
+            from trl.trainer.utils import add_fused_lm_head
+        except ImportError:  # pragma: no cover - older TRL: fall back to the logits path
+            return model
+        add_fused_lm_head(base, temperature=1.0)
+    setattr(base, _FUSED_ATTR, True)
+    return model
+
+
+def completion_logps(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Per-token log-probs of the last ``logits_to_keep`` tokens of each row under ``model``.
+
+    Args:
+        model: a causal LM (plain, PEFT, DDP-wrapped or a DeepSpeed engine). Called as is: grad mode, train/eval mode
+            and active adapters are the caller's.
+        input_ids: ``(B, L)`` long, prompt (left-padded) followed by the completion (right-padded).
+        attention_mask: ``(B, L)`` 0/1, 0 on padding.
+        logits_to_keep: ``T``, the completion length; the scored tokens are ``input_ids[:, -T:]``.
+        micro_batch_size: rows per forward (``None``: all rows at once).
+
+    Returns:
+        ``(B, T)`` float32 log-probs, natural log. Values at padded completion positions are unspecified.
+
+    The logit at position ``t-1`` scores token ``t`` (causal shift). Position ids come from the attention mask.
+    """
+    if logits_to_keep <= 0:
+        return input_ids.new_zeros((input_ids.size(0), 0), dtype=torch.float32)
+    if logits_to_keep >= input_ids.size(1):
+        raise ValueError(
+            f"logits_to_keep ({logits_to_keep}) must be smaller than the sequence length ({input_ids.size(1)}): "
+            "the first scored token needs at least one token (the prompt) before it."
+        )
+    fused = has_fused_head(model)
+    bs = micro_batch_size or input_ids.size(0)
+    out = []
+    for start in range(0, input_ids.size(0), bs):
+        ids = input_ids[start : start + bs]
+        am = attention_mask[start : start + bs]
+        pos = position_ids_from_mask(am)
+        if fused:
+            labels = ids.masked_fill(am == 0, -100)
+            labels[:, :-logits_to_keep] = -100
+            res = model(input_ids=ids, attention_mask=am, position_ids=pos, labels=labels, fused_lm_head=True)
+            lp = res.log_probs[:, -logits_to_keep:]
+        else:
+            from trl.trainer.utils import selective_log_softmax
+
+            res = model(
+                input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=logits_to_keep + 1, use_cache=False
+            )
+            logits = res.logits[:, -(logits_to_keep + 1) : -1]
+            lp = selective_log_softmax(logits, ids[:, -logits_to_keep:])
+        out.append(lp.float())
+    return torch.cat(out, dim=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Context managers
+# ----------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def eval_mode(*modules: nn.Module | None):
+    """Put modules in eval mode (no dropout) for the block and restore each module's previous mode afterwards."""
+    saved = []
+    for m in modules:
+        if m is None:
+            continue
+        saved.append((m, [(sub, sub.training) for sub in m.modules()]))
+        m.eval()
+    try:
+        yield
+    finally:
+        for _, flags in saved:
+            for sub, flag in flags:
+                sub.training = flag
+
+
+@contextlib.contextmanager
+def peft_adapter(peft_model: nn.Module, adapter_name: str | None, *, trainable: bool = False):
+    """Run a ``PeftModel`` with one adapter active (``None``: all adapters disabled) and restore everything after.
+
+    PEFT's ``set_adapter`` flips ``requires_grad`` (the active adapter becomes trainable, the others frozen); TRL
+    calls it too. This context records every parameter's ``requires_grad`` and the active adapter before, and puts
+    both back on exit. Inside, only ``adapter_name``'s parameters require grad when ``trainable``, none otherwise.
+    """
+    peft_model = unwrap(peft_model)
+    flags = [(p, p.requires_grad) for p in peft_model.parameters()]
+    if adapter_name is None:
+        with peft_model.disable_adapter():
+            yield
+        return
+    previous = peft_model.active_adapter
+    peft_model.set_adapter(adapter_name)
+    own = {id(p) for _, p in adapter_parameters(peft_model, adapter_name)} if trainable else set()
+    for p in peft_model.parameters():
+        p.requires_grad_(id(p) in own)
+    try:
+        yield
+    finally:
+        peft_model.set_adapter(previous)
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def adapter_parameters(peft_model: nn.Module, adapter_name: str) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of one adapter of a ``PeftModel``, found through PEFT's own structure, not by name.
+
+    Every PEFT tuner layer (``peft.tuners.tuners_utils.BaseTunerLayer``: LoRA, IA3, LoHa, OFT, ...) keeps its
+    per-adapter weights in the ``ModuleDict`` / ``ParameterDict`` attributes listed in its ``adapter_layer_names``,
+    keyed by adapter name; ``modules_to_save`` copies live in ``ModulesToSaveWrapper.modules_to_save[adapter_name]``.
+    Parameter names do not always contain ``.<adapter_name>.`` (IA3's are ``...k_proj.ia3_l.<adapter_name>``), so they
+    are not matched. The order is the model's module order, the same for every adapter of the same config (two such
+    adapters' lists pair up element by element). Prompt-learning methods (prefix / prompt tuning) have no tuner layers:
+    the list is empty.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    out, seen = [], set()
+
+    def add(prefix: str, item) -> None:
+        named = [(prefix, item)] if isinstance(item, nn.Parameter) else item.named_parameters(prefix=prefix)
+        for n, p in named:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((n, p))
+
+    for mod_name, module in unwrap(peft_model).named_modules():
+        if isinstance(module, BaseTunerLayer):
+            for layer_name in module.adapter_layer_names:
+                container = getattr(module, layer_name, None)
+                if isinstance(container, (nn.ModuleDict, nn.ParameterDict)) and adapter_name in container:
+                    add(f"{mod_name}.{layer_name}.{adapter_name}", container[adapter_name])
+        elif isinstance(module, ModulesToSaveWrapper) and adapter_name in module.modules_to_save:
+            add(f"{mod_name}.modules_to_save.{adapter_name}", module.modules_to_save[adapter_name])
+    return out
+
+
+def copy_adapter_weights(peft_model: nn.Module, src: str, dst: str) -> None:
+    """Copy adapter ``src``'s weights into adapter ``dst`` of the same ``PeftModel`` (same PEFT config), in place.
+
+    Raises:
+        ValueError: when the two adapters do not have the same parameters (different configs).
+    """
+    a, b = adapter_parameters(peft_model, src), adapter_parameters(peft_model, dst)
+    if len(a) != len(b) or any(p.shape != q.shape for (_, p), (_, q) in zip(a, b)):
+        raise ValueError(f"Adapters {src!r} and {dst!r} have different parameters: cannot copy one into the other.")
+    with torch.no_grad():
+        for (_, p), (_, q) in zip(a, b):
+            q.copy_(p)
+
+
+def check_peft_adapter_supported(peft_model: nn.Module, adapter_name: str = "default",
+                                 field_name: str = "peft_config") -> None:
+    """Refuse a PEFT method whose adapter weights are not in tuner layers (prompt learning: prefix, prompt tuning).
+
+    Raises:
+        ValueError: naming ``field_name`` and the supported types.
+    """
+    model = unwrap(peft_model)
+    cfg = getattr(model, "peft_config", {}).get(adapter_name)
+    if cfg is None:
+        return
+    if getattr(cfg, "is_prompt_learning", False) or not adapter_parameters(model, adapter_name):
+        kind = getattr(getattr(cfg, "peft_type", None), "value", type(cfg).__name__)
+        raise ValueError(
+            f"`{field_name}` is a {kind} adapter ({type(cfg).__name__}), which has no adapter weights in the model's "
+            "layers: the trainers copy, freeze and train adapters layer by layer. Use a tuner-layer method: LoRA "
+            "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
+            "way. task_type='CAUSAL_LM'."
+        )
+
+
+
+
+def model_init_kwargs(args) -> dict:
+    """``from_pretrained`` kwargs of a copy of the policy: ``args.model_init_kwargs`` as TRL uses them."""
+    kwargs = dict(args.model_init_kwargs or {})
+    if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+        kwargs["device_map"] = None  # distributed training needs device_map=None ("auto" fails)
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return kwargs
+
+
+def load_model_copy(source: str | nn.Module, args, *, peft_message: str | None = None) -> nn.Module:
+    """A fresh copy of ``source``: loaded from its path with :func:`model_init_kwargs`, or deep-copied.
+
+    Call it *before* TRL loads or wraps the policy (a deep copy of a model TRL already patched keeps a forward bound
+    to the original). A ``PeftModel`` cannot be copied into a separate model: ``peft_message`` says what to do instead.
+
+    Raises:
+        ValueError: ``source`` is a ``PeftModel``.
+    """
+    if isinstance(source, str):
+        from trl.trainer.utils import create_model_from_path
+
+        return create_model_from_path(source, **model_init_kwargs(args))
+    source = unwrap(source)
+    if is_peft_model(source):
+        raise ValueError(
+            peft_message
+            or "A PeftModel cannot be copied into a separate frozen model: its reference is its base with adapters "
+            "disabled (or a frozen copy of its adapter)."
+        )
+    return copy.deepcopy(source)
+
+
+def prepare_frozen(model: nn.Module, trainer) -> nn.Module:
+    """Freeze ``model`` (no grad, eval mode) and place it like TRL places its reference model; returns it (or its
+    DeepSpeed / FSDP wrapper)."""
+    model.requires_grad_(False)
+    model.eval()
+    if trainer.is_deepspeed_enabled:
+        from trl.models import prepare_deepspeed
+
+        return prepare_deepspeed(model, trainer.accelerator)
+    if getattr(trainer, "is_fsdp_enabled", False):
+        from trl.models import prepare_fsdp
+
+        return prepare_fsdp(model, trainer.accelerator)
+    return model.to(trainer.accelerator.device)
+
+
+def copy_adapter(peft_model: nn.Module, dst: str | Iterable[str], *, src: str = "default", trainable=False) -> None:
+    """Add adapter(s) ``dst`` to a ``PeftModel`` as exact copies of adapter ``src`` (same config and weights).
+
+    The copies do not require grad unless ``trainable`` (the policy's optimizer and DDP must not see a frozen copy).
+
+    Raises:
+        ValueError: ``src`` is a prompt-learning adapter (no weights in the layers to copy; names ``peft_config``).
+    """
+    peft_model = unwrap(peft_model)
+    check_peft_adapter_supported(peft_model, src)
+    names = [dst] if isinstance(dst, str) else list(dst)
+    cfg = copy.deepcopy(peft_model.peft_config[src])
+    cfg.inference_mode = False
+    for name in names:
+        peft_model.add_adapter(name, copy.deepcopy(cfg))
+    for name in names:  # adapters found through PEFT's tuner layers (IA3 names lack ".<adapter>.")
+        copy_adapter_weights(peft_model, src, name)
+        for _, p in adapter_parameters(peft_model, name):
+            p.requires_grad_(trainable)
+
+
+@torch.no_grad()
+def reference_logps(
+    trainer,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    ref_model: nn.Module | None = None,
+    adapter_name: str | None = None,
+    batch_size: int | None = None,
+    **forward_kwargs,
+) -> torch.Tensor:
+    """``(B, T)`` log-probs of the last ``logits_to_keep`` tokens under a frozen reference, via TRL's
+    ``trainer._get_per_token_logps_and_entropies`` (eval mode, no grad).
+
+    The reference is ``ref_model`` when given (it must carry TRL's fused LM head at the trainer's temperature, see
+    ``trl.trainer.utils.add_fused_lm_head``), else the trainer's PEFT policy with adapter ``adapter_name`` active
+    (``None``: every adapter disabled, i.e. the base model). ``forward_kwargs`` are TRL's multimodal inputs.
+    """
+    if ref_model is not None:
+        with eval_mode(ref_model):
+            return trainer._get_per_token_logps_and_entropies(
+                ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **forward_kwargs
+            )[0]
+    if not is_peft_model(unwrap(trainer.model)):
+        raise ValueError(
+            "reference_logps needs `ref_model`, or a PEFT policy whose base (adapters disabled) is the reference."
+        )
+    with eval_mode(trainer.model), peft_adapter(trainer.model, adapter_name):
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **forward_kwargs
+        )[0]
