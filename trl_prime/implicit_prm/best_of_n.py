@@ -1,5 +1,4 @@
-"""Best-of-N reranking with an implicit PRM (Implicit PRM arXiv 2412.01981 Sec. 4: min over step rewards by default).
-"""
+"""Best-of-N reranking with an implicit PRM (Implicit PRM arXiv 2412.01981 Sec. 4: min over step rewards by default)."""
 
 from __future__ import annotations
 
@@ -47,7 +46,9 @@ def best_of_n(
         ValueError: ``prompts`` and ``candidates`` differ in length, or a prompt has no candidate.
     """
     if len(prompts) != len(candidates):
-        raise ValueError(f"got {len(prompts)} prompts but {len(candidates)} candidate lists; pass one list per prompt.")
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(candidates)} candidate lists; pass one list per prompt."
+        )
     flat_p, flat_c, sizes = [], [], []
     for i, (p, cands) in enumerate(zip(prompts, candidates)):
         if isinstance(cands, str) or len(cands) == 0:
@@ -56,8 +57,13 @@ def best_of_n(
         flat_c.extend(cands)
         sizes.append(len(cands))
     scores = prm.score(
-        flat_p, flat_c, aggregation=aggregation, with_reference=with_reference, delimiter=delimiter,
-        step_len=step_len, batch_size=batch_size,
+        flat_p,
+        flat_c,
+        aggregation=aggregation,
+        with_reference=with_reference,
+        delimiter=delimiter,
+        step_len=step_len,
+        batch_size=batch_size,
     )
     out, start = [], 0
     for n in sizes:
@@ -99,7 +105,9 @@ def _shared_prompt_logps(model: nn.Module, prompt_ids: list[int], completion_ids
         cache = copy.deepcopy(cache0)
         cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))
         pos = (P + torch.arange(Tb, device=device)).unsqueeze(0).expand(B, -1)
-        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        logits = model(
+            input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True
+        ).logits
         lp = torch.empty((B, Tb), dtype=torch.float32, device=device)
         lp[:, 0] = first[0, ids[:, 0]]
         if Tb > 1:
@@ -160,7 +168,9 @@ def score_candidates(
         if ref_logps is not None:
             ref = ref_logps[:, : lp.size(1)].float()
             if ref.shape != lp.shape:
-                raise ValueError(f"ref_logps has shape {tuple(ref_logps.shape)}; expected ({lp.size(0)}, >= {lp.size(1)}).")
+                raise ValueError(
+                    f"ref_logps has shape {tuple(ref_logps.shape)}; expected ({lp.size(0)}, >= {lp.size(1)})."
+                )
         elif same_weights:
             ref = lp
         elif prm.ref_model is not None:
@@ -181,7 +191,10 @@ def score_candidates(
     out: dict[str, list[float]] = {}
     for wr in with_reference:
         r = F.implicit_token_rewards(
-            prm_logps=lp, ref_logps=ref if wr else torch.zeros_like(lp), mask=mask, beta=prm.beta,
+            prm_logps=lp,
+            ref_logps=ref if wr else torch.zeros_like(lp),
+            mask=mask,
+            beta=prm.beta,
         )
         values, smask = F.step_rewards(token_rewards=r, step_ends=ends)
         for how in aggregations:

@@ -1,9 +1,10 @@
-"""The implicit process reward model (Implicit PRM, arXiv 2412.01981; PRIME arXiv 2502.01456 Eq. 3).
+"""The implicit process reward model (Implicit PRM arXiv 2412.01981; PRIME arXiv 2502.01456 Eq. 3).
 
 An implicit PRM is a causal language model ``pi_phi`` read against a reference ``pi_ref``: the reward of token
-``y_t`` is ``r_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))`` (PRIME Eq. 3). Summed over a
-completion it is the outcome reward ``r(y)`` the model is trained on (cross-entropy on outcome labels); its prefix
-sums are Q-values and its per-step sums are step rewards, usable for best-of-N (min over steps by default).
+``y_t`` is ``r_t = beta * (log pi_phi(y_t | y_<t) - log pi_ref(y_t | y_<t))`` (PRIME Eq. 3; Implicit PRM Sec. 3).
+Summed over a completion it is the outcome reward ``r(y)`` the model is trained on (cross-entropy on outcome labels);
+its prefix sums are Q-values and its per-step sums are step rewards, usable for best-of-N (min over steps by default,
+Implicit PRM Sec. 4).
 
 :class:`ImplicitPRM` wraps ``pi_phi`` and one of three references:
 
@@ -13,10 +14,16 @@ sums are Q-values and its per-step sums are step rewards, usable for best-of-N (
 - an *external* reference: the caller passes reference log-probs (PRIME's ``prm_reference="policy"``, where the
   rollout policy's log-probs serve as reference).
 
-All log-probs (PRM and reference) go through :func:`completion_logps`: the same token ids, the same attention mask,
-position ids derived from the attention mask (so a left-padded batch scores like its unpadded rows), models in eval
-mode (no dropout), and no ``(B, T, V)`` log-softmax is ever materialised (TRL's fused LM head when the model carries
-one at temperature 1, else ``selective_log_softmax`` on micro-batches).
+All log-probs (PRM and reference) go through :func:`~trl_prime.modeling.completion_logps`: the same token ids, the
+same attention mask, position ids derived from the attention mask (so a left-padded batch scores like its unpadded
+rows), models in eval mode (no dropout), and no ``(B, T, V)`` log-softmax is ever materialised (TRL's fused LM head
+when the model carries one at temperature 1, else ``selective_log_softmax`` on micro-batches).
+
+The module also holds what scoring, training and sampling share: :func:`tokenize_prompt_completion` (one row's ids,
+as TRL's ``GRPOTrainer`` tokenises them), :func:`pad_token_rows` / :func:`pad_prompt_completion` (TRL's batch
+layout: prompt left-padded, completion right-padded) and the step splitter of best-of-N scoring. An
+:class:`ImplicitPRM` is saved as a ``save_pretrained`` folder with ``implicit_prm_config.json`` and ``reference/``
+(:meth:`ImplicitPRM.save_pretrained` / :meth:`ImplicitPRM.from_pretrained`).
 """
 
 from __future__ import annotations
@@ -35,14 +42,13 @@ from torch import nn
 from trl_prime import functional as F
 from trl_prime.modeling import adapter_parameters, add_fused_head, completion_logps, eval_mode, peft_adapter, unwrap
 
+
 CONFIG_NAME = "implicit_prm_config.json"
-
-
 REFERENCE_SUBFOLDER = "reference"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Steps
+# Steps and tokenisation (shared by scoring, training and sampling)
 # ----------------------------------------------------------------------------------------------------------------
 def _bon_step_ends(
     completion_ids: torch.Tensor,
@@ -72,9 +78,6 @@ def _bon_step_ends(
     return F.step_end_mask(completion_ids, mask, tokenizer, split="double_newline", delimiter=delimiter)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# ImplicitPRM
-# ----------------------------------------------------------------------------------------------------------------
 def tokenize_prompt_completion(
     prompt: Any,
     completion: Any,
@@ -122,6 +125,45 @@ def tokenize_prompt_completion(
     return {"prompt_ids": p, "completion_ids": list(c)}
 
 
+def pad_token_rows(
+    rows: Sequence[Sequence[int]], pad_token_id: int, *, padding_side: str = "right", device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``: token-id rows padded to the longest, both ``(B, L)`` long; ``mask`` is 1 on each row's tokens.
+
+    ``padding_side="left"`` for prompts, ``"right"`` for completions (TRL's layout).
+    """
+    B, L = len(rows), max(map(len, rows))
+    ids = torch.full((B, L), pad_token_id, dtype=torch.long, device=device)
+    mask = torch.zeros((B, L), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        span = slice(L - len(row), L) if padding_side == "left" else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask
+
+
+def pad_prompt_completion(
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """A batch in TRL's layout: each prompt left-padded, followed by its completion right-padded.
+
+    Returns:
+        dict with ``input_ids`` ``(B, P+T)``, ``attention_mask`` ``(B, P+T)``, ``completion_ids`` ``(B, T)`` and
+        ``completion_mask`` ``(B, T)``, all long, on the CPU.
+    """
+    p_ids, p_mask = pad_token_rows(prompt_ids, pad_token_id, padding_side="left")
+    c_ids, c_mask = pad_token_rows(completion_ids, pad_token_id, padding_side="right")
+    return {
+        "input_ids": torch.cat([p_ids, c_ids], 1),
+        "attention_mask": torch.cat([p_mask, c_mask], 1),
+        "completion_ids": c_ids,
+        "completion_mask": c_mask,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ImplicitPRM
+# ----------------------------------------------------------------------------------------------------------------
 class ImplicitPRM:
     """An implicit PRM: a causal LM ``pi_phi`` and its reference ``pi_ref`` (Implicit PRM section 3; PRIME Eq. 3).
 
@@ -184,7 +226,9 @@ class ImplicitPRM:
         self.trained_reference = trained_reference
         self.name_or_path = getattr(getattr(unwrap(model), "config", None), "_name_or_path", None)
         self.ref_name_or_path = (
-            getattr(getattr(unwrap(ref_model), "config", None), "_name_or_path", None) if ref_model is not None else None
+            getattr(getattr(unwrap(ref_model), "config", None), "_name_or_path", None)
+            if ref_model is not None
+            else None
         )
         if fused_head and adapter_name is None:
             add_fused_head(model)
@@ -217,7 +261,7 @@ class ImplicitPRM:
         """Parameters of ``pi_phi`` an optimizer should update (the adapter's parameters for a PEFT PRM)."""
         if self.adapter_name is not None:
             return [p for _, p in adapter_parameters(self.model, self.adapter_name)]
-        return [p for p in unwrap(self.model).parameters()]
+        return list(unwrap(self.model).parameters())
 
     def prm_logps(
         self,
@@ -293,7 +337,10 @@ class ImplicitPRM:
             ref_logps = torch.zeros_like(prm_logps)
         ilt = self.include_last_token if include_last_token is None else include_last_token
         return F.implicit_token_rewards(
-            prm_logps=prm_logps, ref_logps=ref_logps.detach(), mask=completion_mask, beta=self.beta,
+            prm_logps=prm_logps,
+            ref_logps=ref_logps.detach(),
+            mask=completion_mask,
+            beta=self.beta,
             include_last_token=ilt,
         )
 
@@ -356,24 +403,8 @@ class ImplicitPRM:
             p_ids.append(row["prompt_ids"])
             c_ids.append(row["completion_ids"])
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        P, T = max(map(len, p_ids)), max(map(len, c_ids))
-        B = len(p_ids)
-        prompt_ids = torch.full((B, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((B, P), dtype=torch.long)
-        completion_ids = torch.full((B, T), pad, dtype=torch.long)
-        completion_mask = torch.zeros((B, T), dtype=torch.long)
-        for i, (p, c) in enumerate(zip(p_ids, c_ids)):
-            prompt_ids[i, P - len(p) :] = torch.tensor(p)
-            prompt_mask[i, P - len(p) :] = 1
-            completion_ids[i, : len(c)] = torch.tensor(c)
-            completion_mask[i, : len(c)] = 1
-        dev = self.device
-        return {
-            "input_ids": torch.cat([prompt_ids, completion_ids], 1).to(dev),
-            "attention_mask": torch.cat([prompt_mask, completion_mask], 1).to(dev),
-            "completion_ids": completion_ids.to(dev),
-            "completion_mask": completion_mask.to(dev),
-        }
+        batch = pad_prompt_completion(p_ids, c_ids, pad)
+        return {k: v.to(self.device) for k, v in batch.items()}
 
     @torch.no_grad()
     def score(
@@ -402,8 +433,12 @@ class ImplicitPRM:
         for start in range(0, len(completions), batch_size):
             enc = self.encode(prompts[start : start + batch_size], completions[start : start + batch_size])
             values, smask = self.step_rewards(
-                enc["input_ids"], enc["attention_mask"], enc["completion_mask"],
-                delimiter=delimiter, step_len=step_len, with_reference=with_reference,
+                enc["input_ids"],
+                enc["attention_mask"],
+                enc["completion_mask"],
+                delimiter=delimiter,
+                step_len=step_len,
+                with_reference=with_reference,
             )
             agg = F.aggregate_step_rewards(step_values=values, step_mask=smask, how=aggregation)
             scores.extend(float(x) for x in agg.float().cpu())
@@ -461,7 +496,8 @@ class ImplicitPRM:
         cfg["reference_subfolder"] = REFERENCE_SUBFOLDER if self.ref_adapter_name is not None else None
         if save_reference and self.ref_model is not None:
             unwrap(self.ref_model).save_pretrained(
-                os.path.join(save_directory, REFERENCE_SUBFOLDER), state_dict=ref_state_dict,
+                os.path.join(save_directory, REFERENCE_SUBFOLDER),
+                state_dict=ref_state_dict,
                 safe_serialization=safe_serialization,
             )
             cfg["reference_subfolder"] = REFERENCE_SUBFOLDER
@@ -496,63 +532,22 @@ class ImplicitPRM:
                 its scores here are relative to the reference it is loaded with (the base with adapters disabled,
                 ``ref_model``), not to the rollout policy it was trained against.
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = str(path)
         cfg_path = os.path.join(path, CONFIG_NAME)
         cfg = json.load(open(cfg_path)) if os.path.isfile(cfg_path) else {}
         adapter_name = cfg.get("adapter_name")
         ref_adapter_name = cfg.get("ref_adapter_name")
         if tokenizer is None:
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(path)
-            except (OSError, ValueError, TypeError):
-                tokenizer = None
-        if adapter_name is not None:
-            from peft import PeftConfig, PeftModel
-
-            peft_cfg = PeftConfig.from_pretrained(path)
-            base = AutoModelForCausalLM.from_pretrained(peft_cfg.base_model_name_or_path, **model_kwargs)
-            model = PeftModel.from_pretrained(base, path, adapter_name=adapter_name, is_trainable=False)
-            if ref_adapter_name:
-                model.load_adapter(os.path.join(path, REFERENCE_SUBFOLDER), adapter_name=ref_adapter_name)
-            model.set_adapter(adapter_name)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
-        if isinstance(ref_model, (str, os.PathLike)):
-            ref_model = AutoModelForCausalLM.from_pretrained(str(ref_model), **model_kwargs)
-        elif ref_model is None and adapter_name is None:
-            sub = cfg.get("reference_subfolder")
-            if sub and os.path.isdir(os.path.join(path, sub)):
-                ref_model = AutoModelForCausalLM.from_pretrained(os.path.join(path, sub), **model_kwargs)
-            elif cfg.get("ref_name_or_path") and os.path.isdir(cfg["ref_name_or_path"]):
-                ref_model = AutoModelForCausalLM.from_pretrained(cfg["ref_name_or_path"], **model_kwargs)
-            elif cfg.get("reference") == "external":
-                ref_model = None
-            else:
-                raise ValueError(
-                    f"No reference model found for the implicit PRM in {path!r}: it was saved without "
-                    "`reference/` and records no reachable `ref_name_or_path`. Pass `ref_model=` (a model or a path)."
-                )
+            tokenizer = _load_tokenizer(path)
+        model = _load_prm_model(path, adapter_name, ref_adapter_name, model_kwargs)
+        ref_model = _load_reference(path, cfg, ref_model, adapter_name, model_kwargs)
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
         model.eval()
         trained_reference = cfg.get("trained_reference")
         if trained_reference == "policy":
-            if ref_model is not None:
-                scoring_ref = "the reference model given or saved with it"
-            elif adapter_name is not None:
-                scoring_ref = "the PEFT base with adapters disabled"
-            else:
-                scoring_ref = "the `ref_logps` you pass"
-            warnings.warn(
-                f"The implicit PRM in {path!r} was trained against the rollout policy's log-probs "
-                "(prm_reference='policy'); its scores here are relative to "
-                f"{scoring_ref}, not to the rollout policy it was trained against. Pass `ref_model=` (the policy "
-                "checkpoint) or `ref_logps` to score against that policy.",
-                stacklevel=2,
-            )
+            _warn_trained_against_policy(path, ref_model, adapter_name)
         return cls(
             model,
             ref_model,
@@ -572,6 +567,9 @@ class ImplicitPRM:
         )
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Saving and loading
+# ----------------------------------------------------------------------------------------------------------------
 def _save_adapter(peft_model: nn.Module, adapter_name: str, folder: str) -> None:
     """Write one adapter of a ``PeftModel`` as a standard adapter folder (``PeftModel.from_pretrained`` loads it)."""
     from peft.utils import get_peft_model_state_dict
@@ -579,9 +577,89 @@ def _save_adapter(peft_model: nn.Module, adapter_name: str, folder: str) -> None
 
     os.makedirs(folder, exist_ok=True)
     state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, "adapter_model.safetensors"))
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(folder, "adapter_model.safetensors")
+    )
     cfg = copy.deepcopy(peft_model.peft_config[adapter_name])
     cfg.inference_mode = True
     if cfg.base_model_name_or_path is None:
         cfg.base_model_name_or_path = getattr(peft_model.get_base_model().config, "_name_or_path", None)
     cfg.save_pretrained(folder)
+
+
+def _load_tokenizer(path: str):
+    """The tokenizer saved in ``path``, or ``None`` when the folder holds none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _load_prm_model(path: str, adapter_name: str | None, ref_adapter_name: str | None, model_kwargs: dict):
+    """``pi_phi`` saved in ``path``: a causal LM, or its PEFT base with the PRM adapter (and the reference adapter
+    from ``path/reference``, when one was saved) loaded frozen, the PRM adapter active."""
+    from transformers import AutoModelForCausalLM
+
+    if adapter_name is None:
+        return AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+    from peft import PeftConfig, PeftModel
+
+    peft_cfg = PeftConfig.from_pretrained(path)
+    base = AutoModelForCausalLM.from_pretrained(peft_cfg.base_model_name_or_path, **model_kwargs)
+    model = PeftModel.from_pretrained(base, path, adapter_name=adapter_name, is_trainable=False)
+    if ref_adapter_name:
+        model.load_adapter(os.path.join(path, REFERENCE_SUBFOLDER), adapter_name=ref_adapter_name)
+    model.set_adapter(adapter_name)
+    return model
+
+
+def _load_reference(
+    path: str,
+    cfg: dict[str, Any],
+    ref_model: nn.Module | str | os.PathLike | None,
+    adapter_name: str | None,
+    model_kwargs: dict,
+) -> nn.Module | None:
+    """``pi_ref`` of a saved PRM: ``ref_model`` (a model, or a path to load), else ``path/reference``, else the
+    recorded ``ref_name_or_path``; ``None`` for a PEFT PRM (adapters-off base) or an external reference.
+
+    Raises:
+        ValueError: a separate reference is needed but none can be found.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(ref_model, (str, os.PathLike)):
+        return AutoModelForCausalLM.from_pretrained(str(ref_model), **model_kwargs)
+    if ref_model is not None or adapter_name is not None:
+        return ref_model
+    sub = cfg.get("reference_subfolder")
+    if sub and os.path.isdir(os.path.join(path, sub)):
+        return AutoModelForCausalLM.from_pretrained(os.path.join(path, sub), **model_kwargs)
+    if cfg.get("ref_name_or_path") and os.path.isdir(cfg["ref_name_or_path"]):
+        return AutoModelForCausalLM.from_pretrained(cfg["ref_name_or_path"], **model_kwargs)
+    if cfg.get("reference") == "external":
+        return None
+    raise ValueError(
+        f"No reference model found for the implicit PRM in {path!r}: it was saved without "
+        "`reference/` and records no reachable `ref_name_or_path`. Pass `ref_model=` (a model or a path)."
+    )
+
+
+def _warn_trained_against_policy(path: str, ref_model: nn.Module | None, adapter_name: str | None) -> None:
+    """Warn that a PRM trained against the rollout policy's log-probs (PRIME's ``prm_reference="policy"``) is loaded
+    with another reference (reported at the caller of :meth:`ImplicitPRM.from_pretrained`)."""
+    if ref_model is not None:
+        scoring_ref = "the reference model given or saved with it"
+    elif adapter_name is not None:
+        scoring_ref = "the PEFT base with adapters disabled"
+    else:
+        scoring_ref = "the `ref_logps` you pass"
+    warnings.warn(
+        f"The implicit PRM in {path!r} was trained against the rollout policy's log-probs "
+        "(prm_reference='policy'); its scores here are relative to "
+        f"{scoring_ref}, not to the rollout policy it was trained against. Pass `ref_model=` (the policy "
+        "checkpoint) or `ref_logps` to score against that policy.",
+        stacklevel=3,
+    )

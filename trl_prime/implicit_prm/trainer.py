@@ -200,7 +200,9 @@ class ImplicitPRMTrainer(Trainer):
         if not isinstance(args, ImplicitPRMConfig):
             raise TypeError(f"`args` must be an ImplicitPRMConfig, got {type(args).__name__}.")
         if train_dataset is None:
-            raise ValueError("ImplicitPRMTrainer needs a `train_dataset` with columns 'prompt', 'completion', 'label'.")
+            raise ValueError(
+                "ImplicitPRMTrainer needs a `train_dataset` with columns 'prompt', 'completion', 'label'."
+            )
 
         model_path = model if isinstance(model, str) else None
         if isinstance(model, str):
@@ -300,8 +302,11 @@ class ImplicitPRMTrainer(Trainer):
 
         def tok(row):
             return tokenize_prompt_completion(
-                row["prompt"], row["completion"], tokenizer,
-                max_length=args.max_length, max_prompt_length=args.max_prompt_length,
+                row["prompt"],
+                row["completion"],
+                tokenizer,
+                max_length=args.max_length,
+                max_prompt_length=args.max_prompt_length,
             )
 
         with args.main_process_first(desc=f"tokenizing {name} dataset"):
@@ -313,14 +318,22 @@ class ImplicitPRMTrainer(Trainer):
         if self.args.group_by_prompt:
             sampler = PromptGroupBatchSampler(dataset["group_id"], batch_size, shuffle=shuffle, seed=self.args.seed)
             dl = DataLoader(
-                dataset, batch_sampler=sampler, collate_fn=self.data_collator,
-                num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
+                dataset,
+                batch_sampler=sampler,
+                collate_fn=self.data_collator,
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
             )
         else:
             g = torch.Generator().manual_seed(self.args.seed)
             dl = DataLoader(
-                dataset, batch_size=batch_size, shuffle=shuffle, generator=g, collate_fn=self.data_collator,
-                drop_last=self.args.dataloader_drop_last, num_workers=self.args.dataloader_num_workers,
+                dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                generator=g,
+                collate_fn=self.data_collator,
+                drop_last=self.args.dataloader_drop_last,
+                num_workers=self.args.dataloader_num_workers,
                 pin_memory=self.args.dataloader_pin_memory,
             )
         return self.accelerator.prepare(dl)
@@ -353,8 +366,13 @@ class ImplicitPRMTrainer(Trainer):
         prm_logps = completion_logps(model, ids, am, T)
         ref_logps = self._reference_logps(model, ids, am, T)
         loss = F.implicit_prm_loss(
-            prm_logps, ref_logps, cmask, inputs["labels"],
-            beta=self.beta, loss_type=self.loss_type, group_ids=inputs["group_ids"],
+            prm_logps,
+            ref_logps,
+            cmask,
+            inputs["labels"],
+            beta=self.beta,
+            loss_type=self.loss_type,
+            group_ids=inputs["group_ids"],
         )
         m = cmask.bool()
         diff = (prm_logps.detach() - ref_logps).float()
@@ -372,8 +390,9 @@ class ImplicitPRMTrainer(Trainer):
         m = self._metrics[mode]
         pairable = pairable_group_rows(labels, group_ids)
         if bool(pairable.any()):  # prompts whose labels all agree have no pair: they would read 0.5, not skipped
-            m["pair_accuracy"].append(F.prm_pair_accuracy(
-                rewards[pairable], labels[pairable], group_ids=group_ids[pairable], ties="half"))
+            m["pair_accuracy"].append(
+                F.prm_pair_accuracy(rewards[pairable], labels[pairable], group_ids=group_ids[pairable], ties="half")
+            )
         pos, neg = labels > 0.5, labels < 0.5
         if bool(pos.any()):
             m["rewards/correct"].append(rewards[pos].mean().item())
@@ -417,7 +436,9 @@ class ImplicitPRMTrainer(Trainer):
             state_dict = self.accelerator.get_state_dict(self.model)
         self.prm.model = self.model
         self.prm.save_pretrained(
-            output_dir, state_dict=state_dict, is_main_process=self.args.should_save,
+            output_dir,
+            state_dict=state_dict,
+            is_main_process=self.args.should_save,
             safe_serialization=True,
         )
         if self.args.should_save:
