@@ -1,7 +1,8 @@
-"""Offline training of an implicit PRM on outcome labels (Implicit PRM arXiv 2412.01981).
+"""Offline training of an implicit PRM on outcome labels (Implicit PRM arXiv 2412.01981 Sec. 3).
 
 :class:`ImplicitPRMTrainer` trains :class:`~trl_prime.ImplicitPRM`'s ``pi_phi`` on rows ``{prompt, completion,
-label}`` (labels 0/1 or fractional in [0, 1]) with :func:`trl_prime.functional.implicit_prm_loss`:
+label}`` (labels 0/1 or fractional in [0, 1]; :func:`~trl_prime.implicit_prm.data.build_outcome_dataset` makes them)
+with :func:`trl_prime.functional.implicit_prm_loss`:
 
 - ``ce`` (default, unpaired): ``BCE(sigmoid(r(y)), label)``;
 - ``dpo`` / ``nca``: pairs (correct, incorrect) built *within each prompt*. Batches are made of whole prompt groups
@@ -11,18 +12,16 @@ label}`` (labels 0/1 or fractional in [0, 1]) with :func:`trl_prime.functional.i
   gradient averaging, compute the same update: tested with 2 CPU processes, full and LoRA);
 - ``kto`` (unpaired): reference points from the batch's rows of the other label.
 
-with ``r(y) = beta * sum_t (log pi_phi - log pi_ref)`` against a frozen reference: a separate model (default: a
-frozen copy of the initial checkpoint) or, under PEFT, the base model with adapters disabled.
+with ``r(y) = beta * sum_t (log pi_phi - log pi_ref)`` (PRIME arXiv 2502.01456 Eq. 3, summed over the completion)
+against a frozen reference: a separate model (default: a frozen copy of the initial checkpoint) or, under PEFT, the
+base model with adapters disabled.
 
 Tokenisation is exactly :meth:`ImplicitPRM.encode`'s (so a trained PRM scores what it was trained on): a standard
 prompt is tokenised as is, a conversational one (list of messages) with the chat template and the generation prompt;
 the completion (a string, or a list of messages whose last content is used) is tokenised without special tokens and
-EOS is appended. Batches are a left-padded prompt followed by a right-padded completion, as in TRL.
-
-:func:`best_of_n` reranks candidates with :meth:`ImplicitPRM.score` (``min`` over steps by default).
-:func:`build_outcome_dataset` turns a prompt set, a policy and a verifier into the training rows (K rollouts per
-prompt from :func:`sample_completions`, labels from :mod:`trl_prime.rewards`); :func:`score_candidates` scores many
-candidates of one prompt under every aggregation at once (``recipes/evaluate_best_of_n.py``).
+EOS is appended. :class:`ImplicitPRMCollator` pads a batch as TRL does: a left-padded prompt followed by a
+right-padded completion. :func:`freeze_lower_layers` serves ``trainable_layers``; :func:`pairable_group_rows` picks
+the prompts whose rows a ranking metric can pair.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 from trl_prime import functional as F
 from trl_prime.implicit_prm.config import ImplicitPRMConfig
 from trl_prime.implicit_prm.data import REQUIRED_COLUMNS, _prompt_key
-from trl_prime.implicit_prm.model import ImplicitPRM, tokenize_prompt_completion
+from trl_prime.implicit_prm.model import ImplicitPRM, pad_prompt_completion, tokenize_prompt_completion
 from trl_prime.modeling import completion_logps, eval_mode, unwrap
 
 
@@ -69,21 +68,13 @@ class ImplicitPRMCollator:
         self.pad_token_id = pad_token_id
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        B = len(features)
-        P = max(len(f["prompt_ids"]) for f in features)
-        T = max(len(f["completion_ids"]) for f in features)
-        ids = torch.full((B, P + T), self.pad_token_id, dtype=torch.long)
-        am = torch.zeros((B, P + T), dtype=torch.long)
-        for i, f in enumerate(features):
-            p, c = f["prompt_ids"], f["completion_ids"]
-            ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
-            am[i, P - len(p) : P] = 1
-            ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
-            am[i, P : P + len(c)] = 1
+        batch = pad_prompt_completion(
+            [f["prompt_ids"] for f in features], [f["completion_ids"] for f in features], self.pad_token_id
+        )
         return {
-            "input_ids": ids,
-            "attention_mask": am,
-            "completion_mask": am[:, P:].clone(),
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "completion_mask": batch["completion_mask"],
             "labels": torch.tensor([float(f["label"]) for f in features], dtype=torch.float32),
             "group_ids": torch.tensor([int(f["group_id"]) for f in features], dtype=torch.long),
         }
@@ -158,6 +149,63 @@ def freeze_lower_layers(model: nn.Module, n: int) -> list[str]:
     return [name for name, p in base.named_parameters() if p.requires_grad]
 
 
+def _default_args(model: str | nn.Module) -> ImplicitPRMConfig:
+    """:class:`ImplicitPRMConfig` with ``output_dir`` ``<model name>-implicit-prm``."""
+    name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
+    return ImplicitPRMConfig(f"{str(name).split('/')[-1] or 'model'}-implicit-prm")
+
+
+def _prm_tokenizer(model: nn.Module, model_path: str | None, processing_class):
+    """The PRM's tokenizer: ``processing_class``, else loaded from the model's path; given a pad token (EOS) if it
+    has none.
+
+    Raises:
+        ValueError: no tokenizer is given and the model records no path.
+    """
+    if processing_class is None:
+        src = model_path or getattr(unwrap(model).config, "_name_or_path", None)
+        if not src:
+            raise ValueError("Pass `processing_class`: the model records no path to load its tokenizer from.")
+        processing_class = AutoTokenizer.from_pretrained(src)
+    if processing_class.pad_token_id is None:
+        processing_class.pad_token = processing_class.eos_token
+    return processing_class
+
+
+def _apply_peft(model: nn.Module, peft_config) -> tuple[nn.Module, bool]:
+    """``(model, is_peft)``: the model wrapped with ``peft_config`` when one is given.
+
+    Raises:
+        ValueError: ``model`` is already a ``PeftModel`` and ``peft_config`` is given too.
+    """
+    is_peft = hasattr(unwrap(model), "peft_config")
+    if peft_config is None:
+        return model, is_peft
+    if is_peft:
+        raise ValueError("`model` is already a PeftModel: do not pass `peft_config` too.")
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config), True
+
+
+def _frozen_reference(
+    ref_model: str | nn.Module | None, args: ImplicitPRMConfig, model: nn.Module, model_path: str | None, is_peft: bool
+) -> nn.Module | None:
+    """The frozen reference ``pi_ref`` (eval mode, no grad): ``ref_model`` (a model or a path), else
+    ``args.ref_model``, else the PRM's initial checkpoint (reloaded from ``model_path``, or a deep copy of ``model``);
+    ``None`` for a PEFT PRM (its base with adapters disabled is the reference)."""
+    if isinstance(ref_model, str):
+        ref_model = AutoModelForCausalLM.from_pretrained(ref_model)
+    elif ref_model is None and args.ref_model is not None:
+        ref_model = AutoModelForCausalLM.from_pretrained(args.ref_model)
+    elif ref_model is None and not is_peft:
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path) if model_path else copy.deepcopy(model)
+    if ref_model is not None:
+        ref_model.eval()
+        ref_model.requires_grad_(False)
+    return ref_model
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer
 # ----------------------------------------------------------------------------------------------------------------
@@ -195,8 +243,7 @@ class ImplicitPRMTrainer(Trainer):
         optimizers=(None, None),
     ):
         if args is None:
-            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "")
-            args = ImplicitPRMConfig(f"{str(name).split('/')[-1] or 'model'}-implicit-prm")
+            args = _default_args(model)
         if not isinstance(args, ImplicitPRMConfig):
             raise TypeError(f"`args` must be an ImplicitPRMConfig, got {type(args).__name__}.")
         if train_dataset is None:
@@ -207,51 +254,18 @@ class ImplicitPRMTrainer(Trainer):
         model_path = model if isinstance(model, str) else None
         if isinstance(model, str):
             model = AutoModelForCausalLM.from_pretrained(model)
-        if processing_class is None:
-            src = model_path or getattr(unwrap(model).config, "_name_or_path", None)
-            if not src:
-                raise ValueError("Pass `processing_class`: the model records no path to load its tokenizer from.")
-            processing_class = AutoTokenizer.from_pretrained(src)
-        if processing_class.pad_token_id is None:
-            processing_class.pad_token = processing_class.eos_token
-
-        is_peft = hasattr(unwrap(model), "peft_config")
-        if peft_config is not None:
-            if is_peft:
-                raise ValueError("`model` is already a PeftModel: do not pass `peft_config` too.")
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
-            is_peft = True
-
+        processing_class = _prm_tokenizer(model, model_path, processing_class)
+        model, is_peft = _apply_peft(model, peft_config)
         if args.trainable_layers is not None and not is_peft:
             freeze_lower_layers(model, args.trainable_layers)
-
-        if isinstance(ref_model, str):
-            ref_model = AutoModelForCausalLM.from_pretrained(ref_model)
-        elif ref_model is None and args.ref_model is not None:
-            ref_model = AutoModelForCausalLM.from_pretrained(args.ref_model)
-        elif ref_model is None and not is_peft:
-            ref_model = AutoModelForCausalLM.from_pretrained(model_path) if model_path else copy.deepcopy(model)
-        if ref_model is not None:
-            ref_model.eval()
-            ref_model.requires_grad_(False)
-        self.ref_model = ref_model
-        self.adapter_name = unwrap(model).active_adapter if is_peft and ref_model is None else None
-        if is_peft and ref_model is not None:
-            self.adapter_name = None  # explicit reference model: adapters stay on, the PRM is the PEFT model
-
+        self.ref_model = _frozen_reference(ref_model, args, model, model_path, is_peft)
+        # PEFT and no reference model: the base with adapters disabled is the reference (else the adapters stay on)
+        self.adapter_name = unwrap(model).active_adapter if is_peft and self.ref_model is None else None
         self.beta = float(args.beta)
         self.loss_type = args.loss_type
 
         train_dataset = self._prepare_dataset(train_dataset, processing_class, args, "train")
-        if eval_dataset is not None:
-            if isinstance(eval_dataset, dict):
-                eval_dataset = {
-                    k: self._prepare_dataset(v, processing_class, args, f"eval[{k}]") for k, v in eval_dataset.items()
-                }
-            else:
-                eval_dataset = self._prepare_dataset(eval_dataset, processing_class, args, "eval")
+        eval_dataset = self._prepare_eval_dataset(eval_dataset, processing_class, args)
 
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         super().__init__(
@@ -313,6 +327,15 @@ class ImplicitPRMTrainer(Trainer):
             dataset = dataset.map(tok, desc=f"Tokenizing {name} dataset")
         keep = ("prompt_ids", "completion_ids", "label", "group_id")
         return dataset.remove_columns([c for c in dataset.column_names if c not in keep])
+
+    @classmethod
+    def _prepare_eval_dataset(cls, eval_dataset, tokenizer, args: ImplicitPRMConfig):
+        """:meth:`_prepare_dataset` of an eval dataset, or of each one of a ``{name: dataset}`` dict."""
+        if isinstance(eval_dataset, dict):
+            return {k: cls._prepare_dataset(v, tokenizer, args, f"eval[{k}]") for k, v in eval_dataset.items()}
+        if eval_dataset is not None:
+            return cls._prepare_dataset(eval_dataset, tokenizer, args, "eval")
+        return None
 
     def _dataloader(self, dataset, batch_size: int, shuffle: bool) -> DataLoader:
         if self.args.group_by_prompt:
