@@ -1,4 +1,14 @@
-"""Best-of-N reranking with an implicit PRM (Implicit PRM arXiv 2412.01981 Sec. 4: min over step rewards by default)."""
+"""Best-of-N reranking with an implicit PRM (Implicit PRM arXiv 2412.01981 Sec. 4).
+
+A candidate's score is its step rewards (each step's token rewards ``r_t = beta * (log pi_phi - log pi_ref)``,
+PRIME arXiv 2502.01456 Eq. 3, summed between step ends) aggregated over the steps: ``min`` by default (the paper's
+choice), ``mean``, ``sum`` or ``last``; without reference, ``beta * log pi_phi`` alone.
+
+- :func:`best_of_n`: the best candidate of each prompt under :meth:`ImplicitPRM.score`;
+- :func:`score_candidates`: many candidates of one prompt under every aggregation at once, the prompt run once per
+  model with its KV cache shared (``recipes/evaluate_best_of_n.py``);
+- :func:`argmax_first`: the selection rule (first maximum; NaN never wins).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ import torch
 from torch import nn
 
 from trl_prime import functional as F
-from trl_prime.implicit_prm.model import ImplicitPRM, _bon_step_ends, tokenize_prompt_completion
+from trl_prime.implicit_prm.model import ImplicitPRM, _bon_step_ends, pad_token_rows, tokenize_prompt_completion
 from trl_prime.modeling import eval_mode, peft_adapter, unwrap
 
 
@@ -67,12 +77,7 @@ def best_of_n(
     )
     out, start = [], 0
     for n in sizes:
-        s = [float("-inf") if math.isnan(x) else float(x) for x in scores[start : start + n]]
-        best = 0
-        for j in range(1, n):
-            if s[j] > s[best]:  # strict: the first maximum wins
-                best = j
-        out.append(best)
+        out.append(argmax_first(scores[start : start + n]))
         start += n
     return out
 
@@ -91,17 +96,12 @@ def _shared_prompt_logps(model: nn.Module, prompt_ids: list[int], completion_ids
     out = model(input_ids=p, use_cache=True)
     cache0, first = out.past_key_values, out.logits[:, -1].float().log_softmax(-1)
     P, T = len(prompt_ids), max(map(len, completion_ids))
-    pad = 0
     res = torch.zeros((len(completion_ids), T), dtype=torch.float32)
     for b0 in range(0, len(completion_ids), batch_size):
-        rows = completion_ids[b0 : b0 + batch_size]
-        B, Tb = len(rows), max(map(len, rows))
-        ids = torch.full((B, Tb), pad, dtype=torch.long, device=device)
-        am = torch.zeros((B, P + Tb), dtype=torch.long, device=device)
-        am[:, :P] = 1
-        for i, c in enumerate(rows):
-            ids[i, : len(c)] = torch.tensor(c, device=device)
-            am[i, P : P + len(c)] = 1
+        ids, completion_mask = pad_token_rows(completion_ids[b0 : b0 + batch_size], 0, device=device)
+        B, Tb = ids.shape
+        prompt_mask = torch.ones((B, P), dtype=torch.long, device=device)
+        am = torch.cat([prompt_mask, completion_mask], dim=1)
         cache = copy.deepcopy(cache0)
         cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))
         pos = (P + torch.arange(Tb, device=device)).unsqueeze(0).expand(B, -1)
@@ -156,51 +156,61 @@ def score_candidates(
         ``{"<aggregation>" (with reference) or "<aggregation>/noref": [N floats]}``; with ``return_logps``
         ``(scores, prm_logps, ref_logps)``.
     """
-
-    tok = prm.tokenizer
-    rows = [tokenize_prompt_completion(prompt, c, tok) for c in completions]
+    rows = [tokenize_prompt_completion(prompt, c, prm.tokenizer) for c in completions]
     p_ids = rows[0]["prompt_ids"]
     c_ids = [r["completion_ids"] for r in rows]
     with prm.prm_context():
         lp = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
     ref = None
     if any(with_reference):
-        if ref_logps is not None:
-            ref = ref_logps[:, : lp.size(1)].float()
-            if ref.shape != lp.shape:
-                raise ValueError(
-                    f"ref_logps has shape {tuple(ref_logps.shape)}; expected ({lp.size(0)}, >= {lp.size(1)})."
-                )
-        elif same_weights:
-            ref = lp
-        elif prm.ref_model is not None:
-            with eval_mode(prm.ref_model):
-                ref = _shared_prompt_logps(prm.ref_model, p_ids, c_ids, batch_size)
-        elif prm.adapter_name is not None:
-            with eval_mode(prm.model), peft_adapter(prm.model, prm.ref_adapter_name):
-                ref = _shared_prompt_logps(prm.model, p_ids, c_ids, batch_size)
-        else:
-            raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
-    T = lp.size(1)
-    mask = torch.zeros((len(c_ids), T), dtype=torch.long)
-    cid = torch.full((len(c_ids), T), tok.pad_token_id if tok.pad_token_id is not None else 0, dtype=torch.long)
-    for i, c in enumerate(c_ids):
-        mask[i, : len(c)] = 1
-        cid[i, : len(c)] = torch.tensor(c)
-    ends = _bon_step_ends(cid, mask, tok, delimiter=delimiter, step_len=step_len)
+        ref = _candidate_ref_logps(prm, p_ids, c_ids, lp, batch_size, same_weights=same_weights, ref_logps=ref_logps)
+    completion_ids, mask = pad_token_rows(c_ids, prm.tokenizer.pad_token_id or 0)
+    ends = _bon_step_ends(completion_ids, mask, prm.tokenizer, delimiter=delimiter, step_len=step_len)
     out: dict[str, list[float]] = {}
     for wr in with_reference:
         r = F.implicit_token_rewards(
-            prm_logps=lp,
-            ref_logps=ref if wr else torch.zeros_like(lp),
-            mask=mask,
-            beta=prm.beta,
+            prm_logps=lp, ref_logps=ref if wr else torch.zeros_like(lp), mask=mask, beta=prm.beta
         )
         values, smask = F.step_rewards(token_rewards=r, step_ends=ends)
         for how in aggregations:
             key = how if wr else f"{how}/noref"
             out[key] = [float(x) for x in F.aggregate_step_rewards(step_values=values, step_mask=smask, how=how)]
     return (out, lp, ref) if return_logps else out
+
+
+def _candidate_ref_logps(
+    prm: ImplicitPRM,
+    prompt_ids: list[int],
+    completion_ids: list[list[int]],
+    prm_logps: torch.Tensor,
+    batch_size: int,
+    *,
+    same_weights: bool,
+    ref_logps: torch.Tensor | None,
+) -> torch.Tensor:
+    """``(N, T)`` reference log-probs for :func:`score_candidates`: the given ``ref_logps`` (cut to ``T``), the PRM's
+    own (``same_weights``), else a shared-prompt forward of the reference model or of the reference adapter.
+
+    Raises:
+        ValueError: ``ref_logps`` is shorter than ``T`` or has another number of rows, or the PRM has no reference.
+    """
+    if ref_logps is not None:
+        ref = ref_logps[:, : prm_logps.size(1)].float()
+        if ref.shape != prm_logps.shape:
+            raise ValueError(
+                f"ref_logps has shape {tuple(ref_logps.shape)}; "
+                f"expected ({prm_logps.size(0)}, >= {prm_logps.size(1)})."
+            )
+        return ref
+    if same_weights:
+        return prm_logps
+    if prm.ref_model is not None:
+        with eval_mode(prm.ref_model):
+            return _shared_prompt_logps(prm.ref_model, prompt_ids, completion_ids, batch_size)
+    if prm.adapter_name is not None:
+        with eval_mode(prm.model), peft_adapter(prm.model, prm.ref_adapter_name):
+            return _shared_prompt_logps(prm.model, prompt_ids, completion_ids, batch_size)
+    raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
 
 
 def argmax_first(scores: Sequence[float]) -> int:

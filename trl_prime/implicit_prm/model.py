@@ -345,7 +345,10 @@ class ImplicitPRM:
         )
 
     def sequence_rewards(self, input_ids, attention_mask, completion_mask, **kwargs) -> torch.Tensor:
-        """``(B,)`` outcome reward ``r(y) = sum_t r_t`` (all tokens, last one included); kwargs as :meth:`token_rewards`."""
+        """``(B,)`` outcome reward ``r(y) = sum_t r_t`` (all tokens, last one included).
+
+        Keyword arguments as :meth:`token_rewards`.
+        """
         kwargs["include_last_token"] = True
         return (self.token_rewards(input_ids, attention_mask, completion_mask, **kwargs) * completion_mask).sum(-1)
 
@@ -360,7 +363,8 @@ class ImplicitPRM:
         step_len: int | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step rewards (Implicit PRM §3): each step's token rewards summed (Q at its end minus Q at the previous one).
+        """Step rewards (Implicit PRM Sec. 3): each step's token rewards summed, i.e. the Q-value at the step's end
+        minus the Q-value at the previous step's end.
 
         Steps end at ``step_ends`` (``(B, T)`` bool) if given, else at ``delimiter`` in the decoded completion or
         every ``step_len`` tokens (:func:`trl_prime.functional.step_end_mask`, the splitter of PRL and PROF: runs of
@@ -471,7 +475,7 @@ class ImplicitPRM:
         is_main_process: bool = True,
         safe_serialization: bool = True,
     ) -> None:
-        """Save ``pi_phi`` as a ``save_pretrained`` folder, the tokenizer, the reference and ``implicit_prm_config.json``.
+        """Save ``pi_phi`` (``save_pretrained`` folder), its tokenizer, the reference and ``implicit_prm_config.json``.
 
         Layout: ``save_directory/`` holds the PRM (loadable by ``AutoModelForCausalLM.from_pretrained`` too; for a
         PEFT PRM, the adapter as a standard adapter folder, loadable by ``PeftModel.from_pretrained``),
