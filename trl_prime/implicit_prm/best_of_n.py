@@ -22,7 +22,7 @@ from torch import nn
 
 from trl_prime import functional as F
 from trl_prime.implicit_prm.model import ImplicitPRM, _bon_step_ends, pad_token_rows, tokenize_prompt_completion
-from trl_prime.modeling import eval_mode, peft_adapter, unwrap
+from trl_prime.modeling import unwrap
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -204,13 +204,10 @@ def _candidate_ref_logps(
         return ref
     if same_weights:
         return prm_logps
-    if prm.ref_model is not None:
-        with eval_mode(prm.ref_model):
-            return _shared_prompt_logps(prm.ref_model, prompt_ids, completion_ids, batch_size)
-    if prm.adapter_name is not None:
-        with eval_mode(prm.model), peft_adapter(prm.model, prm.ref_adapter_name):
-            return _shared_prompt_logps(prm.model, prompt_ids, completion_ids, batch_size)
-    raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
+    if prm.reference == "external":
+        raise ValueError("score_candidates needs a reference model or a PEFT PRM (or with_reference=(False,)).")
+    with prm.ref_context() as ref_model:
+        return _shared_prompt_logps(ref_model, prompt_ids, completion_ids, batch_size)
 
 
 def argmax_first(scores: Sequence[float]) -> int:

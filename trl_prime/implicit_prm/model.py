@@ -257,6 +257,27 @@ class ImplicitPRM:
             stack.enter_context(peft_adapter(self.model, self.adapter_name, trainable=trainable))
         return stack
 
+    @contextlib.contextmanager
+    def ref_context(self):
+        """Context yielding the module that runs ``pi_ref`` in eval mode: the reference model, or ``self.model`` with
+        the reference adapter active (every adapter disabled when there is none).
+
+        Raises:
+            ValueError: the reference is external (``prm_reference="policy"``): pass ``ref_logps`` instead.
+        """
+        if self.ref_model is not None:
+            with eval_mode(self.ref_model):
+                yield self.ref_model
+        elif self.adapter_name is not None:
+            with eval_mode(self.model), peft_adapter(self.model, self.ref_adapter_name):
+                yield self.model
+        else:
+            raise ValueError(
+                "This ImplicitPRM has an external reference (no ref_model, no PEFT adapter): pass `ref_logps` (e.g. "
+                "the rollout policy's log-probs), or build it with a reference model, or score with "
+                "`with_reference=False`."
+            )
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """Parameters of ``pi_phi`` an optimizer should update (the adapter's parameters for a PEFT PRM)."""
         if self.adapter_name is not None:
@@ -289,17 +310,10 @@ class ImplicitPRM:
         Raises:
             ValueError: the reference is external (``prm_reference="policy"``): pass ``ref_logps`` instead.
         """
-        kw = dict(micro_batch_size=self.micro_batch_size)
-        if self.ref_model is not None:
-            with eval_mode(self.ref_model):
-                return completion_logps(self.ref_model, input_ids, attention_mask, logits_to_keep, **kw)
-        if self.adapter_name is not None:
-            with eval_mode(self.model), peft_adapter(self.model, self.ref_adapter_name):
-                return completion_logps(self.model, input_ids, attention_mask, logits_to_keep, **kw)
-        raise ValueError(
-            "This ImplicitPRM has an external reference (no ref_model, no PEFT adapter): pass `ref_logps` (e.g. the "
-            "rollout policy's log-probs), or build it with a reference model, or score with `with_reference=False`."
-        )
+        with self.ref_context() as ref_model:
+            return completion_logps(
+                ref_model, input_ids, attention_mask, logits_to_keep, micro_batch_size=self.micro_batch_size
+            )
 
     # --------------------------------------------------------------------------------------------------------
     def token_rewards(

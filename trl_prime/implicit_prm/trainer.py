@@ -338,15 +338,14 @@ class ImplicitPRMTrainer(Trainer):
         return None
 
     def _dataloader(self, dataset, batch_size: int, shuffle: bool) -> DataLoader:
+        loader_kwargs = dict(
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
         if self.args.group_by_prompt:
             sampler = PromptGroupBatchSampler(dataset["group_id"], batch_size, shuffle=shuffle, seed=self.args.seed)
-            dl = DataLoader(
-                dataset,
-                batch_sampler=sampler,
-                collate_fn=self.data_collator,
-                num_workers=self.args.dataloader_num_workers,
-                pin_memory=self.args.dataloader_pin_memory,
-            )
+            dl = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
         else:
             g = torch.Generator().manual_seed(self.args.seed)
             dl = DataLoader(
@@ -354,10 +353,8 @@ class ImplicitPRMTrainer(Trainer):
                 batch_size=batch_size,
                 shuffle=shuffle,
                 generator=g,
-                collate_fn=self.data_collator,
                 drop_last=self.args.dataloader_drop_last,
-                num_workers=self.args.dataloader_num_workers,
-                pin_memory=self.args.dataloader_pin_memory,
+                **loader_kwargs,
             )
         return self.accelerator.prepare(dl)
 
