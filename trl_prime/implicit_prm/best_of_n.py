@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trl_prime import functional as F
-from trl_prime.implicit_prm.model import ImplicitPRM, _bon_step_ends, pad_token_rows, tokenize_prompt_completion
+from trl_prime.implicit_prm.model import ImplicitPRM, pad_token_rows, scoring_step_ends, tokenize_prompt_completion
 from trl_prime.modeling import unwrap
 
 
@@ -165,7 +165,7 @@ def score_candidates(
     if any(with_reference):
         ref = _candidate_ref_logps(prm, p_ids, c_ids, lp, batch_size, same_weights=same_weights, ref_logps=ref_logps)
     completion_ids, mask = pad_token_rows(c_ids, prm.tokenizer.pad_token_id or 0)
-    ends = _bon_step_ends(completion_ids, mask, prm.tokenizer, delimiter=delimiter, step_len=step_len)
+    ends = scoring_step_ends(completion_ids, mask, prm.tokenizer, delimiter=delimiter, step_len=step_len)
     out: dict[str, list[float]] = {}
     for wr in with_reference:
         r = F.implicit_token_rewards(

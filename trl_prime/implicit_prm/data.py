@@ -114,8 +114,16 @@ def sample_completions(
     return texts, truncated
 
 
-def _print_progress(n_done: int, n_prompts: int, n_tokens: int, seconds: float) -> None:
-    print(f"[sample] prompts {n_done}/{n_prompts}: {n_tokens} tokens in {seconds:.1f}s", flush=True)  # noqa: T201
+def _check_sampling_args(num_generations: int, temperature: float, top_p: float, max_new_tokens: int) -> None:
+    """Raise the :func:`sample_completions` ``ValueError`` of an out-of-range argument."""
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}.")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
 
 
 def _sample_prompts(
@@ -142,17 +150,6 @@ def _sample_prompts(
     return texts, truncated, sum(map(len, tokens.values()))
 
 
-def _check_sampling_args(num_generations: int, temperature: float, top_p: float, max_new_tokens: int) -> None:
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}.")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}.")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-
-
 def _eos_token_ids(model: nn.Module, tokenizer, device: torch.device) -> torch.Tensor:
     """Sorted ``(E,)`` long tensor of the ids that end a completion: the model's generation EOS ids and the
     tokenizer's."""
@@ -161,44 +158,6 @@ def _eos_token_ids(model: nn.Module, tokenizer, device: torch.device) -> torch.T
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return torch.tensor(sorted(eos), device=device, dtype=torch.long)
-
-
-def _prefill(model: nn.Module, prompt_ids: list[list[int]], num_generations: int, pad_token_id: int):
-    """Run the (left-padded) prompts once and repeat each prompt's KV cache ``num_generations`` times.
-
-    Returns:
-        ``(cache, logits, attention_mask, rows)``: the repeated cache, the ``(B*K, V)`` float32 next-token logits,
-        the ``(B*K, P)`` attention mask and the prompt index of each of the ``B*K`` rows.
-    """
-    device = next(model.parameters()).device
-    input_ids, attention_mask = pad_token_rows(prompt_ids, pad_token_id, padding_side="left")
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(num_generations)
-    cache = out.past_key_values
-    cache.batch_select_indices(rows)
-    return cache, out.logits[:, -1].float()[rows], attention_mask[rows], rows.tolist()
-
-
-def _sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
-    """``(B,)`` next tokens drawn from ``softmax(logits / temperature)`` restricted to its nucleus ``top_p``."""
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sp, si = probs.sort(dim=-1, descending=True)
-        drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix with mass >= top_p
-        sp = sp.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    # inverse-CDF sampling (torch.multinomial is ~50x slower on CPU over a 50k vocabulary); right=True:
-    # the first index whose cdf exceeds u, so a token of probability 0 is never drawn
-    cdf = probs.cumsum(-1)
-    u = torch.rand((cdf.size(0), 1), generator=generator, device=logits.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.size(-1) - 1)
 
 
 def _sample_token_ids(
@@ -249,6 +208,48 @@ def _sample_token_ids(
         cache = out.past_key_values
         logits = out.logits[:, -1].float()
     return tokens, truncated
+
+
+def _prefill(model: nn.Module, prompt_ids: list[list[int]], num_generations: int, pad_token_id: int):
+    """Run the (left-padded) prompts once and repeat each prompt's KV cache ``num_generations`` times.
+
+    Returns:
+        ``(cache, logits, attention_mask, rows)``: the repeated cache, the ``(B*K, V)`` float32 next-token logits,
+        the ``(B*K, P)`` attention mask and the prompt index of each of the ``B*K`` rows.
+    """
+    device = next(model.parameters()).device
+    input_ids, attention_mask = pad_token_rows(prompt_ids, pad_token_id, padding_side="left")
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(num_generations)
+    cache = out.past_key_values
+    cache.batch_select_indices(rows)
+    return cache, out.logits[:, -1].float()[rows], attention_mask[rows], rows.tolist()
+
+
+def _sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    """``(B,)`` next tokens drawn from ``softmax(logits / temperature)`` restricted to its nucleus ``top_p``."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sp, si = probs.sort(dim=-1, descending=True)
+        drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix with mass >= top_p
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+    # inverse-CDF sampling (torch.multinomial is ~50x slower on CPU over a 50k vocabulary); right=True:
+    # the first index whose cdf exceeds u, so a token of probability 0 is never drawn
+    cdf = probs.cumsum(-1)
+    u = torch.rand((cdf.size(0), 1), generator=generator, device=logits.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.size(-1) - 1)
+
+
+def _print_progress(n_done: int, n_prompts: int, n_tokens: int, seconds: float) -> None:
+    print(f"[sample] prompts {n_done}/{n_prompts}: {n_tokens} tokens in {seconds:.1f}s", flush=True)  # noqa: T201
 
 
 # ----------------------------------------------------------------------------------------------------------------

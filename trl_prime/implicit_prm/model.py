@@ -50,7 +50,7 @@ REFERENCE_SUBFOLDER = "reference"
 # ----------------------------------------------------------------------------------------------------------------
 # Steps and tokenisation (shared by scoring, training and sampling)
 # ----------------------------------------------------------------------------------------------------------------
-def _bon_step_ends(
+def scoring_step_ends(
     completion_ids: torch.Tensor,
     mask: torch.Tensor,
     tokenizer,
@@ -393,7 +393,7 @@ class ImplicitPRM:
             if self.tokenizer is None and step_len is None and delimiter:
                 raise ValueError("step_rewards needs `step_ends`, `step_len`, or a tokenizer to find `delimiter`.")
             T = completion_mask.size(1)
-            step_ends = _bon_step_ends(
+            step_ends = scoring_step_ends(
                 input_ids[:, -T:], completion_mask, self.tokenizer, delimiter=delimiter, step_len=step_len
             )
         return F.step_rewards(token_rewards=rewards, step_ends=step_ends.bool())
