@@ -40,7 +40,7 @@ from trl_prime.modeling import eval_mode, position_ids_from_mask, unwrap
 REQUIRED_COLUMNS = ("prompt", "completion", "label")
 
 
-def _prompt_key(prompt: Any) -> str:
+def prompt_key(prompt: Any) -> str:
     """A hashable key of a prompt (a conversation as sorted JSON): rows with equal keys form one prompt group."""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
 
@@ -467,7 +467,7 @@ def pairable_rows(dataset):
         (correct, incorrect) pair to ``dpo``/``nca`` but still cost a forward; dropping them saves that compute.
     """
     by_prompt: dict[str, set[bool]] = defaultdict(set)
-    keys = [_prompt_key(p) for p in dataset["prompt"]]
+    keys = [prompt_key(p) for p in dataset["prompt"]]
     for k, y in zip(keys, dataset["label"]):
         if y > 0.5:
             by_prompt[k].add(True)

@@ -130,7 +130,7 @@ def pad_token_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, mask)``: token-id rows padded to the longest, both ``(B, L)`` long; ``mask`` is 1 on each row's tokens.
 
-    ``padding_side="left"`` for prompts, ``"right"`` for completions (TRL's layout).
+    ``padding_side="left"`` for prompts, ``"right"`` for completions (TRL's layout). ``rows`` must not be empty.
     """
     B, L = len(rows), max(map(len, rows))
     ids = torch.full((B, L), pad_token_id, dtype=torch.long, device=device)

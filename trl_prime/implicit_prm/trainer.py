@@ -40,11 +40,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
 from trl_prime import functional as F
 from trl_prime.implicit_prm.config import ImplicitPRMConfig
-from trl_prime.implicit_prm.data import REQUIRED_COLUMNS, _prompt_key
+from trl_prime.implicit_prm.data import REQUIRED_COLUMNS, prompt_key
 from trl_prime.implicit_prm.model import ImplicitPRM, pad_prompt_completion, tokenize_prompt_completion
 from trl_prime.modeling import completion_logps, eval_mode, unwrap
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Batching and freezing
+# ----------------------------------------------------------------------------------------------------------------
 def pairable_group_rows(labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """``(B,)`` bool: rows of the groups (prompts) holding at least two different finite labels, i.e. at least one
     ranking pair. ``labels`` ``(B,)`` float (NaN = unlabelled), ``group_ids`` ``(B,)`` int."""
@@ -309,7 +312,7 @@ class ImplicitPRMTrainer(Trainer):
                 f"{dataset[bad[0]]['label']!r}."
             )
         keys: dict[str, int] = {}
-        group_ids = [keys.setdefault(_prompt_key(p), len(keys)) for p in dataset["prompt"]]
+        group_ids = [keys.setdefault(prompt_key(p), len(keys)) for p in dataset["prompt"]]
         dataset = dataset.add_column("group_id", group_ids)
         if "label" in cols:
             dataset = dataset.remove_columns("label").add_column("label", labels)
