@@ -145,7 +145,7 @@ def _overrides(model: str, data: str, out: str, *, batch: int, ddp: bool = False
     ]
 
 
-# the YAML's values the tests check survived the overrides (SPEC section 7 and the released code's options)
+# the YAML's values the tests check survived the overrides (PRIME arXiv 2502.01456, section 4.1 and Table 5, and the released code's options)
 PAPER_OPTIONS = {
     "num_generations": 4, "filter_lower": 0.2, "filter_upper": 0.8, "prm_beta": 0.05, "prm_learning_rate": 1e-6,
     "learning_rate": 5e-7, "prm_update": "double", "prime_baseline": "reference", "process_reward_norm": "batch_norm",
