@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
@@ -32,6 +33,7 @@ FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 
 sys.path.insert(0, str(DOCS / "_hooks"))
 import config_tables  # noqa: E402
+
 
 # config -> the page documenting it
 CONFIG_PAGES = {
