@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from trl_prime.scripts.utils import normalize_argv
+from trl_prime.scripts.utils import parse_script_args
 
 
 @dataclass
@@ -371,11 +371,7 @@ def main(args: BestOfNArguments, generate_fn=None, prms: dict | None = None) -> 
 
 def parse_args(argv: Sequence[str] | None = None, default_config: str | None = None) -> BestOfNArguments:
     """The arguments from the command line (default ``sys.argv[1:]``) and the ``--config`` YAML."""
-    from trl import TrlParser
-
-    parser = TrlParser((BestOfNArguments,), prog="trl-prime best-of-n")
-    (args,) = parser.parse_args_and_config(normalize_argv(argv, default_config))
-    return args
+    return parse_script_args((BestOfNArguments,), "trl-prime best-of-n", argv, default_config)[0]
 
 
 def run(argv: Sequence[str] | None = None, default_config: str | None = None) -> dict:

@@ -211,13 +211,10 @@ def token_reward_heatmap(implicit_prm, prompts, completions, correct, output_dir
         implicit_prm: a :class:`trl_prime.ImplicitPRM` (the trained one).
         prompts, completions: the held-out prompts (chat messages) and completions.
         correct: one bool per completion (the verifier's verdict).
+
+    Returns:
+        The two paths written into ``output_dir``.
     """
-    import html
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import torch
 
     implicit_prm.model.eval()
@@ -231,6 +228,12 @@ def token_reward_heatmap(implicit_prm, prompts, completions, correct, output_dir
         ids = enc["completion_ids"][i, :n].tolist()
         rows.append(([tok.decode([t]) for t in ids], rewards[i, :n].float().cpu().tolist()))
     vmax = max((abs(v) for _, r in rows for v in r), default=1.0) or 1.0
+    return [heatmap_html(rows, correct, vmax, output_dir), heatmap_png(rows, correct, vmax, output_dir)]
+
+
+def heatmap_html(rows: list[tuple[list[str], list[float]]], correct, vmax: float, output_dir: str) -> str:
+    """``token_rewards.html``: each completion's tokens on a red (< 0) .. green (> 0) background, ``|vmax|`` full."""
+    import html
 
     def colour(v):  # red (negative) .. white .. green (positive)
         a = min(abs(v) / vmax, 1.0)
@@ -248,6 +251,15 @@ def token_reward_heatmap(implicit_prm, prompts, completions, correct, output_dir
     parts.append("</body></html>")
     html_path = os.path.join(output_dir, "token_rewards.html")
     Path(html_path).write_text("\n".join(parts))
+    return html_path
+
+
+def heatmap_png(rows: list[tuple[list[str], list[float]]], correct, vmax: float, output_dir: str) -> str:
+    """``token_rewards.png``: the same as :func:`heatmap_html`, 24 tokens per line, RdYlGn colours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     width = 24  # tokens per line of the PNG
     lines = []
@@ -273,7 +285,7 @@ def token_reward_heatmap(implicit_prm, prompts, completions, correct, output_dir
     png_path = os.path.join(output_dir, "token_rewards.png")
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
-    return [html_path, png_path]
+    return png_path
 
 
 def pick_heatmap_rows(records: list[dict], n: int) -> list[tuple[str, str, bool]]:
@@ -322,7 +334,7 @@ def main(demo: DemoArguments, training_args) -> dict:
     import torch
     from transformers import set_seed
 
-    from trl_prime.data import load_prompt_dataset, outcome_reward
+    from trl_prime.data import load_prompt_dataset
     from trl_prime.models import resolve_model_path
 
     t_start = time.perf_counter()
@@ -344,26 +356,11 @@ def main(demo: DemoArguments, training_args) -> dict:
                      * training_args.gradient_accumulation_steps // training_args.num_generations,
                      "precision": "bf16" if bf16 else "fp32"}
     if demo.eval_problems:
-        before = previous_evaluation(os.path.join(out, "eval_before.json"), model_path, demo)
-        if before is None:
-            before = evaluate_heldout(model_path, demo, os.path.join(out, "eval_before.json"))
-        else:
-            print("[demo] reusing eval_before.json (same model, problems and decoding; greedy is deterministic)")
-        summary["heldout_accuracy_before"] = before["micro"]["pass@1"]
+        summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out)["micro"]["pass@1"]
 
     set_seed(training_args.seed)
     metrics_path = os.path.join(out, "metrics.jsonl")
-    callbacks = [metrics_callback(metrics_path)]
-    if demo.trainer == "prime":
-        from trl_prime import PrimeRLOOTrainer
-
-        trainer = PrimeRLOOTrainer(model=model_path, reward_funcs=[outcome_reward], args=training_args,
-                                   train_dataset=train, callbacks=callbacks)
-    else:
-        from trl import RLOOTrainer
-
-        trainer = RLOOTrainer(model=model_path, reward_funcs=[outcome_reward], args=training_args,
-                              train_dataset=train, callbacks=callbacks)
+    trainer = make_trainer(demo, model_path, train, training_args, [metrics_callback(metrics_path)])
     t_train = time.perf_counter()
     trainer.train()
     summary["train_seconds"] = round(time.perf_counter() - t_train, 1)
@@ -372,28 +369,69 @@ def main(demo: DemoArguments, training_args) -> dict:
 
     records = read_metrics(metrics_path)
     summary["plots"] = plot_metrics(records, out, label="PRIME" if demo.trainer == "prime" else "plain RLOO")
+    summary.update(quarter_means(records))
+    if demo.eval_problems:
+        after = evaluate_heldout(policy_dir, demo, os.path.join(out, "eval_after.json"))
+        summary["heldout_accuracy_after"] = after["micro"]["pass@1"]
+        if demo.trainer == "prime" and demo.heatmap_completions:
+            summary["heatmap"] = heldout_heatmap(trainer.implicit_prm, demo, out)
+    summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
+    print_results(summary, demo, metrics_path, out)
+    return summary
+
+
+def heldout_before(model_path: str, demo: DemoArguments, out: str) -> dict:
+    """The held-out evaluation before training: ``<out>/eval_before.json`` when it holds the same one (greedy is
+    deterministic), else evaluated now."""
+    before = previous_evaluation(os.path.join(out, "eval_before.json"), model_path, demo)
+    if before is None:
+        return evaluate_heldout(model_path, demo, os.path.join(out, "eval_before.json"))
+    print("[demo] reusing eval_before.json (same model, problems and decoding; greedy is deterministic)")
+    return before
+
+
+def make_trainer(demo: DemoArguments, model_path: str, train, training_args, callbacks: list):
+    """:class:`trl_prime.PrimeRLOOTrainer` (``trainer="prime"``) or TRL's ``RLOOTrainer`` (``"rloo"``) on the
+    outcome reward."""
+    from trl_prime.data import outcome_reward
+
+    if demo.trainer == "prime":
+        from trl_prime import PrimeRLOOTrainer as trainer_cls
+    else:
+        from trl import RLOOTrainer as trainer_cls
+    return trainer_cls(model=model_path, reward_funcs=[outcome_reward], args=training_args, train_dataset=train,
+                       callbacks=callbacks)
+
+
+def quarter_means(records: list[dict]) -> dict:
+    """``{metric: {"first_quarter_mean", "last_quarter_mean", "mean", "n_steps"}}`` of the logged reward, PRM pair
+    accuracy, PRM loss and kept fraction, over the steps where each is finite."""
+    summary = {}
     for key in ("reward", "prm/pair_accuracy", "prm/loss", "filter/kept_fraction"):
         values = [r[key] for r in records if r.get(key) is not None and r[key] == r[key]]
         if values:
             q = max(1, len(values) // 4)
             summary[key] = {"first_quarter_mean": sum(values[:q]) / q, "last_quarter_mean": sum(values[-q:]) / q,
                             "mean": sum(values) / len(values), "n_steps": len(values)}
+    return summary
 
-    if demo.eval_problems:
-        after = evaluate_heldout(policy_dir, demo, os.path.join(out, "eval_after.json"))
-        summary["heldout_accuracy_after"] = after["micro"]["pass@1"]
-        if demo.trainer == "prime" and demo.heatmap_completions:
-            with open(os.path.join(out, "eval_after.completions.jsonl")) as f:
-                eval_records = [json.loads(line) for line in f]
-            rows = pick_heatmap_rows(eval_records, demo.heatmap_completions)
-            prompts = {r["id"]: r["prompt"] for r in load_prompt_dataset(
-                demo.dataset_name, "test", size=demo.eval_problems, seed=0)}
-            summary["heatmap"] = token_reward_heatmap(
-                trainer.implicit_prm, [prompts[i] for i, _, _ in rows], [c for _, c, _ in rows],
-                [ok for _, _, ok in rows], out)
-    summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
-    Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
 
+def heldout_heatmap(implicit_prm, demo: DemoArguments, out: str) -> list[str]:
+    """:func:`token_reward_heatmap` of :func:`pick_heatmap_rows` of the held-out completions after training."""
+    from trl_prime.data import load_prompt_dataset
+
+    with open(os.path.join(out, "eval_after.completions.jsonl")) as f:
+        eval_records = [json.loads(line) for line in f]
+    rows = pick_heatmap_rows(eval_records, demo.heatmap_completions)
+    prompts = {r["id"]: r["prompt"] for r in load_prompt_dataset(
+        demo.dataset_name, "test", size=demo.eval_problems, seed=0)}
+    return token_reward_heatmap(implicit_prm, [prompts[i] for i, _, _ in rows], [c for _, c, _ in rows],
+                                [ok for _, _, ok in rows], out)
+
+
+def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: str) -> None:
+    """The demo's result lines: the metrics' first and last quarters, held-out accuracy, files, time."""
     print("\n[demo] results")
     for key in ("reward", "prm/pair_accuracy", "filter/kept_fraction"):
         if key in summary:
@@ -406,7 +444,6 @@ def main(demo: DemoArguments, training_args) -> dict:
     print(f"  wrote {metrics_path}, {', '.join(os.path.basename(p) for p in summary['plots'])}"
           + (", token_rewards.png/.html" if "heatmap" in summary else "") + f", summary.json in {out}")
     print(f"  total {summary['total_seconds'] / 60:.1f} min", flush=True)
-    return summary
 
 
 def run(argv=None, default_config: str = DEFAULT_CONFIG) -> dict:

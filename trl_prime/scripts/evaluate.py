@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trl_prime.evaluation import aggregate, dataset_metrics, default_ks, format_table, metric_names
-from trl_prime.scripts.utils import normalize_argv
+from trl_prime.scripts.utils import parse_script_args
 
 
 #: ``generate_fn(prompt_texts, num_samples) -> [[completion] * num_samples] * len(prompt_texts)``
@@ -305,6 +305,8 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
              "elapsed_s": ...}
     """
     args.validate()
+    from transformers import set_seed
+
     from trl_prime.data import load_prompt_dataset
     from trl_prime.models import resolve_model_path
 
@@ -320,21 +322,7 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
         print(f"[evaluate] {name} ({args.dataset_split}): {len(datasets[name])} problems", flush=True)
 
     model_path = resolve_model_path(args.model_name_or_path)
-    tokenizer = None
-    try:
-        tokenizer = load_tokenizer(model_path, args.trust_remote_code)
-    except Exception:
-        if generate_fn is None:
-            raise
-    if generate_fn is not None:
-        backend, generate = "custom", generate_fn
-    elif args.use_vllm:
-        backend, generate = "vllm", VLLMGenerator(model_path, args, tokenizer)
-    else:
-        backend, generate = "hf", HFGenerator(model_path, args, tokenizer)
-
-    from transformers import set_seed
-
+    backend, generate, tokenizer = make_generator(args, model_path, generate_fn)
     per_dataset, records = {}, []
     for name, ds in datasets.items():
         set_seed(args.seed)
@@ -354,6 +342,28 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
         "macro": averages["macro"],
         "elapsed_s": round(time.perf_counter() - start, 3),
     }
+    write_results(args, result, records)
+    return result
+
+
+def make_generator(args: EvaluateScriptArguments, model_path: str, generate_fn: GenerateFn | None = None):
+    """``(backend, generate, tokenizer)``: ``generate_fn`` (``"custom"``; the tokenizer is None when it does not
+    load), else vLLM (``use_vllm``) or HF ``generate`` on ``model_path``."""
+    tokenizer = None
+    try:
+        tokenizer = load_tokenizer(model_path, args.trust_remote_code)
+    except Exception:
+        if generate_fn is None:
+            raise
+    if generate_fn is not None:
+        return "custom", generate_fn, tokenizer
+    if args.use_vllm:
+        return "vllm", VLLMGenerator(model_path, args, tokenizer), tokenizer
+    return "hf", HFGenerator(model_path, args, tokenizer), tokenizer
+
+
+def write_results(args: EvaluateScriptArguments, result: dict, records: list[dict]) -> None:
+    """``output_file`` (the JSON), ``<output_file>.completions.jsonl`` (with ``save_completions``) and the table."""
     out = Path(args.output_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -361,19 +371,15 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
         with open(out.with_suffix(".completions.jsonl"), "w") as f:
             for r in records:
                 f.write(json.dumps(r) + "\n")
-    print(format_table(per_dataset, {"micro": averages["micro"], "macro": averages["macro"]}, names))
+    averages = {"micro": result["micro"], "macro": result["macro"]}
+    print(format_table(result["datasets"], averages, result["metric_names"]))
     print(f"[evaluate] wrote {out}" + (f" and {out.with_suffix('.completions.jsonl')}" if args.save_completions
                                        else ""), flush=True)
-    return result
 
 
 def parse_args(argv: Sequence[str] | None = None, default_config: str | None = None) -> EvaluateScriptArguments:
     """The arguments from the command line (default ``sys.argv[1:]``) and the ``--config`` YAML."""
-    from trl import TrlParser
-
-    parser = TrlParser((EvaluateScriptArguments,), prog="trl-prime eval")
-    (args,) = parser.parse_args_and_config(normalize_argv(argv, default_config))
-    return args
+    return parse_script_args((EvaluateScriptArguments,), "trl-prime eval", argv, default_config)[0]
 
 
 def run(argv: Sequence[str] | None = None, default_config: str | None = None) -> dict:

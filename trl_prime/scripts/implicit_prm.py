@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_prime.scripts.utils import normalize_argv
+from trl_prime.scripts.utils import parse_script_args
 
 
 @dataclass
@@ -149,12 +149,12 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
 def parse_args(argv=None, default_config: str | None = None):
     """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
     ``--config`` YAML (default ``default_config``)."""
-    from trl import ModelConfig, TrlParser
+    from trl import ModelConfig
 
     from trl_prime import ImplicitPRMConfig
 
-    parser = TrlParser((ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig), prog="trl-prime implicit-prm")
-    return parser.parse_args_and_config(normalize_argv(argv, default_config))
+    dataclass_types = (ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig)
+    return parse_script_args(dataclass_types, "trl-prime implicit-prm", argv, default_config)
 
 
 def run(argv=None, default_config: str | None = None):

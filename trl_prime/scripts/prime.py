@@ -17,10 +17,13 @@ LoRA (``use_peft: true``): the policy and the implicit PRM are two adapters on o
 
 from __future__ import annotations
 
-from trl_prime.scripts.utils import COMMAND_TRAINERS, parse_rl_args, train
+from functools import partial
+
+from trl_prime.scripts.utils import parse_rl_args, train
 
 
-TRAINERS = COMMAND_TRAINERS["prime"]
+#: ``parse_args(argv=None, default_config=None, default_trainer=None) -> (script_args, training_args, model_args)``
+parse_args = partial(parse_rl_args, "prime")
 
 
 def check_args(training_args, model_args, require_peft: bool = False) -> None:
@@ -52,11 +55,6 @@ def check_args(training_args, model_args, require_peft: bool = False) -> None:
                 f"`{flag}`=true needs bitsandbytes: `pip install bitsandbytes` (or `pip install -e .[bitsandbytes]`), "
                 f"or set `{flag}: false`."
             )
-
-
-def parse_args(argv=None, default_config: str | None = None, default_trainer: str | None = None):
-    """``(script_args, training_args, model_args)``; ``--config`` defaults to ``default_config``."""
-    return parse_rl_args("prime", argv, default_config, default_trainer)
 
 
 def main(script_args, training_args, model_args, require_peft: bool = False):

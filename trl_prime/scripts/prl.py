@@ -13,15 +13,10 @@ model_args)``; ``main(script_args, training_args, model_args)`` trains and saves
 
 from __future__ import annotations
 
-from functools import partial
-
-from trl_prime.scripts.utils import COMMAND_TRAINERS, parse_rl_args, run_rl, train
+from trl_prime.scripts.utils import rl_command
 
 
-TRAINERS = COMMAND_TRAINERS["prl"]
-parse_args = partial(parse_rl_args, "prl")
-main = train
-run = partial(run_rl, "prl")
+parse_args, main, run = rl_command("prl")
 
 
 if __name__ == "__main__":

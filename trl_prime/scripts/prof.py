@@ -20,15 +20,10 @@ flag or a key of the ``--config`` YAML; flags override the YAML::
 
 from __future__ import annotations
 
-from functools import partial
-
-from trl_prime.scripts.utils import COMMAND_TRAINERS, parse_rl_args, run_rl, train
+from trl_prime.scripts.utils import rl_command
 
 
-TRAINERS = COMMAND_TRAINERS["prof"]
-parse_args = partial(parse_rl_args, "prof")
-main = train
-run = partial(run_rl, "prof")
+parse_args, main, run = rl_command("prof")
 
 
 if __name__ == "__main__":

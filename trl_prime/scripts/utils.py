@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 
 #: ``trainer`` value -> (config class, trainer class), both public names of :mod:`trl_prime`
@@ -142,6 +143,20 @@ def parse_rl_args(command: str, argv=None, default_config: str | None = None, de
 def run_rl(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
     """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), then :func:`train`. Returns the trainer."""
     return train(*parse_rl_args(command, argv, default_config, default_trainer))
+
+
+def rl_command(command: str):
+    """``(parse_args, main, run)`` of ``trl-prime <command>``: :func:`parse_rl_args` and :func:`run_rl` bound to
+    ``command``, and :func:`train`."""
+    return partial(parse_rl_args, command), train, partial(run_rl, command)
+
+
+def parse_script_args(dataclass_types: tuple, prog: str, argv=None, default_config: str | None = None):
+    """``trl.TrlParser(dataclass_types)`` over ``argv`` (default ``sys.argv[1:]``) and the ``--config`` YAML (default
+    ``default_config``): one instance per dataclass."""
+    from trl import TrlParser
+
+    return TrlParser(dataclass_types, prog=prog).parse_args_and_config(normalize_argv(argv, default_config))
 
 
 # ---------------------------------------------------------------------------------------------------- training
