@@ -154,19 +154,14 @@ def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
     truncated)`` replaces the policy (tests).
     """
     from trl_prime.data import load_prompt_dataset, outcome_reward
-    from trl_prime.implicit_prm.data import _reasons_of, sample_completions
+    from trl_prime.implicit_prm.data import _reasons_of
     from trl_prime.rewards.math_verifier import extract_answer
 
     key = _sampling_key(args)
     path = Path(args.samples_file)
-    if path.is_file():
-        with open(path) as f:
-            header = json.loads(f.readline())
-            if header.get("settings") == key:
-                records = [json.loads(line) for line in f if line.strip()]
-                print(f"[bon] reusing {len(records)} problems x {args.num_samples} samples from {path}", flush=True)
-                return records
-        print(f"[bon] {path} was sampled with other settings: resampling", flush=True)
+    records = _cached_samples(path, key, args.num_samples)
+    if records is not None:
+        return records
     ds = load_prompt_dataset(args.dataset_name, args.dataset_split, size=args.max_problems, seed=args.dataset_seed)
     ds = ds.select(range(min(args.max_problems, len(ds))))
     prompts = list(ds["prompt"])
@@ -174,18 +169,7 @@ def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
     if generate_fn is not None:
         texts, truncated = generate_fn(prompts, args.num_samples)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from trl_prime.models import resolve_model_path
-
-        mp = resolve_model_path(args.model_name_or_path)
-        tok = AutoTokenizer.from_pretrained(mp)
-        model = AutoModelForCausalLM.from_pretrained(mp)
-        texts, truncated = sample_completions(
-            model, tok, prompts, args.num_samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, progress=True,
-        )
-        del model
+        texts, truncated = _sample_policy(prompts, args)
     sampling_s = time.perf_counter() - t0
     n = args.num_samples
     cols = {c: [v for v in ds[c] for _ in range(n)] for c in ds.column_names if c != "prompt"}
@@ -210,6 +194,37 @@ def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
     return records
 
 
+def _cached_samples(path: Path, key: dict, num_samples: int) -> list[dict] | None:
+    """The records of ``path`` when its header's settings are ``key``, else None."""
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        header = json.loads(f.readline())
+        if header.get("settings") == key:
+            records = [json.loads(line) for line in f if line.strip()]
+            print(f"[bon] reusing {len(records)} problems x {num_samples} samples from {path}", flush=True)
+            return records
+    print(f"[bon] {path} was sampled with other settings: resampling", flush=True)
+    return None
+
+
+def _sample_policy(prompts: list, args: BestOfNArguments) -> tuple[list, list]:
+    """``(texts, truncated)``: ``num_samples`` completions of the policy per prompt (``sample_completions``); the
+    policy is freed on return."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_prime.implicit_prm.data import sample_completions
+    from trl_prime.models import resolve_model_path
+
+    mp = resolve_model_path(args.model_name_or_path)
+    tok = AutoTokenizer.from_pretrained(mp)
+    model = AutoModelForCausalLM.from_pretrained(mp)
+    return sample_completions(
+        model, tok, prompts, args.num_samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, progress=True,
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- scoring
 
 
@@ -224,16 +239,7 @@ def score_records(
     from trl_prime.implicit_prm.best_of_n import score_candidates
     from trl_prime.implicit_prm.data import last_turn_prompt, question_prompt
 
-    variants_key = {
-        "prm": prm_path, "aggregations": list(args.aggregations), "noref": args.score_without_reference,
-        "delimiter": args.step_delimiter, "step_len": args.step_len, "prm_prompt": args.prm_prompt,
-        "samples": hashlib.sha1(json.dumps([r["completions"] for r in records]).encode()).hexdigest(),
-    }
-    if prm_path != "initial" and os.path.isdir(prm_path):
-        # the newest file: retraining into the same folder overwrites files in place (the folder's mtime stays)
-        variants_key["prm_mtime"] = max(
-            [os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(prm_path) for f in fs]
-            or [os.path.getmtime(prm_path)])
+    variants_key = _scores_key(prm_path, records, args)
     cache = Path(args.output_file).with_suffix(f".scores.{_prm_label(prm_path)}.json")
     if cache.is_file():
         saved = json.loads(cache.read_text())
@@ -245,11 +251,8 @@ def score_records(
     import torch
 
     initial_logps = None
-    if not same and args.reuse_initial_reference and logps_file.is_file():
-        saved_lp = torch.load(logps_file)
-        if saved_lp.get("key") == {k: v for k, v in variants_key.items() if k in ("samples", "prm_prompt")}:
-            initial_logps = saved_lp["logps"]
-            print(f"[bon] reference log-probs of {prm_path} from {logps_file} (the initial checkpoint)", flush=True)
+    if not same and args.reuse_initial_reference:
+        initial_logps = _initial_logps(logps_file, variants_key, prm_path)
     kept_logps = []
     if prm is None:
         prm = _load_prm(prm_path, args)
@@ -277,6 +280,36 @@ def score_records(
     if same:
         torch.save({"key": {k: variants_key[k] for k in ("samples", "prm_prompt")}, "logps": kept_logps}, logps_file)
     return scores
+
+
+def _scores_key(prm_path: str, records: list[dict], args: BestOfNArguments) -> dict:
+    """What a PRM's cached scores depend on: the PRM (and its newest file's mtime), the scoring options, the
+    samples."""
+    variants_key = {
+        "prm": prm_path, "aggregations": list(args.aggregations), "noref": args.score_without_reference,
+        "delimiter": args.step_delimiter, "step_len": args.step_len, "prm_prompt": args.prm_prompt,
+        "samples": hashlib.sha1(json.dumps([r["completions"] for r in records]).encode()).hexdigest(),
+    }
+    if prm_path != "initial" and os.path.isdir(prm_path):
+        # the newest file: retraining into the same folder overwrites files in place (the folder's mtime stays)
+        variants_key["prm_mtime"] = max(
+            [os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(prm_path) for f in fs]
+            or [os.path.getmtime(prm_path)])
+    return variants_key
+
+
+def _initial_logps(logps_file: Path, variants_key: dict, prm_path: str):
+    """The initial checkpoint's per-problem log-probs saved in ``logps_file`` for the same samples and PRM prompt
+    (the reference of a PRM trained from it), else None."""
+    import torch
+
+    if not logps_file.is_file():
+        return None
+    saved_lp = torch.load(logps_file)
+    if saved_lp.get("key") != {k: v for k, v in variants_key.items() if k in ("samples", "prm_prompt")}:
+        return None
+    print(f"[bon] reference log-probs of {prm_path} from {logps_file} (the initial checkpoint)", flush=True)
+    return saved_lp["logps"]
 
 
 def _load_prm(prm_path: str, args: BestOfNArguments):
