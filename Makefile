@@ -1,5 +1,5 @@
 # trl-prime: the two Quickstart commands. Each sets itself up on a fresh machine.
-#   make demo   PRIME training on the embedded default model and problems
+#   make demo   PRIME training on the embedded default model and problems (`trl-prime demo`, = recipes/demo.py)
 #   make test   the test suite
 #   make docs   the documentation site (mkdocs build --strict into site/)
 #   make lock   rewrite constraints/ci.txt (the exact versions installed) from the venv, after widening a bound
@@ -33,7 +33,7 @@ test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) recipes/demo.py $(DEMO_ARGS)
+	$(VENV)/bin/trl-prime demo $(DEMO_ARGS)
 
 # --strict: a broken link, a missing page or an unresolved API reference fails the build
 docs: setup

@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SPECIAL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<|bos|>"]
+CONTROL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<|bos|>"]
 # every character the task, its prompts and the chat template can produce (one token each)
 ALPHABET = sorted(set("0123456789 +=:\n\\{}") | set("Addboxe") | set("usertmanicyst"))
 
@@ -121,7 +121,7 @@ def build_tokenizer():
     tok = Tokenizer(models.WordLevel(unk_token="<|pad|>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1, show_progress=False)
+    trainer = trainers.WordLevelTrainer(special_tokens=CONTROL_TOKENS, min_frequency=1, show_progress=False)
     tok.train_from_iterator(["".join(ALPHABET)] * 2, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -1,5 +1,5 @@
 """PRIME (arXiv 2502.01456), the paper's setup: Eurus-2-7B-SFT (Qwen2.5-Math-7B SFT) trained with PRIME on
-Eurus-2-RL-Data, 8 GPUs, DeepSpeed ZeRO-3, vLLM colocated generation (SPEC section 7).
+Eurus-2-RL-Data, 8 GPUs, DeepSpeed ZeRO-3, vLLM colocated generation (the paper's section 4.1 and Table 5).
 
 - Policy, implicit PRM and the PRM's frozen reference all start from ``PRIME-RL/Eurus-2-7B-SFT``; the PRM gets its own
   DeepSpeed engine and AdamW (lr 1e-6), the policy lr is 5e-7, no KL (TRL's reference model is not loaded).
@@ -11,13 +11,15 @@ Eurus-2-RL-Data, 8 GPUs, DeepSpeed ZeRO-3, vLLM colocated generation (SPEC secti
   tokens, and the released code's advantage options (double forward, ``batch_norm``, coefficients 5/5, the reference
   baseline, whitening, last token excluded).
 
-Usage (TRL script style: every field of ``DataArguments``, :class:`trl_prime.PrimeRLOOConfig` and ``trl.ModelConfig``
-is a flag or a key of the YAML; flags override the YAML; without ``--config`` the script reads
-``recipes/configs/prime_qwen7b.yaml``)::
+Usage (TRL script style: every field of :class:`trl_prime.scripts.utils.RLScriptArguments`,
+:class:`trl_prime.PrimeRLOOConfig` and ``trl.ModelConfig`` is a flag or a key of the YAML; flags override the YAML;
+without ``--config`` this file reads ``recipes/configs/prime_qwen7b.yaml``). This file is ``trl-prime prime``
+(:mod:`trl_prime.scripts.prime`) with that default::
 
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py \\
         --config recipes/configs/prime_qwen7b.yaml
     accelerate launch recipes/prime_qwen7b.py                     # same YAML, accelerate's default config
+    trl-prime prime --config recipes/configs/prime_qwen7b.yaml    # one process (e.g. under a launcher of your own)
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py \\
         --model_name_or_path /models/Eurus-2-7B-SFT --dataset_name /data/eurus2_rl/train.parquet \\
         --output_dir /ckpt/prime --max_steps 500
@@ -29,44 +31,19 @@ is a flag or a key of the YAML; flags override the YAML; without ``--config`` th
 
 Every path (model, data, output) is a Hub id or a local path and can be overridden by a flag; the PRM and its
 reference can start elsewhere with ``--prm_model`` / ``--prm_ref_model``. The trained policy is saved to
-``output_dir`` and the implicit PRM to ``output_dir/prm`` (loadable with :meth:`trl_prime.ImplicitPRM.from_pretrained`).
+``output_dir`` and the implicit PRM to ``output_dir/prm`` (loadable with
+:meth:`trl_prime.ImplicitPRM.from_pretrained`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trl_prime.scripts import prime
 
-from _rl_common import DataArguments, build, parse  # noqa: E402
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "prime_qwen7b.yaml")
 
 
-def with_default_config(argv: list[str] | None = None, default: str = DEFAULT_CONFIG) -> list[str]:
-    """``argv`` (default ``sys.argv[1:]``) with ``--config <default>`` put first when it names no ``--config``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not any(a == "--config" or a.startswith("--config=") for a in argv):
-        argv = ["--config", default, *argv]
-    return argv
-
-
-def main(data_args: DataArguments, training_args, model_args):
-    """Train with :class:`trl_prime.PrimeRLOOTrainer`; saves the policy and the PRM. Returns the trainer."""
-    from trl_prime import PrimeRLOOTrainer
-
-    model_path, dataset, rewards, peft_config = build(data_args, training_args, model_args)
-    trainer = PrimeRLOOTrainer(
-        model=model_path, reward_funcs=rewards, args=training_args, train_dataset=dataset, peft_config=peft_config
-    )
-    trainer.train()
-    trainer.save_model(training_args.output_dir)  # the policy, and the trained implicit PRM in <output_dir>/prm
-    return trainer
-
-
 if __name__ == "__main__":
-    from trl_prime import PrimeRLOOConfig
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(*parse(PrimeRLOOConfig, with_default_config()))
+    prime.run(default_config=DEFAULT_CONFIG)

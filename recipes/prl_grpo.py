@@ -1,9 +1,12 @@
 """PRL on GRPO (arXiv 2601.10201): KL-regularised reward-to-go weights ``rho_t = A - S_t / eta`` in the PPO-clip loss.
 
-Usage (TRL script style: every field of ``DataArguments``, :class:`trl_prime.PRLConfig` and ``trl.ModelConfig`` is a
-flag or a key of the YAML; flags override the YAML)::
+Usage (TRL script style: every field of :class:`trl_prime.scripts.utils.RLScriptArguments`,
+:class:`trl_prime.PRLConfig` and ``trl.ModelConfig`` is a flag or a key of the YAML; flags override the YAML; without
+``--config`` this file reads ``recipes/configs/prl_grpo.yaml``). This file is ``trl-prime prl``
+(:mod:`trl_prime.scripts.prl`) with that default::
 
     python recipes/prl_grpo.py --config recipes/configs/prl_grpo.yaml
+    trl-prime prl --config recipes/configs/prl_grpo.yaml            # the same
     python recipes/prl_grpo.py --config recipes/configs/prl_grpo.yaml --max_steps 5 --prl_eta 100
     # the paper's setup (Qwen2.5-Math-1.5B/7B, NuminaMath-style prompts, n=5, eta 100-300, step 256):
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prl_grpo.py \\
@@ -17,28 +20,12 @@ The YAML's defaults run offline on a CPU: the embedded SmolLM2-135M-Instruct and
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _rl_common import DataArguments, build, parse  # noqa: E402
+from trl_prime.scripts import prl
 
 
-def main(data_args: DataArguments, training_args, model_args):
-    """Train with :class:`trl_prime.PRLGRPOTrainer`; saves the policy to ``output_dir``. Returns the trainer."""
-    from trl_prime import PRLGRPOTrainer
-
-    model_path, dataset, rewards, peft_config = build(data_args, training_args, model_args)
-    trainer = PRLGRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=training_args, train_dataset=dataset, peft_config=peft_config
-    )
-    trainer.train()
-    trainer.save_model(training_args.output_dir)
-    return trainer
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "prl_grpo.yaml")
 
 
 if __name__ == "__main__":
-    from trl_prime import PRLConfig
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(*parse(PRLConfig))
+    prl.run(default_config=DEFAULT_CONFIG)

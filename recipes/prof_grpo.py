@@ -1,7 +1,11 @@
 """PROF on GRPO (arXiv 2509.03403): a step PRM filters each prompt's completions to the m most process-consistent.
 
-Usage (TRL script style: every field of ``DataArguments``, :class:`trl_prime.ProfGRPOConfig` and ``trl.ModelConfig``
-is a flag or a key of the YAML; flags override the YAML)::
+Usage (TRL script style: every field of :class:`trl_prime.scripts.utils.RLScriptArguments`,
+:class:`trl_prime.ProfGRPOConfig` and ``trl.ModelConfig`` is a flag or a key of the YAML; flags override the YAML;
+without ``--config`` this file reads ``recipes/configs/prof_grpo.yaml``). This file is ``trl-prime prof``
+(:mod:`trl_prime.scripts.prof`, ``trainer: prof_grpo``) with that default::
+
+    trl-prime prof --config recipes/configs/prof_grpo.yaml         # one process
 
     # the paper's setup: Qwen2.5-Math-7B, n=8, m=4, Qwen2.5-Math-PRM-7B as step PRM (GPUs and the Hub needed)
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prof_grpo.py \\
@@ -18,28 +22,12 @@ implicit PRM of PRIME (no extra model; runs offline on a CPU) see ``recipes/prof
 from __future__ import annotations
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _rl_common import DataArguments, build, parse  # noqa: E402
+from trl_prime.scripts import prof
 
 
-def main(data_args: DataArguments, training_args, model_args):
-    """Train with :class:`trl_prime.ProfGRPOTrainer`; saves the policy to ``output_dir``. Returns the trainer."""
-    from trl_prime import ProfGRPOTrainer
-
-    model_path, dataset, rewards, peft_config = build(data_args, training_args, model_args)
-    trainer = ProfGRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=training_args, train_dataset=dataset, peft_config=peft_config
-    )
-    trainer.train()
-    trainer.save_model(training_args.output_dir)
-    return trainer
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "prof_grpo.yaml")
 
 
 if __name__ == "__main__":
-    from trl_prime import ProfGRPOConfig
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(*parse(ProfGRPOConfig))
+    prof.run(default_config=DEFAULT_CONFIG)

@@ -1,4 +1,4 @@
-"""Tests of the code outcome verifier and its sandbox (SPEC section 5, issue 2 section 3).
+"""Tests of the code outcome verifier and its sandbox (docs/guides/verifiers.md; issue 2, section 3).
 
 Every containment case asserts the score and the reason, and checks the host: the file does not exist
 or is unchanged, no connection arrived, the test process and a bystander process are alive, no process

@@ -27,11 +27,11 @@ FILES = sorted(DATA_DIR.glob("*.json"))
 META_KEYS = {"function", "semantics", "tolerance", "cases"}
 
 # ---------------------------------------------------------------------------------------------------------
-# deliberate deviations (SPEC 6.1, "Reference behaviours deliberately not offered")
+# deliberate deviations from PRIME's released veRL code (arXiv 2502.01456; docs/methods/prime.md lists the rest)
 # ---------------------------------------------------------------------------------------------------------
 _DETACH_DPO = (
     "veRL's detached-DPO PRM loss (compute_detach_dpo_loss_rm: loss against the detached pre-update rewards "
-    "of the group, optionally with best-of-N weights) is deliberately not offered (SPEC 6.1); the library's "
+    "of the group, optionally with best-of-N weights) is deliberately not offered; the library's "
     "PRM losses are implicit_prm_loss ce/dpo/kto/nca"
 )
 SKIPPED_CASES = {
@@ -39,14 +39,14 @@ SKIPPED_CASES = {
     ("prime_detach_dpo_loss", "mode_bon_rm"): _DETACH_DPO,
     ("prime_token_reward_verl", "lambda0.95_use_gt"): (
         "veRL's lambda-accumulation of token rewards with prime_use_gt (r_t = q_t + lambda*r_{t+1}, last "
-        "token replaced by acc - sum q) is deliberately not offered (SPEC 6.1); lambda=0 is covered by "
+        "token replaced by acc - sum q) is deliberately not offered (PRIME Eq. 3 sums the token rewards); lambda=0 is covered by "
         "case lambda0_default"
     ),
 }
 _DOWNSAMPLE = (
     "veRL's filter_and_downsample (oversample, order prompts passing-first with torch.argsort, which is NOT a "
     "stable sort, and keep the first int(B/oversample_factor) responses, back-filling with failing prompts) is "
-    "deliberately not offered (SPEC 6.1: non-stable down-sampling order); the library's filter "
+    "deliberately not offered (its down-sampling order is not stable); the library's filter "
     "(prompt_accuracy_mask) is checked against prompt_passes_filter"
 )
 SKIPPED_OUTPUTS = {
@@ -264,7 +264,7 @@ def h_prime_rloo_advantage_verl(inp, out, tol):
     adv, ret = F.rloo_advantages(rm, t32(inp["acc"]), mask, inp["n_samples"], process_coef=inp["reward_dpo_coef"],
                                  outcome_coef=inp["reward_gt_coef"], baseline="reference", whiten=True)
     assert_close(ret, out["returns"], tol)
-    # SPEC 6.1: values at padded positions are unspecified. The released code leaves (0-mean)/std there; the
+    # docs/conventions.md: values at padded positions are not part of the contract. The released code leaves (0-mean)/std there; the
     # library returns 0. Compare on the valid tokens and pin the library's padding value.
     assert_close(adv, out["advantages"], tol, where=mask)
     assert torch.all(adv[~mask] == 0)
@@ -280,7 +280,7 @@ def h_prime_rloo_returns_original(inp, out, tol):
     adv, ret = F.rloo_advantages(rm, acc, mask, inp["n_samples"], gamma=inp["reward_model_gamma"],
                                  outcome_gamma=inp["verifier_gamma"], baseline="reference", whiten=True)
     assert_close(ret, out["returns"], tol)
-    assert_close(adv, out["advantages"], tol, where=mask)  # padded positions unspecified (SPEC 6.1)
+    assert_close(adv, out["advantages"], tol, where=mask)  # padded positions: not part of the contract (docs/conventions.md)
     return {"advantages", "returns"}
 
 

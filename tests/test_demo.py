@@ -1,4 +1,4 @@
-"""`make demo` (recipes/demo.py): its YAML and DEMO_STEPS parse, its helpers compute what they say, and the whole
+"""`make demo` (`trl-prime demo`, trl_prime/scripts/demo.py; recipes/demo.py is the same): its YAML and DEMO_STEPS parse, its helpers compute what they say, and the whole
 pipeline (held-out evaluation before/after, PRIME training, metrics.jsonl, plots, token-reward heatmap, summary) runs
 end to end on the tiny offline model and the embedded arithmetic problems."""
 
@@ -8,20 +8,29 @@ import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def demo():
+    from trl_prime.scripts import demo as script
+
+    return script
+
+
+def test_recipe_file_and_command_read_the_same_yaml(demo):
+    """``python recipes/demo.py`` and ``trl-prime demo`` both default to ``recipes/configs/demo.yaml``."""
     spec = importlib.util.spec_from_file_location("recipe_demo", os.path.join(ROOT, "recipes", "demo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    yaml_path = os.path.join(ROOT, "recipes", "configs", "demo.yaml")
+    assert os.path.samefile(recipe.DEFAULT_CONFIG, yaml_path) and os.path.samefile(demo.DEFAULT_CONFIG, yaml_path)
+    with pytest.raises(FileNotFoundError, match="pass --config"):
+        demo.parse([], default_config=os.path.join(ROOT, "no_such_demo.yaml"))
 
 
 def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):

@@ -6,7 +6,8 @@
   resolve and every keyword it gives a trl-prime config must be a field of that config.
 - The method pages carry the generated config tables (``docs/_hooks/config_tables.py``), and every field trl-prime
   adds to a config appears on its page.
-- No page cites the private working notes ("SPEC"): papers and equations only.
+- No page, docstring, test, recipe, benchmark or notebook cites the private working notes (:data:`NOTES`): papers
+  and equations, or a page under ``docs/``, only.
 
 ``mkdocs build --strict`` (broken links, missing references) runs in ``.ci/run`` through ``make docs``.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
@@ -31,6 +33,7 @@ FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 
 sys.path.insert(0, str(DOCS / "_hooks"))
 import config_tables  # noqa: E402
+
 
 # config -> the page documenting it
 CONFIG_PAGES = {
@@ -146,10 +149,17 @@ def test_every_added_config_field_is_on_its_page(name):
         assert "| `learning_rate` | `5e-07` | `1e-06` |" in rendered  # PRIME's policy rate vs TRL's
 
 
+#: the private working notes' name, spelled so that searching the tree for it finds no citation
+NOTES = "SP" + "EC"
+#: where nothing may cite them (``grep -rn`` over these comes back empty), and the text files searched there
+NO_NOTES = ("trl_prime", "tests", "recipes", "benchmarks", "notebooks", "docs", "README.md")
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".ipynb", ".json", ".jsonl", ".txt", ".toml", ".html"}
+
+
 def test_no_page_cites_the_working_notes():
     for page in PAGES:
         text = config_tables.render(page.read_text())
-        assert not re.search(r"\bSPEC\b", text), f"{_page_id(page)} cites SPEC: cite the paper and equation"
+        assert NOTES not in text, f"{_page_id(page)} cites {NOTES}: cite the paper and equation"
 
 
 def test_mkdocs_config_lists_every_page():
@@ -159,10 +169,14 @@ def test_mkdocs_config_lists_every_page():
     assert "font: false" in text and "strict: true" in text
 
 
-def test_no_docstring_cites_the_working_notes():
-    """The API reference renders the package's docstrings: they cite papers and equations too."""
-    for path in sorted((ROOT / "trl_prime").rglob("*.py")):
-        assert not re.search(r"\bSPEC\b", path.read_text()), f"{path.relative_to(ROOT)} cites SPEC"
+def test_no_docstring_test_or_recipe_cites_the_working_notes():
+    """The API reference renders the package's docstrings: they, the tests, the recipes and their configs, the
+    benchmarks and the notebooks cite papers and equations (or a page under docs/) too."""
+    for top in NO_NOTES:
+        paths = [ROOT / top] if (ROOT / top).is_file() else sorted((ROOT / top).rglob("*"))
+        for path in paths:
+            if path.suffix in TEXT_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+                assert NOTES not in path.read_text(errors="replace"), f"{path.relative_to(ROOT)} cites {NOTES}"
 
 
 def test_readme_links_resolve():

@@ -1,4 +1,5 @@
-"""Tests of trl_prime.evaluation (pass@k, avg@k, micro/macro) and of recipes/evaluate.py end to end."""
+"""Tests of trl_prime.evaluation (pass@k, avg@k, micro/macro) and of ``trl-prime eval`` (trl_prime/scripts/evaluate.py,
+run through recipes/evaluate.py) end to end."""
 
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ import pytest
 
 from trl_prime.evaluation import aggregate, dataset_metrics, default_ks, format_table, metric_names, pass_at_k
 
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipes" / "evaluate.py"
 
 
 def _load_script():
-    """recipes/evaluate.py as a module (registered in sys.modules, which its dataclass needs)."""
-    if "trl_prime_evaluate_recipe" in sys.modules:
-        return sys.modules["trl_prime_evaluate_recipe"]
-    spec = importlib.util.spec_from_file_location("trl_prime_evaluate_recipe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """``trl-prime eval``'s module (recipes/evaluate.py runs it)."""
+    from trl_prime.scripts import evaluate
+
+    return evaluate
 
 
 # ----------------------------------------------------------------------------------------------- pure metrics

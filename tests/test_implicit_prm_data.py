@@ -1,11 +1,10 @@
 """Implicit PRM data and best-of-N evaluation: the sampler, build_outcome_dataset, score_candidates, majority vote,
-the metrics of recipes/evaluate_best_of_n.py and the two recipes end to end on a tiny model."""
+the metrics of trl-prime best-of-n (trl_prime/scripts/best_of_n.py) and the two scripts end to end on a tiny model."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from trl_prime.implicit_prm.data import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "recipes"))
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +156,7 @@ def test_last_turn_prompt_and_argmax_first():
 
 
 def test_majority_vote_normalises_answers_and_breaks_ties_by_first_seen():
-    from evaluate_best_of_n import majority_index, normalize_answer
+    from trl_prime.scripts.best_of_n import majority_index, normalize_answer
 
     assert normalize_answer("-2.0") == normalize_answer("-2") == normalize_answer("$-2$") == "-2"
     assert normalize_answer("\\frac{1}{2}") == normalize_answer("0.5") == "1/2"
@@ -170,7 +168,7 @@ def test_majority_vote_normalises_answers_and_breaks_ties_by_first_seen():
 
 
 def test_best_of_n_metrics_hand_computed():
-    from evaluate_best_of_n import best_of_n_metrics
+    from trl_prime.scripts.best_of_n import best_of_n_metrics
 
     records = [
         {"rewards": [0.0, 1.0, 0.0, 1.0], "answers": ["1", "2", "1", "2"]},  # majority tie 1/2 -> "1" (first): wrong
@@ -190,7 +188,7 @@ def test_best_of_n_metrics_hand_computed():
 
 
 def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny_model_path, tmp_path):
-    import evaluate_best_of_n as ebn
+    from trl_prime.scripts import best_of_n as ebn
 
     calls = []
 
@@ -230,8 +228,9 @@ def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny
 
 @pytest.mark.parametrize("prm_prompt", ["last_turn", "question"])
 def test_implicit_prm_recipe_end_to_end(tiny_model_path, tmp_path, prm_prompt):
-    import implicit_prm as recipe
     from trl import ModelConfig
+
+    from trl_prime.scripts import implicit_prm as recipe
 
     script = recipe.ImplicitPRMScriptArguments(
         max_train_samples=2, num_generations=2, max_new_tokens=4, rollouts_path=str(tmp_path / "r.jsonl"),

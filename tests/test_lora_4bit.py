@@ -191,14 +191,16 @@ def test_prime_lora_recipe_with_load_in_4bit_on_cpu(tmp_path):
     from test_recipes_prime import _check_logs, _overrides, _recipe, build_coin_model, write_eurus_jsonl
     from transformers import AutoModelForCausalLM
 
+    from trl_prime.scripts import prime
+
     data_path = write_eurus_jsonl(tmp_path / "train.jsonl")
     model_path = build_coin_model(tmp_path / "coin_model", data_path)
     mod = _recipe("prime_lora")
     out = str(tmp_path / "lora4")
-    data, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
-        [*_overrides(model_path, data_path, out, batch=8), "--load_in_4bit", "true"]))
+    data, args, model_args = prime.parse_args(
+        [*_overrides(model_path, data_path, out, batch=8), "--load_in_4bit", "true"], mod.DEFAULT_CONFIG)
     assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4"
-    trainer = mod.main(data, args, model_args)
+    trainer = prime.main(data, args, model_args, require_peft=True)
     assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
     assert all(h["grad_norm"] > 0 for h in trainer.state.log_history if "prm/loss" in h)

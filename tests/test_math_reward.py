@@ -1,4 +1,4 @@
-"""Tests of the math outcome verifier (SPEC section 5; issue 2, section 3): every case asserts score AND reason."""
+"""Tests of the math outcome verifier (docs/guides/verifiers.md; issue 2, section 3): every case asserts score AND reason."""
 
 from __future__ import annotations
 

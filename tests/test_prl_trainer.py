@@ -1,4 +1,4 @@
-"""PRLGRPOTrainer / PRLConfig on a tiny offline model (single process, CPU). SPEC section 3."""
+"""PRLGRPOTrainer / PRLConfig on a tiny offline model (single process, CPU). PRL arXiv 2601.10201, section 3 and Algorithm 1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PROF: ProfFilter, the step PRMs, ProfGRPOTrainer, and PROF inside the PRIME trainers (single process, CPU).
 
-SPEC section 4. Completions of the tiny model rarely hold "\\n\\n"; a generation ``sequence_bias`` on the newline token
+PROF arXiv 2509.03403, section 3 and Algorithm 1. Completions of the tiny model rarely hold "\\n\\n"; a generation ``sequence_bias`` on the newline token
 makes multi-step completions common without changing the model (its log-probs, hence the losses, are unaffected).
 """
 

@@ -1,5 +1,6 @@
 """The PRIME recipes, run as a user runs them: ``recipes/prime_qwen7b.py`` with its real YAML (the paper's setup)
-and ``recipes/prime_lora.py`` (policy and PRM as two LoRA adapters on one base).
+and ``recipes/prime_lora.py`` (policy and PRM as two LoRA adapters on one base). Both are ``trl-prime prime``
+(:mod:`trl_prime.scripts.prime`) with their own YAML as the default ``--config``.
 
 Only what a CPU needs is overridden: model and data (a tiny offline model, a few Eurus-2-RL-Data rows), steps, batch
 and lengths, ``use_vllm``/``bf16``/``gradient_checkpointing`` off, ``use_cpu``. Everything else (K=4, filter 0.2-0.8,
@@ -22,6 +23,10 @@ import subprocess
 import sys
 
 import pytest
+
+from trl_prime.scripts import prime
+from trl_prime.scripts.utils import normalize_argv
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
@@ -145,7 +150,7 @@ def _overrides(model: str, data: str, out: str, *, batch: int, ddp: bool = False
     ]
 
 
-# the YAML's values the tests check survived the overrides (SPEC section 7 and the released code's options)
+# the YAML's values the tests check survived the overrides (PRIME arXiv 2502.01456, section 4.1 and Table 5, and the released code's options)
 PAPER_OPTIONS = {
     "num_generations": 4, "filter_lower": 0.2, "filter_upper": 0.8, "prm_beta": 0.05, "prm_learning_rate": 1e-6,
     "learning_rate": 5e-7, "prm_update": "double", "prime_baseline": "reference", "process_reward_norm": "batch_norm",
@@ -193,32 +198,35 @@ def test_without_config_the_recipes_read_their_own_yaml():
         mod = _recipe(name)
         yaml_path = os.path.join(RECIPES, "configs", f"{name}.yaml")
         assert os.path.samefile(mod.DEFAULT_CONFIG, yaml_path)
-        assert mod.with_default_config(["--max_steps", "3"]) == ["--config", mod.DEFAULT_CONFIG, "--max_steps", "3"]
-        assert mod.with_default_config(["--config", "x.yaml"]) == ["--config", "x.yaml"]
-        assert mod.with_default_config(["--config=x.yaml", "--seed", "1"]) == ["--config=x.yaml", "--seed", "1"]
+        assert normalize_argv(["--max_steps", "3"], mod.DEFAULT_CONFIG) == [
+            "--config", mod.DEFAULT_CONFIG, "--max_steps", "3"]
+        assert normalize_argv(["--config", "x.yaml"], mod.DEFAULT_CONFIG) == ["--config", "x.yaml"]
+        # `--config=<path>` names a config too (split in two: TrlParser only knows `--config <path>`)
+        assert normalize_argv(["--config=x.yaml", "--seed", "1"], mod.DEFAULT_CONFIG) == [
+            "--config", "x.yaml", "--seed", "1"]
 
 
 def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
     import yaml
-
-    from trl_prime import PrimeRLOOConfig
 
     with open(os.path.join(RECIPES, "configs", "prime_qwen7b.yaml")) as f:
         raw = yaml.safe_load(f)
     # GPU-only keys (a CPU cannot parse bf16=True): checked in the file
     assert (raw["bf16"], raw["use_vllm"], raw["vllm_mode"], raw["dtype"]) == (True, True, "colocate", "bfloat16")
     mod = _recipe("prime_qwen7b")
-    data, args, model = mod.parse(PrimeRLOOConfig, mod.with_default_config(
-        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]))
+    data, args, model = prime.parse_args(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"], mod.DEFAULT_CONFIG)
+    assert data.trainer == raw["trainer"] == "prime_rloo" and type(args).__name__ == "PrimeRLOOConfig"
     assert model.model_name_or_path == "PRIME-RL/Eurus-2-7B-SFT" and args.prm_model is None
     assert data.dataset_name == ["PRIME-RL/Eurus-2-RL-Data"] and data.reward == "outcome"
     for k, v in PAPER_OPTIONS.items():
         assert getattr(args, k) == pytest.approx(v) if isinstance(v, float) else getattr(args, k) == v, k
     assert (args.max_completion_length, args.prm_reference, args.prm_loss, args.prime_estimator) == (
         3072, "sft", "ce", "rloo")
-    # `--config=<path>` (kept by with_default_config) is understood too, not rejected as an unknown argument
-    _, args_eq, _ = mod.parse(PrimeRLOOConfig, mod.with_default_config(
-        [f"--config={mod.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]))
+    # `--config=<path>` is understood too, not rejected as an unknown argument
+    _, args_eq, _ = prime.parse_args(
+        [f"--config={mod.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"],
+        mod.DEFAULT_CONFIG)
     assert args_eq.prm_update == "double" and args_eq.gradient_accumulation_steps == 16
     # 256 prompts per step on 8 GPUs: 8 x 8 completions x 16 accumulation steps / K
     assert 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations == 256
@@ -227,12 +235,11 @@ def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- prime_qwen7b
 def test_prime_qwen7b_one_process(coin_model, eurus_jsonl, tmp_path):
-    from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
+    from trl_prime import PrimeRLOOTrainer
 
     mod = _recipe("prime_qwen7b")
     out = str(tmp_path / "out")
-    argv = mod.with_default_config(_overrides(coin_model, eurus_jsonl, out, batch=8))
-    trainer = mod.main(*mod.parse(PrimeRLOOConfig, argv))
+    trainer = prime.main(*prime.parse_args(_overrides(coin_model, eurus_jsonl, out, batch=8), mod.DEFAULT_CONFIG))
     assert isinstance(trainer, PrimeRLOOTrainer) and trainer.accelerator.num_processes == 1
     for k, v in PAPER_OPTIONS.items():
         assert getattr(trainer.args, k) == v, k
@@ -292,16 +299,15 @@ def test_prime_qwen7b_zero3_two_processes(coin_model, eurus_jsonl, tmp_path):
 def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl, tmp_path):
     import torch
 
-    from trl_prime import PrimeRLOOConfig
     from trl_prime.modeling import unwrap
 
     mod = _recipe("prime_lora")
     out = str(tmp_path / "lora")
-    argv = mod.with_default_config(_overrides(coin_model, eurus_jsonl, out, batch=8))
-    data, args, model_args = mod.parse(PrimeRLOOConfig, argv)
+    data, args, model_args = prime.parse_args(_overrides(coin_model, eurus_jsonl, out, batch=8), mod.DEFAULT_CONFIG)
     assert (model_args.use_peft, model_args.load_in_4bit, model_args.lora_r, args.prm_learning_rate) == (
         True, False, 32, 1e-5)
-    trainer = mod.main(data, args, model_args)
+    assert data.trainer == "prime_rloo"
+    trainer = prime.main(data, args, model_args, require_peft=True)
     assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
 
@@ -336,23 +342,23 @@ def test_prime_lora_8bit_without_cuda_or_4bit_without_bitsandbytes_is_a_clear_er
     """8-bit needs CUDA; 4-bit runs on a CPU too (tests/test_lora_4bit.py) but needs bitsandbytes."""
     import importlib.util
 
-    from trl_prime import PrimeRLOOConfig
-
     mod = _recipe("prime_lora")
     cpu = ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
-    data, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config([*cpu, "--load_in_8bit", "true"]))
+    data, args, model_args = prime.parse_args([*cpu, "--load_in_8bit", "true"], mod.DEFAULT_CONFIG)
     with pytest.raises(ValueError, match=r"`load_in_8bit`=true .*CUDA.*`load_in_4bit: true`.*--load_in_8bit false"):
-        mod.main(data, args, model_args)
-    _, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config([*cpu, "--load_in_4bit", "true"]))
+        prime.main(data, args, model_args, require_peft=True)
+    _, args, model_args = prime.parse_args([*cpu, "--load_in_4bit", "true"], mod.DEFAULT_CONFIG)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(
         name, *a))
     with pytest.raises(ValueError, match=r"`load_in_4bit`=true needs bitsandbytes: `pip install bitsandbytes`"):
-        mod.check_args(args, model_args)
+        prime.check_args(args, model_args, require_peft=True)
     monkeypatch.undo()
     if find_spec("bitsandbytes") is not None:
-        mod.check_args(args, model_args)  # with bitsandbytes, 4-bit on a CPU is fine
-    _, args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(
-        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--use_peft", "false"]))
+        prime.check_args(args, model_args, require_peft=True)  # with bitsandbytes, 4-bit on a CPU is fine
+    _, args, model_args = prime.parse_args(
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--use_peft", "false"],
+        mod.DEFAULT_CONFIG)
     with pytest.raises(ValueError, match=r"use_peft: true"):
-        mod.check_args(args, model_args)
+        prime.check_args(args, model_args, require_peft=True)
+    prime.check_args(args, model_args)  # `trl-prime prime` itself also trains without LoRA

@@ -1,5 +1,7 @@
-"""The PRL / PROF recipes: their YAML configs parse with trl.TrlParser (with command-line overrides), and each recipe
-trains for a step end to end on the tiny offline model and a local JSONL dataset in the Eurus-2-RL-Data format."""
+"""The PRL / PROF recipes (``trl-prime prl`` / ``trl-prime prof``, :mod:`trl_prime.scripts.prl` / ``prof``, with the
+recipe's YAML as the default ``--config``): their YAML configs parse with trl.TrlParser (with command-line overrides),
+and each recipe trains for a step end to end on the tiny offline model and a local JSONL dataset in the
+Eurus-2-RL-Data format."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import math
 import os
 
 import pytest
+
+from trl_prime.scripts import prl, prof, utils
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
@@ -27,6 +32,22 @@ def _config_cls(name):
     return {"prl_grpo": PRLConfig, "prof_grpo": ProfGRPOConfig, "prof_prime": PrimeGRPOConfig}[name]
 
 
+#: recipe -> (its script module, the trainer its thin entry point defaults to)
+SCRIPTS = {"prl_grpo": (prl, None), "prof_grpo": (prof, None), "prof_prime": (prof, "prime_grpo")}
+
+
+def _parse(name, argv):
+    """What ``python recipes/<name>.py <argv>`` parses: the script's parser, the recipe's YAML by default."""
+    script, trainer = SCRIPTS[name]
+    script_args, args, model = script.parse_args(argv, _recipe(name).DEFAULT_CONFIG, trainer)
+    assert type(args) is _config_cls(name)
+    return script_args, args, model
+
+
+def _main(name, parsed):
+    return SCRIPTS[name][0].main(*parsed)
+
+
 @pytest.fixture(scope="module")
 def math_jsonl(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
@@ -41,13 +62,12 @@ def math_jsonl(tmp_path_factory):
 
 
 def test_yaml_configs_parse_with_overrides(tmp_path):
-    mod = _recipe("prl_grpo")
-    data, args, model = mod.parse(_config_cls("prl_grpo"), [
+    data, args, model = _parse("prl_grpo", [
         "--config", os.path.join(RECIPES, "configs", "prl_grpo.yaml"), "--output_dir", str(tmp_path), "--prl_eta", "150",
     ])
     assert (args.prl_eta, args.prl_step_split, args.prl_step_len, args.num_generations) == (150.0, "length", 256, 5)
     assert model.model_name_or_path == "embedded:smollm2-135m-instruct" and data.dataset_name == ["embedded:arithmetic"]
-    data, args, model = mod.parse(_config_cls("prof_grpo"), [
+    data, args, model = _parse("prof_grpo", [
         "--config", os.path.join(RECIPES, "configs", "prof_grpo.yaml"), "--output_dir", str(tmp_path), "--bf16", "false",
         "--gradient_checkpointing", "false", "--model_name_or_path", "some/model",
     ])
@@ -55,7 +75,7 @@ def test_yaml_configs_parse_with_overrides(tmp_path):
         "both", "Qwen/Qwen2.5-Math-PRM-7B", 4, 8)
     assert (args.beta, args.entropy_coef, args.prof_step_delimiter, model.model_name_or_path) == (
         0.001, 0.001, "\n\n", "some/model")
-    data, args, model = mod.parse(_config_cls("prof_prime"), [
+    data, args, model = _parse("prof_prime", [
         "--config", os.path.join(RECIPES, "configs", "prof_prime.yaml"), "--output_dir", str(tmp_path),
     ])
     assert (args.prof_mode, args.prof_prm, args.prof_keep_count(), args.prime_estimator) == ("both", "implicit", 4, "grpo")
@@ -63,7 +83,6 @@ def test_yaml_configs_parse_with_overrides(tmp_path):
 
 @pytest.mark.parametrize("name", ["prl_grpo", "prof_grpo", "prof_prime"])
 def test_recipe_trains_one_step(name, tiny_model_path, math_jsonl, tmp_path):
-    mod = _recipe(name)
     argv = [
         "--config", os.path.join(RECIPES, "configs", f"{name}.yaml"), "--output_dir", str(tmp_path / "out"),
         "--model_name_or_path", tiny_model_path, "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false",
@@ -80,7 +99,7 @@ def test_recipe_trains_one_step(name, tiny_model_path, math_jsonl, tmp_path):
                  "--gradient_accumulation_steps", "1", "--beta", "0.0"]
     if name == "prof_prime":  # the tiny model answers nothing right: keep its all-wrong groups for PROF to filter
         argv += ["--filter_lower", "0.0", "--filter_upper", "1.0"]
-    trainer = mod.main(*mod.parse(_config_cls(name), argv))
+    trainer = _main(name, _parse(name, argv))
     logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
     assert len(logs) == 1 and math.isfinite(logs[0]["loss"])
     key = "prl/kl_to_go_mean" if name == "prl_grpo" else "prof/kept_fraction"
@@ -96,22 +115,18 @@ def test_cli_prompt_column_delimiter_escapes_and_missing_prof_prm(tmp_path):
     """Review fixes, through the recipes' command-line parser: `--prompt_column question` reads a dataset whose prompts
     are in 'question' (the loader's error suggests it); `--prof_step_delimiter '\\n'` (backslash-n as a shell passes it)
     is a newline; a missing local `--prof_prm` fails at parse time naming prof_prm, before any model is loaded."""
-    mod = _recipe("prof_grpo")
-    import _rl_common
-
     path = tmp_path / "q.jsonl"
     with open(path, "w") as f:
         for i in range(3):
             f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1), "ability": "math"}) + "\n")
     base = ["--config", os.path.join(RECIPES, "configs", "prof_grpo.yaml"), "--output_dir", str(tmp_path / "o"),
             "--bf16", "false", "--gradient_checkpointing", "false", "--dataset_name", str(path)]
-    data, _, _ = mod.parse(_config_cls("prof_grpo"), base)
+    data, _, _ = _parse("prof_grpo", base)
     with pytest.raises(ValueError, match=r"--prompt_column question"):
-        _rl_common.load_train_dataset(data)
-    data, args, _ = mod.parse(_config_cls("prof_grpo"), base + ["--prompt_column", "question",
-                                                                 "--prof_step_delimiter", "\\n"])
-    ds = _rl_common.load_train_dataset(data)
+        utils.load_train_dataset(data)
+    data, args, _ = _parse("prof_grpo", base + ["--prompt_column", "question", "--prof_step_delimiter", "\\n"])
+    ds = utils.load_train_dataset(data)
     assert len(ds) == 3 and ds[0]["prompt"][-1]["content"] == "What is 0 + 1?" and ds[0]["solution"] == "1"
     assert args.prof_step_delimiter == "\n"
     with pytest.raises(ValueError, match=r"`prof_prm`=.*does not exist"):
-        mod.parse(_config_cls("prof_grpo"), base + ["--prof_prm", str(tmp_path / "missing_prm")])
+        _parse("prof_grpo", base + ["--prof_prm", str(tmp_path / "missing_prm")])

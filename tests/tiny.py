@@ -20,7 +20,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-SPECIAL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>"]
+CONTROL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>"]
 
 CORPUS = [
     "What is 2 + 3? The answer is 5.",
@@ -43,7 +43,7 @@ def build_tokenizer(vocab_size: int = 320):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=CONTROL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -3,8 +3,9 @@
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml tests/scripts/recipe_launch.py \\
         --recipe prime_qwen7b --summary OUT/summary.json -- <the recipe's own arguments>
 
-The recipe's arguments go through the recipe's own parser and ``main`` unchanged (``--config`` defaults to the
-recipe's YAML, exactly as ``accelerate launch recipes/<name>.py`` does). One CPU-only addition, for DeepSpeed
+The recipe's arguments go through ``trl-prime prime``'s parser and ``main`` (:mod:`trl_prime.scripts.prime`)
+unchanged, ``--config`` defaulting to the recipe's YAML (its ``DEFAULT_CONFIG``), exactly as ``accelerate launch
+recipes/<name>.py`` does. One CPU-only addition, for DeepSpeed
 launches (``accelerate_configs/cpu_zero3.yaml``): accelerate 1.15 sets no process-group backend on CPU, so the
 state is created with ``PartialState(backend="gloo")`` before the config is parsed and the trainer reuses it
 (``accelerator_config.use_configured_state``), as described in the shared notes on the training stack.
@@ -21,6 +22,7 @@ import importlib.util
 import json
 import os
 import sys
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -53,12 +55,12 @@ def main():
         # parsed with the config: TrainingArguments sets up its devices (resetting any state) in __post_init__
         recipe_argv = [*recipe_argv, "--accelerator_config", json.dumps({"use_configured_state": True})]
 
-    from trl_prime import PrimeRLOOConfig
     from trl_prime.modeling import unwrap
+    from trl_prime.scripts import prime
 
     mod = _load_recipe(cli.recipe)
-    data_args, training_args, model_args = mod.parse(PrimeRLOOConfig, mod.with_default_config(recipe_argv))
-    trainer = mod.main(data_args, training_args, model_args)
+    data_args, training_args, model_args = prime.parse_args(recipe_argv, mod.DEFAULT_CONFIG)
+    trainer = prime.main(data_args, training_args, model_args, require_peft=cli.recipe == "prime_lora")
 
     import torch.distributed as dist
 

@@ -1,0 +1,167 @@
+"""``trl-prime implicit-prm``: train an implicit PRM offline (Implicit PRM arXiv 2412.01981): policy rollouts ->
+verifier labels -> PRM.
+
+Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`trl_prime.ImplicitPRMConfig` and
+``trl.ModelConfig`` is a flag or a key of the YAML; flags override the YAML)::
+
+    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml
+    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml --loss_type dpo \\
+        --output_dir outputs/implicit_prm/prm_dpo          # reuses the cached rollouts
+    accelerate launch --config_file accelerate_configs/multi_gpu.yaml recipes/implicit_prm.py \\
+        --config recipes/configs/implicit_prm.yaml --model_name_or_path Qwen/Qwen2.5-Math-7B-Instruct \\
+        --dataset_name PRIME-RL/Eurus-2-RL-Data --num_generations 8 --bf16 true
+
+1. Rollouts: ``num_generations`` completions of the policy (``model_name_or_path``) per training problem, labelled
+   by the verifier (:func:`trl_prime.implicit_prm.data.build_outcome_dataset`); unscorable ones are dropped and
+   counted. Saved to ``rollouts_path`` (JSONL) and reused when it exists (delete it to resample).
+2. Training: :class:`trl_prime.ImplicitPRMTrainer` from the same checkpoint (the reference is a frozen copy), saved
+   with ``save_model(output_dir)``; load it with ``ImplicitPRM.from_pretrained(output_dir)``.
+
+Evaluate with ``trl-prime best-of-n`` (:mod:`trl_prime.scripts.best_of_n`: best-of-N vs majority vote). The YAML's
+defaults run offline on a CPU (embedded SmolLM2-135M-Instruct, embedded arithmetic problems).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl_prime.scripts.utils import parse_script_args
+
+
+@dataclass
+class ImplicitPRMScriptArguments:
+    """Rollout data of the implicit PRM recipe (flags, or keys of the ``--config`` YAML)."""
+
+    dataset_name: str = field(default="embedded:arithmetic",
+                              metadata={"help": "Training problems (trl_prime.data.load_prompt_dataset)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of the training problems."})
+    max_train_samples: int = field(default=64, metadata={"help": "Training problems (embedded: generated)."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
+    num_generations: int = field(default=8, metadata={"help": "Rollouts per problem (K)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Rollout budget in tokens."})
+    temperature: float = field(default=0.7, metadata={"help": "Rollout temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Rollout nucleus."})
+    generation_batch_size: int = field(default=128, metadata={"help": "Rows decoded together."})
+    generation_seed: int = field(default=0, metadata={"help": "Rollout sampling seed."})
+    reward: str = field(default="outcome", metadata={"help": "'outcome' (routed math/code) or 'math'."})
+    rollouts_path: str = field(default="outputs/implicit_prm/rollouts.jsonl",
+                               metadata={"help": "Where the labelled rollouts are cached (reused if present)."})
+    prm_prompt: str = field(default="full", metadata={"help": "The prompt the PRM sees: 'full', 'last_turn' (drop "
+                                                               "few-shot turns) or 'question' (the last user message "
+                                                               "as plain text). Score with the same."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads."})
+    rollouts_only: bool = field(default=False, metadata={"help": "Stop after building the rollouts."})
+    pairable_only: bool = field(default=False, metadata={"help": "Train only on prompts with both correct and "
+                                                                  "incorrect rollouts (all DPO/NCA can pair)."})
+
+    def __post_init__(self):
+        if self.prm_prompt not in ("full", "last_turn", "question"):
+            raise ValueError(f"`prm_prompt`={self.prm_prompt!r}: choose 'full', 'last_turn' or 'question'.")
+        if self.reward not in ("outcome", "math"):
+            raise ValueError(f"`reward`={self.reward!r}: choose 'outcome' or 'math'.")
+
+
+def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
+    """The labelled rollouts (a ``datasets.Dataset``), from ``rollouts_path`` or built and saved there."""
+    from datasets import Dataset
+
+    from trl_prime.data import load_prompt_dataset
+    from trl_prime.implicit_prm.data import build_outcome_dataset
+
+    path = Path(script_args.rollouts_path)
+    settings = {k: getattr(script_args, k) for k in (
+        "dataset_name", "dataset_split", "max_train_samples", "dataset_seed", "reward", "num_generations",
+        "max_new_tokens", "temperature", "top_p", "generation_seed")}
+    settings["model"] = model_path
+    stats_path = path.with_suffix(".stats.json")
+    if path.is_file():
+        try:
+            saved = json.loads(stats_path.read_text()).get("settings")
+        except (OSError, ValueError):
+            saved = None
+        if saved is None or saved == json.loads(json.dumps(settings)):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
+            return Dataset.from_list(rows)
+        print(f"[implicit_prm] {path} was sampled with other settings ({saved}); sampling again", flush=True)
+    problems = load_prompt_dataset(script_args.dataset_name, script_args.dataset_split,
+                                   size=script_args.max_train_samples, seed=script_args.dataset_seed)
+    problems = problems.select(range(min(script_args.max_train_samples, len(problems))))
+    reward_func = None
+    if script_args.reward == "math":
+        from trl_prime.rewards import math_reward as reward_func
+    data, stats = build_outcome_dataset(
+        model_path, problems, reward_func=reward_func, num_generations=script_args.num_generations,
+        max_new_tokens=script_args.max_new_tokens, temperature=script_args.temperature, top_p=script_args.top_p,
+        batch_size=script_args.generation_batch_size, seed=script_args.generation_seed, progress=True,
+        return_stats=True,
+    )
+    print(f"[implicit_prm] rollouts: {json.dumps(stats)}", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in data:
+            f.write(json.dumps(row) + "\n")
+    stats_path.write_text(json.dumps({**stats, "settings": settings}, indent=2) + "\n")
+    return data
+
+
+def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
+    """Build (or reuse) the rollouts, train the PRM, save it to ``output_dir``. Returns the trainer (None when
+    ``rollouts_only``)."""
+    from trl import get_peft_config
+
+    from trl_prime import ImplicitPRMTrainer
+    from trl_prime.implicit_prm.data import last_turn_prompt, pairable_rows, question_prompt
+    from trl_prime.models import resolve_model_path
+
+    if script_args.num_threads:
+        import torch
+
+        torch.set_num_threads(script_args.num_threads)
+    if not model_args.model_name_or_path:
+        raise ValueError("Set `model_name_or_path` (a Hub id, a local folder or embedded:<key>).")
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    data = rollouts(script_args, model_path)
+    if script_args.rollouts_only:
+        return None
+    if script_args.pairable_only:
+        n = len(data)
+        data = pairable_rows(data)
+        print(f"[implicit_prm] pairable_only: {len(data)} of {n} rows", flush=True)
+    if script_args.prm_prompt != "full":
+        fn = last_turn_prompt if script_args.prm_prompt == "last_turn" else question_prompt
+        data = data.map(lambda row: {
+            "prompt": fn(row["prompt"]),
+            "completion": row["completion"] if not isinstance(fn(row["prompt"]), str) or isinstance(
+                row["completion"], str) else row["completion"][-1]["content"],
+        })
+    trainer = ImplicitPRMTrainer(
+        model=model_path, args=training_args, train_dataset=data, peft_config=get_peft_config(model_args)
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    return trainer
+
+
+def parse_args(argv=None, default_config: str | None = None):
+    """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
+    ``--config`` YAML (default ``default_config``)."""
+    from trl import ModelConfig
+
+    from trl_prime import ImplicitPRMConfig
+
+    dataclass_types = (ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig)
+    return parse_script_args(dataclass_types, "trl-prime implicit-prm", argv, default_config)
+
+
+def run(argv=None, default_config: str | None = None):
+    """The command line: :func:`parse_args`, then :func:`main`."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return main(*parse_args(argv, default_config))
+
+
+if __name__ == "__main__":
+    run()
