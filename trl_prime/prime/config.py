@@ -13,42 +13,39 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
-from trl_prime._guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_sum_then_normalize
+from trl_prime.functional import (
+    BASELINES,
+    ESTIMATORS,
+    GRPO_PROCESS_FORMS,
+    GRPO_PROCESS_SCALES,
+    PRM_LOSSES,
+    PRM_REFERENCES,
+    PRM_SCHEDULERS,
+    PRM_UPDATES,
+    PROCESS_REWARD_NORMS,
+    check_choice,
+)
+from trl_prime.guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_grpo_outcome_options
 from trl_prime.prof.config import ProfOptions
 
-PRM_LOSSES = ("ce", "dpo", "kto", "nca")
 
-
-PRM_UPDATES = ("single", "double")
-
-
-PRM_REFERENCES = ("sft", "policy")
-
-
-ESTIMATORS = ("rloo", "grpo", "reinforce")
-
-
-BASELINES = ("paper", "reference")
-
-
-PROCESS_REWARD_NORMS = ("none", "batch_norm")
-
-
-GRPO_PROCESS_FORMS = ("response", "token")
-
-
-GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
-
-
-PRM_SCHEDULERS = (
-    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
-    "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
-)
+#: the string options of :class:`PrimeOptions` and their allowed values (:mod:`trl_prime.functional`)
+PRIME_CHOICES = {
+    "prm_loss": PRM_LOSSES,
+    "prm_update": PRM_UPDATES,
+    "prm_reference": PRM_REFERENCES,
+    "prime_estimator": ESTIMATORS,
+    "prime_baseline": BASELINES,
+    "process_reward_norm": PROCESS_REWARD_NORMS,
+    "grpo_process_form": GRPO_PROCESS_FORMS,
+    "grpo_process_scale": GRPO_PROCESS_SCALES,
+    "prm_lr_scheduler": PRM_SCHEDULERS,
+}
 
 
 @dataclass
 class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof/; prof_mode="off" by default)
-    # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/_guards.py)
+    # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/guards.py)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (PRIME, arXiv 2502.01456).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
@@ -205,20 +202,13 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     )
 
     def _validate_prime(self) -> None:
-        def one_of(name, allowed):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"`{name}`={value!r} is not supported; choose one of {list(allowed)}.")
+        """Check the PRIME options, then the PROF and guard ones.
 
-        one_of("prm_loss", PRM_LOSSES)
-        one_of("prm_update", PRM_UPDATES)
-        one_of("prm_reference", PRM_REFERENCES)
-        one_of("prime_estimator", ESTIMATORS)
-        one_of("prime_baseline", BASELINES)
-        one_of("process_reward_norm", PROCESS_REWARD_NORMS)
-        one_of("grpo_process_form", GRPO_PROCESS_FORMS)
-        one_of("grpo_process_scale", GRPO_PROCESS_SCALES)
-        one_of("prm_lr_scheduler", PRM_SCHEDULERS)
+        Raises:
+            ValueError: an invalid value or combination; the message names the field and the fix.
+        """
+        for name, choices in PRIME_CHOICES.items():
+            check_choice(getattr(self, name), choices, name)
         if self.num_generations is None or self.num_generations < 2:
             raise ValueError(
                 f"`num_generations`={self.num_generations}: PRIME needs at least 2 completions per prompt (the "
@@ -386,20 +376,13 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     def __post_init__(self):
         self._validate_prime()  # first, so PRIME's messages win over TRL's
         super().__post_init__()
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(
-                f"`scale_rewards`={self.scale_rewards!r}: the PRIME GRPO estimator normalises within each group; use "
-                "'group' (divide by the group std) or 'none'."
-            )
-        check_sum_then_normalize(
-            self, "PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, so "
-            "TRL's per-function normalisation would be ignored"
+        check_grpo_outcome_options(
+            self,
+            grouped="the PRIME GRPO estimator normalises within each group",
+            summed="PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, "
+            "so TRL's per-function normalisation would be ignored",
+            token_level="PRIME feeds token-level (B, T) advantages",
         )
-        if self.loss_type in ("luspo", "vespo"):
-            raise ValueError(
-                f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "
-                "'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo' or 'sapo'."
-            )
         filtering = (
             self.filter_lower > 0.0
             or self.filter_upper < 1.0

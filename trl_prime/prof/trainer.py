@@ -29,10 +29,8 @@ from trl import GRPOTrainer
 
 from trl_prime import functional as F
 from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import (
-    GuardsMixin,
-    check_peft_config,
-)
+from trl_prime.checkpointing import CheckpointMixin
+from trl_prime.guards import GuardsMixin, check_peft_config
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.prof.config import ProfGRPOConfig
 from trl_prime.prof.filter import ProfFilter
@@ -51,7 +49,7 @@ check_trl_version_once()  # warns if the installed TRL is outside the tested ran
 # ----------------------------------------------------------------------------------------------------------------
 # PROF on plain GRPO
 # ----------------------------------------------------------------------------------------------------------------
-class ProfGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class ProfGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PROF on TRL's ``GRPOTrainer`` (PROF-BOTH / PROF-POS): a step PRM filters each prompt's completions to ``m``.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`ProfGRPOConfig`), plus, by keyword, ``prof_prm``: a
