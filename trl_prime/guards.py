@@ -109,6 +109,17 @@ class GuardOptions:
 DEFAULT_LR_SCHEDULER = "constant"
 
 
+def constant_lr_schedule(source: str):
+    """The ``lr_scheduler_type`` field of a trl-prime trainer config: :data:`DEFAULT_LR_SCHEDULER` (one constant
+    policy learning rate, as the papers give it), ``source`` saying where (e.g. ``"PRIME: 'constant', section 4.1"``).
+    TRL's default ``"linear"`` would decay the rate to 0 over ``max_steps``."""
+    return field(
+        default=DEFAULT_LR_SCHEDULER,
+        metadata={"help": f"Policy learning-rate schedule ({source}; TRL's default 'linear' decays to 0). With "
+                          "warmup_steps > 0 use 'constant_with_warmup'."},
+    )
+
+
 def check_scheduler_warmup(args) -> None:
     """Refuse a warmup that a ``"constant"`` schedule would silently ignore (``transformers.get_scheduler("constant")``
     takes no warmup): ``warmup_steps`` with ``lr_scheduler_type``, and ``prm_warmup_steps`` with ``prm_lr_scheduler``
@@ -153,7 +164,8 @@ def check_grpo_outcome_options(args, *, grouped: str, summed: str, token_level: 
     Args:
         args: the config, after TRL's ``__post_init__``.
         grouped: why ``scale_rewards`` must be one of :data:`~trl_prime.functional.GROUP_SCALE_REWARDS`.
-        summed: why ``multi_objective_aggregation`` must be ``"sum_then_normalize"`` (:func:`check_sum_then_normalize`).
+        summed: why ``multi_objective_aggregation`` must be ``"sum_then_normalize"``
+            (:func:`check_sum_then_normalize`).
         token_level: why a sequence-level ``loss_type`` (:data:`~trl_prime.functional.SEQUENCE_LEVEL_LOSS_TYPES`) is
             refused; ``None`` skips that check.
 

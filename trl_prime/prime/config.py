@@ -25,7 +25,7 @@ from trl_prime.functional import (
     PROCESS_REWARD_NORMS,
     check_choice,
 )
-from trl_prime.guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_grpo_outcome_options
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 from trl_prime.prof.config import ProfOptions
 
 
@@ -44,8 +44,9 @@ PRIME_CHOICES = {
 
 
 @dataclass
-class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof/; prof_mode="off" by default)
-    # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/guards.py)
+class PrimeOptions(GuardOptions, ProfOptions):
+    # + the PROF filter's `prof_*` fields (trl_prime/prof/config.py; prof_mode="off" by default) and the reliability
+    # fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/guards.py)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (PRIME, arXiv 2502.01456).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
@@ -55,6 +56,14 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
     """
 
+    # --- TRL defaults PRIME changes (PRIME Table 5), in both configs ---------------------------------------------
+    num_generations: int | None = field(
+        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    learning_rate: float = field(
+        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = constant_lr_schedule("PRIME: 'constant', section 4.1")
     # --- Implicit PRM -------------------------------------------------------------------------------------------
     prm_beta: float = field(
         default=0.05,
@@ -115,7 +124,9 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     prm_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the PRM's AdamW."})
     prm_lr_scheduler: str = field(
         default="constant",
-        metadata={"help": f"Learning-rate schedule of the PRM optimizer (transformers.get_scheduler name): {PRM_SCHEDULERS}."},
+        metadata={
+            "help": f"Learning-rate schedule of the PRM optimizer (transformers.get_scheduler name): {PRM_SCHEDULERS}."
+        },
     )
     prm_warmup_steps: int = field(default=0, metadata={"help": "Warmup steps (PRM updates) of the PRM scheduler."})
     prm_micro_batch_size: int | None = field(
@@ -288,17 +299,6 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
         default=0.0,
         metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
     )
-    num_generations: int | None = field(
-        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
-    )
-    learning_rate: float = field(
-        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
-    )
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
-                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
     prime_estimator: str = field(
         default="rloo",
         metadata={"help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo' or 'reinforce' (PRIME App. B.3)."},
@@ -343,24 +343,13 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
     Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
     the process term bounded at every token and an untrained PRM's noise near 0; ``"process_std"`` divides the
-    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
-    loss on ``(B, T)`` advantages (token-level ratio).
+    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The
+    policy loss is TRL's GRPO loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
     """
 
-    num_generations: int | None = field(
-        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
-    )
-    learning_rate: float = field(
-        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
-    )
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
-                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
     loss_type: str = field(
         default="dapo",
         metadata={

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_prime.functional import PRL_ORDERS, PRL_STEP_SPLITS, check_choice
-from trl_prime.guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_grpo_outcome_options
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 
 
 @dataclass
@@ -66,11 +66,7 @@ class PRLConfig(GuardOptions, GRPOConfig):
         },
     )
     prl_eps: float = field(default=1e-6, metadata={"help": "eps added to the group std of the outcome advantage."})
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRL: 'constant', the single rate of Table 6; TRL's default "
-                          "'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
+    lr_scheduler_type: str = constant_lr_schedule("PRL: 'constant', the single rate of Table 6")
 
     def __post_init__(self):
         self._validate_guards()

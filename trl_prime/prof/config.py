@@ -1,4 +1,5 @@
-"""PROF's configuration: the ``prof_*`` fields (:class:`ProfOptions`) and :class:`ProfGRPOConfig` (PROF arXiv 2509.03403).
+"""PROF's configuration (PROF arXiv 2509.03403): the ``prof_*`` fields (:class:`ProfOptions`) and
+:class:`ProfGRPOConfig`.
 
 Imports no trainer: the PRIME configs mix :class:`ProfOptions` in.
 """
@@ -19,7 +20,7 @@ from trl_prime.functional import (
     PROF_ROUNDINGS,
     check_choice,
 )
-from trl_prime.guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_grpo_outcome_options
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 
 
 #: the string options of :class:`ProfOptions` and their allowed values (:mod:`trl_prime.functional`)
@@ -282,11 +283,7 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
         metadata={"help": "Step PRM: a token-classification PRM path / Hub id, or a folder saved by ImplicitPRM."},
     )
     num_generations: int | None = field(default=8, metadata={"help": "Completions per prompt n (PROF: 8)."})
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule ('constant': PROF Appendix A.1 states no schedule; TRL's "
-                          "default 'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
+    lr_scheduler_type: str = constant_lr_schedule("'constant': PROF Appendix A.1 states no schedule")
 
     def __post_init__(self):
         self._validate_prof()

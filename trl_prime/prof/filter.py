@@ -1,7 +1,21 @@
-"""PROF's process-consistency filter (PROF arXiv 2509.03403 Alg. 1) as an object any trainer composes.
+"""PROF's process-consistency filter, an object any trainer composes (PROF arXiv 2509.03403, Sec. 3).
 
-:class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
-and the ``prof/*`` metrics. The arithmetic is :func:`trl_prime.functional.prof_consistency_scores` / ``prof_select``.
+After outcome verification and before the advantages, each completion's reasoning steps are scored by a step PRM
+(probabilities in [0, 1], :mod:`trl_prime.prof.step_prm`); their mean is the completion's process *consistency*
+(penalised by ``lambda`` when it has fewer than ``prof_min_steps`` or more than ``prof_max_steps`` steps, and signed by
+correctness: the critic of PROF Eq. (1)), and ``m`` of the ``n`` completions of each prompt are kept: ``k+`` correct
+and ``k-`` incorrect with ``k+ + k- = m`` maximising ``k+ * k-``, the most consistent correct ones and the least
+consistent incorrect ones (``prof_mode="both"``, PROF-BOTH) or random incorrect ones (``"correct"``, PROF-POS).
+Advantages are computed on the kept rows only; dropped rows get loss weight 0 (no gradient). The PRM only ranks: it
+never enters the advantage.
+
+- :class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
+  and the ``prof/*`` metrics. A trainer composes it as it would a PEFT config: :meth:`ProfFilter.from_trainer` builds
+  it from the ``prof_*`` fields (:class:`~trl_prime.prof.config.ProfOptions`) of the trainer's ``args`` (``None``
+  when ``prof_mode="off"``), and calling it on a generation batch returns the rows kept. The arithmetic is
+  :func:`trl_prime.functional.prof_consistency_scores` and :func:`~trl_prime.functional.prof_select`.
+- :func:`prime_prof_rows`: the PRIME trainers' use of the filter (``PrimeMixin._prime_step``): the online prompt
+  filter's kept rows narrowed by PROF. :class:`~trl_prime.prof.trainer.ProfGRPOTrainer` composes it with plain GRPO.
 """
 
 from __future__ import annotations
@@ -56,8 +70,11 @@ class ProfFilter:
         correct_threshold: float = 1.0,
         seed: int = 0,
     ):
-        if mode not in ("both", "correct"):
-            raise ValueError(f"ProfFilter mode={mode!r}: choose 'both' or 'correct' (no filter: build none).")
+        if mode not in F.PROF_SELECT_MODES:
+            raise ValueError(
+                f"ProfFilter mode={mode!r}: choose one of {', '.join(map(repr, F.PROF_SELECT_MODES))} (no filter: "
+                "build none)."
+            )
         if isinstance(num_keep, bool) or not isinstance(num_keep, int) or num_keep < 1:
             raise ValueError(f"num_keep={num_keep!r} must be a positive int (m, completions kept per prompt).")
         self.prm = prm
