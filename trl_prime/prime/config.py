@@ -212,6 +212,10 @@ class PrimeOptions(GuardOptions, ProfOptions):
         metadata={"help": "Also drop groups holding a truncated completion (length >= max_completion_length)."},
     )
 
+    def __post_init__(self):
+        self._validate_prime()  # first, so PRIME's messages win over TRL's
+        super().__post_init__()  # TRL's RLOOConfig / GRPOConfig
+
     def _validate_prime(self) -> None:
         """Check the PRIME options, then the PROF and guard ones.
 
@@ -257,7 +261,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
                 f"`prm_reference`='policy' uses the rollout log-probs, computed at the sampling `temperature`="
                 f"{self.temperature}, as reference, while the PRM's log-probs are at temperature 1 (as the released "
                 "PRIME code does). Use prm_reference='sft' for a temperature-free reference.",
-                stacklevel=3,
+                stacklevel=4,
             )
         for name in ("process_coef", "outcome_coef"):
             value = getattr(self, name)
@@ -295,18 +299,17 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
     """
 
-    beta: float = field(
-        default=0.0,
-        metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
-    )
     prime_estimator: str = field(
         default="rloo",
         metadata={"help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo' or 'reinforce' (PRIME App. B.3)."},
     )
+    beta: float = field(
+        default=0.0,
+        metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
+    )
 
     def __post_init__(self):
-        self._validate_prime()  # first, so PRIME's messages win over TRL's
-        super().__post_init__()
+        super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's RLOOConfig
         if self.normalize_advantages:
             raise ValueError(
                 "`normalize_advantages`=True normalises TRL's outcome-only advantages, which PRIME replaces. Set "
@@ -350,6 +353,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
     """
 
+    prime_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
+    )
     loss_type: str = field(
         default="dapo",
         metadata={
@@ -357,14 +364,9 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             "'grpo', 'sapo', 'bnpo' and 'dr_grpo' scale the update by the kept fraction when prompts are filtered."
         },
     )
-    prime_estimator: str = field(
-        default="grpo",
-        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
-    )
 
     def __post_init__(self):
-        self._validate_prime()  # first, so PRIME's messages win over TRL's
-        super().__post_init__()
+        super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's GRPOConfig
         check_grpo_outcome_options(
             self,
             grouped="the PRIME GRPO estimator normalises within each group",
