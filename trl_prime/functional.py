@@ -71,6 +71,7 @@ __all__ = [
     # options: the allowed values of every string option, and their check
     "check_choice",
     "PRM_LOSSES",
+    "PAIRWISE_PRM_LOSSES",
     "PRM_UPDATES",
     "PRM_REFERENCES",
     "PRM_SCHEDULERS",
@@ -102,6 +103,8 @@ GroupIds = Union[torch.Tensor, Sequence[Any]]
 #: implicit PRM losses (Implicit PRM arXiv 2412.01981 Sec. 3; PRIME arXiv 2502.01456 Eq. 4 is "ce"):
 #: ``PrimeOptions.prm_loss``, ``ImplicitPRMConfig.loss_type``, :func:`implicit_prm_loss`
 PRM_LOSSES = ("ce", "dpo", "kto", "nca")
+#: the implicit PRM losses that pair the completions of one prompt (Implicit PRM Sec. 3: DPO, NCA)
+PAIRWISE_PRM_LOSSES = ("dpo", "nca")
 #: PRIME's PRM update order (PRIME Algorithm 1 vs the released code): ``PrimeOptions.prm_update``
 PRM_UPDATES = ("single", "double")
 #: reference of the implicit PRM (PRIME Appendix B.1): ``PrimeOptions.prm_reference``

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from trl_prime.functional import PRM_LOSSES, check_choice
+from trl_prime.functional import PAIRWISE_PRM_LOSSES, PRM_LOSSES, check_choice
 from trl_prime.guards import DEFAULT_LR_SCHEDULER, check_scheduler_warmup
 
 
@@ -86,7 +86,7 @@ class ImplicitPRMConfig(TrainingArguments):
             )
         if self.trainable_layers is not None and self.trainable_layers < 1:
             raise ValueError(f"`trainable_layers`={self.trainable_layers} must be >= 1 (or None: train everything).")
-        if self.loss_type in ("dpo", "nca") and not self.group_by_prompt:
+        if self.loss_type in PAIRWISE_PRM_LOSSES and not self.group_by_prompt:
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} pairs completions of the same prompt: keep `group_by_prompt`=True."
             )
