@@ -3,7 +3,9 @@ failures, degenerate batches).
 
 - :class:`GuardOptions`: the config fields ``max_nonfinite_skips`` and ``max_verifier_failure_rate``, mixed into
   :class:`~trl_prime.PrimeRLOOConfig`, :class:`~trl_prime.PrimeGRPOConfig`, :class:`~trl_prime.PRLConfig` and
-  :class:`~trl_prime.ProfGRPOConfig`.
+  :class:`~trl_prime.ProfGRPOConfig`; the config checks those configs share (:func:`check_scheduler_warmup`,
+  :func:`check_grpo_outcome_options`: TRL's ``scale_rewards``, ``multi_objective_aggregation`` and ``loss_type``) and
+  their constant learning-rate schedule (:func:`constant_lr_schedule`).
 - Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
   missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
   causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:

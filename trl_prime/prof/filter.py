@@ -101,46 +101,8 @@ class ProfFilter:
         args = trainer.args
         if args.prof_mode == "off":
             return None
-        source = args.prof_prm if prm is None else prm
-        tokenizer = trainer._tokenizer
-        step_kw = dict(delimiter=args.prof_step_delimiter, temperature=args.prof_implicit_temperature)
-        if isinstance(source, str) and source == "implicit":
-            if getattr(trainer, "implicit_prm", None) is None:
-                raise ValueError(
-                    f"`prof_prm`='implicit' needs the trainer's online implicit PRM ({type(trainer).__name__} has "
-                    "none): use PrimeGRPOTrainer / PrimeRLOOTrainer, or set prof_prm to a step PRM."
-                )
-            step_prm = ImplicitStepPRM(tokenizer, None, **step_kw)  # token rewards come from the PRIME step
-        elif isinstance(source, ImplicitPRM):
-            step_prm = ImplicitStepPRM(tokenizer, source, **step_kw)
-        elif isinstance(source, str):
-            check_prof_prm_path(source)
-            try:
-                step_prm = load_step_prm(source, args, tokenizer=tokenizer)
-            except Exception as e:  # the Hub client's / transformers' message alone does not say which option failed
-                raise ValueError(
-                    f"`prof_prm`={source!r} could not be loaded as a step PRM ({type(e).__name__}: {e}). Set "
-                    "`prof_prm` to an existing local folder (a token-classification step PRM, or one saved by "
-                    "ImplicitPRM.save_pretrained) or a reachable Hub id such as 'Qwen/Qwen2.5-Math-PRM-7B'."
-                ) from e
-        elif isinstance(source, StepPRM):
-            step_prm = source
-        else:
-            raise TypeError(f"prof_prm must be 'implicit', a path, an ImplicitPRM or a StepPRM; got {type(source)}.")
-        # the PRM only ranks: frozen (no grad, eval) and placed like the reference model, whether loaded from a path or
-        # passed in memory (a TokenClassificationStepPRM / ImplicitStepPRM / ImplicitPRM object)
-        if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(step_prm.model, nn.Module):
-            step_prm.model = prepare_frozen(step_prm.model, trainer)
-        if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None:
-            ip = step_prm.implicit_prm
-            if unwrap(ip.model) is unwrap(trainer.model):
-                raise ValueError(
-                    "`prof_prm`: the ImplicitPRM shares the policy's model (e.g. a PEFT adapter on it); PROF here "
-                    "needs a frozen, separate implicit PRM (or use PrimeGRPOTrainer with prof_prm='implicit')."
-                )
-            ip.model = prepare_frozen(ip.model, trainer)
-            if ip.ref_model is not None:
-                ip.ref_model = prepare_frozen(ip.ref_model, trainer)
+        step_prm = _step_prm_for(trainer, args.prof_prm if prm is None else prm)
+        _freeze_step_prm(step_prm, trainer)
         return cls(
             step_prm, num_keep=args.prof_keep_count(), mode=args.prof_mode, penalty=args.prof_penalty,
             min_steps=args.prof_min_steps, max_steps=args.prof_max_steps,
@@ -274,6 +236,60 @@ class ProfFilter:
             trainer._metrics[mode][k].append(v)
         self.last = dict(sel, step_scores=scores_g, step_mask=smask_g, outcome=outcome, group_ids=group_ids)
         return sel["kept"]
+
+
+def _step_prm_for(trainer, source: StepPRM | ImplicitPRM | str) -> StepPRM:
+    """The :class:`StepPRM` ``source`` (``prof_prm`` or the trainer's ``prof_prm`` argument) names for ``trainer``.
+
+    Raises:
+        ValueError: ``"implicit"`` without an online implicit PRM, or a path that cannot be loaded as a step PRM.
+        TypeError: ``source`` of another type.
+    """
+    args, tokenizer = trainer.args, trainer._tokenizer
+    step_kw = dict(delimiter=args.prof_step_delimiter, temperature=args.prof_implicit_temperature)
+    if isinstance(source, str) and source == "implicit":
+        if getattr(trainer, "implicit_prm", None) is None:
+            raise ValueError(
+                f"`prof_prm`='implicit' needs the trainer's online implicit PRM ({type(trainer).__name__} has "
+                "none): use PrimeGRPOTrainer / PrimeRLOOTrainer, or set prof_prm to a step PRM."
+            )
+        return ImplicitStepPRM(tokenizer, None, **step_kw)  # token rewards come from the PRIME step
+    if isinstance(source, ImplicitPRM):
+        return ImplicitStepPRM(tokenizer, source, **step_kw)
+    if isinstance(source, str):
+        check_prof_prm_path(source)
+        try:
+            return load_step_prm(source, args, tokenizer=tokenizer)
+        except Exception as e:  # the Hub client's / transformers' message alone does not say which option failed
+            raise ValueError(
+                f"`prof_prm`={source!r} could not be loaded as a step PRM ({type(e).__name__}: {e}). Set "
+                "`prof_prm` to an existing local folder (a token-classification step PRM, or one saved by "
+                "ImplicitPRM.save_pretrained) or a reachable Hub id such as 'Qwen/Qwen2.5-Math-PRM-7B'."
+            ) from e
+    if isinstance(source, StepPRM):
+        return source
+    raise TypeError(f"prof_prm must be 'implicit', a path, an ImplicitPRM or a StepPRM; got {type(source)}.")
+
+
+def _freeze_step_prm(step_prm: StepPRM, trainer) -> None:
+    """The PRM only ranks: frozen (no grad, eval) and placed like the reference model, whether loaded from a path or
+    passed in memory (a TokenClassificationStepPRM / ImplicitStepPRM / ImplicitPRM object).
+
+    Raises:
+        ValueError: an ImplicitPRM that shares the policy's model.
+    """
+    if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(step_prm.model, nn.Module):
+        step_prm.model = prepare_frozen(step_prm.model, trainer)
+    if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None:
+        ip = step_prm.implicit_prm
+        if unwrap(ip.model) is unwrap(trainer.model):
+            raise ValueError(
+                "`prof_prm`: the ImplicitPRM shares the policy's model (e.g. a PEFT adapter on it); PROF here "
+                "needs a frozen, separate implicit PRM (or use PrimeGRPOTrainer with prof_prm='implicit')."
+            )
+        ip.model = prepare_frozen(ip.model, trainer)
+        if ip.ref_model is not None:
+            ip.ref_model = prepare_frozen(ip.ref_model, trainer)
 
 
 def prime_prof_rows(trainer, *, mode: str, kept: torch.Tensor, scorable: torch.Tensor, outcome: torch.Tensor,
