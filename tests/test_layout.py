@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG_MODULES = (
