@@ -1061,7 +1061,7 @@ def test_hanging_backend_hits_the_outer_deadline(monkeypatch):
         fn = make_code_reward(deadline=1.0)
         assert fn(completions=["print(1)"], tests=[NEVER], log_metric=lambda k, v: logged.__setitem__(k, v)) == [None]
         assert logged["code/sandbox_error"] == 1.0  # counted by the trainers' verifier/failure_rate
-        assert "code/sandbox_error" in __import__("trl_prime._guards", fromlist=["x"]).INFRASTRUCTURE_FAILURE_METRICS
+        assert "code/sandbox_error" in __import__("trl_prime.guards", fromlist=["x"]).INFRASTRUCTURE_FAILURE_METRICS
         with pytest.raises(ValueError, match="deadline"):
             verify_code(["print(1)"], [NEVER], deadline=0)
     finally:

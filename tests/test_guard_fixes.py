@@ -86,7 +86,7 @@ def step_prm_path(tmp_path_factory):
 # Item 3: every group without reward spread
 # ----------------------------------------------------------------------------------------------------------------
 def test_group_reward_spread_hand_values():
-    from trl_prime._guards import group_reward_spread
+    from trl_prime.guards import group_reward_spread
 
     nan = float("nan")
     o = torch.tensor([1.0, 1.0, 0.0, 0.0])
@@ -114,7 +114,7 @@ def test_zero_spread_batch_warns_one_spread_group_does_not(tiny_model_path, step
     ([1,0,1,0], [0,0,0,0]) neither."""
     zero = _by_group([[1, 1, 1, 1], [0, 0, 0, 0]])
     tr = _trainer(which, tiny_model_path, tmp_path / "a", zero, step_prm_path)
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         tr.train()
     log = _logs(tr)[1]
     assert log["guard/all_rewards_equal"] == 0.0 and log["guard/all_groups_zero_spread"] == 1.0
@@ -124,7 +124,7 @@ def test_zero_spread_batch_warns_one_spread_group_does_not(tiny_model_path, step
 
     spread = _by_group([[1, 0, 1, 0], [0, 0, 0, 0]])
     tr = _trainer(which, tiny_model_path, tmp_path / "b", spread, step_prm_path)
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         tr.train()
     log = _logs(tr)[1]
     assert log["guard/all_rewards_equal"] == 0.0 and log["guard/all_groups_zero_spread"] == 0.0
@@ -168,7 +168,7 @@ def test_policy_gradient_overflow_is_caught_after_clipping(tiny_model_path, tmp_
                   max_nonfinite_skips=2, lr_scheduler_type="linear")
     snaps.trainer = tr
     unwrap(tr.model).lm_head.weight.register_hook(_overflow_hook(tr))
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         with pytest.raises(RuntimeError, match=r"2 consecutive optimizer steps were skipped.*`max_nonfinite_skips`=2"):
             tr.train()
     assert list(snaps.policy) == [1, 2]  # stopped during step 3
@@ -191,7 +191,7 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
                   max_nonfinite_skips=2)
     snaps.trainer = tr
     unwrap(tr.prm_model).lm_head.weight.register_hook(_overflow_hook(tr))
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         with pytest.raises(RuntimeError, match=r"2 consecutive optimizer steps were skipped"):
             tr.train()
     assert _same(snaps.prm[1], snaps.prm[2]) and _same(snaps.prm[1], _snap(tr.prm_model))
@@ -227,7 +227,7 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_mod
         return out
 
     monkeypatch.setattr(pt, "completion_logps", blown)
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         tr.train()
     assert _same(snaps.prm[1], snaps.prm[2]) and not _same(snaps.prm[2], snaps.prm[3])
     assert _same(snaps.policy[1], snaps.policy[2]) and not _same(snaps.policy[2], snaps.policy[3])

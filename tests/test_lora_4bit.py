@@ -95,7 +95,7 @@ def _check_trained(trainer, before_base, before, adapters, metrics) -> None:
         for k in ("loss", "grad_norm", *metrics):
             assert math.isfinite(row[k]), (step, k, row[k])
         # the policy's gradient reaches its adapter through the 4-bit layers (0 if bitsandbytes' CPU inference
-        # repacking kicks in after the first generation: trl_prime._guards.keep_4bit_layers_differentiable)
+        # repacking kicks in after the first generation: trl_prime.guards.keep_4bit_layers_differentiable)
         assert row["grad_norm"] > 0, (step, row["grad_norm"])
     for name in adapters:
         now = _adapter(trainer.model, name)

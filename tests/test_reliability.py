@@ -132,7 +132,7 @@ def test_streaming_dataset_is_not_called_empty():
     column, and does not reject it as 'empty'."""
     from datasets import Dataset
 
-    from trl_prime._guards import check_train_dataset
+    from trl_prime.guards import check_train_dataset
     from trl_prime.rewards import math_reward
 
     stream = Dataset.from_dict({"prompt": ["What is 1 + 1?"] * 4, "solution": ["2"] * 4}).to_iterable_dataset()
@@ -148,7 +148,7 @@ def test_prm_path_check_honours_trust_remote_code(tmp_path):
     must load its config the same way instead of rejecting it as 'could not be loaded'."""
     import json
 
-    from trl_prime._guards import check_causal_lm_source
+    from trl_prime.guards import check_causal_lm_source
 
     d = tmp_path / "remote_prm"
     d.mkdir()
@@ -195,7 +195,7 @@ def test_nonfinite_reward_skips_the_step_weights_unchanged(tiny_model_path, step
     else:
         tr = _prof(tiny_model_path, step_prm_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
     snaps.trainer = tr
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         tr.train()
     assert _same(snaps.policy[1], snaps.policy[2])  # the poisoned step 2 left the policy bit-identical
     assert not _same(snaps.policy[2], snaps.policy[3])  # and training went on at step 3
@@ -253,7 +253,7 @@ def test_guarded_step_under_fp16_grad_scaler():
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from trl_prime._guards import GuardsMixin
+    from trl_prime.guards import GuardsMixin
 
     p = torch.nn.Parameter(torch.ones(2))
     inner = torch.optim.SGD([p], lr=1.0)
@@ -493,7 +493,7 @@ def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
 
     from transformers import TrainerState
 
-    from trl_prime._guards import GuardsMixin
+    from trl_prime.checkpointing import CheckpointMixin
 
     class _Trainer:  # what transformers' Trainer._save_checkpoint does with the best checkpoint and the state
         def _get_output_dir(self, trial):
@@ -506,7 +506,7 @@ def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
             if self.args.should_save:
                 self.state.save_to_json(os.path.join(out, "trainer_state.json"))
 
-    class Fake(GuardsMixin, _Trainer):
+    class Fake(CheckpointMixin, _Trainer):
         pass
 
     for step, should_save in ((3, True), (4, False)):  # the main process; another rank (shared file system)

@@ -196,7 +196,7 @@ def test_checkpoint_without_or_with_another_generation_layout_warns(tiny_model_p
     make("prl", tiny_model_path, None, tmp_path / "out", [], callbacks=[StopAfter(2)], **opts).train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
     seen = []
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.checkpointing"):
         tr = make("prl", tiny_model_path, None, tmp_path / "out", seen, **dict(opts, num_iterations=1))
         tr.train(resume_from_checkpoint=str(checkpoint))
     assert "written with another batch layout (checkpoint -> now: {'num_iterations': (2, 1)})" in caplog.text
@@ -204,7 +204,7 @@ def test_checkpoint_without_or_with_another_generation_layout_warns(tiny_model_p
     os.remove(checkpoint / "generation_state_0.pt")
     caplog.clear()
     seen = []
-    with caplog.at_level(logging.WARNING, logger="trl_prime._guards"):
+    with caplog.at_level(logging.WARNING, logger="trl_prime.checkpointing"):
         tr = make("prl", tiny_model_path, None, tmp_path / "out", seen, **opts)
         tr.train(resume_from_checkpoint=str(checkpoint))
     assert "has no generation_state_0.pt (written by an older trl-prime)" in caplog.text

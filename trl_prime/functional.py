@@ -68,37 +68,118 @@ __all__ = [
     "prof_step_scores_from_implicit",
     "prof_consistency_scores",
     "prof_select",
+    # options: the allowed values of every string option, and their check
+    "check_choice",
+    "PRM_LOSSES",
+    "PAIRWISE_PRM_LOSSES",
+    "PRM_UPDATES",
+    "PRM_REFERENCES",
+    "PRM_SCHEDULERS",
+    "ESTIMATORS",
+    "BASELINES",
+    "PROCESS_REWARD_NORMS",
+    "GRPO_PROCESS_FORMS",
+    "GRPO_PROCESS_SCALES",
+    "GROUP_SCALE_REWARDS",
+    "SEQUENCE_LEVEL_LOSS_TYPES",
+    "STEP_AGGREGATIONS",
+    "PRL_STEP_SPLITS",
+    "PRL_ORDERS",
+    "PROF_SELECT_MODES",
+    "PROF_MODES",
+    "PROF_PENALTY_POSITIONS",
+    "PROF_ROUNDINGS",
+    "PROF_CENTERS",
+    "PROF_LOSS_TYPES",
+    "PAIR_ACCURACY_TIES",
 ]
 
 GroupIds = Union[torch.Tensor, Sequence[Any]]
 
-_PRIME_ESTIMATORS = ("rloo", "grpo", "reinforce")
-_RLOO_BASELINES = ("paper", "reference")
-_PROCESS_REWARD_NORMS = ("none", "batch_norm")
-_GRPO_PROCESS_FORMS = ("response", "token")
-_GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
+# ----------------------------------------------------------------------------------------------------
+# option tuples: the one source of the choices every config field and every function here accepts
+# ----------------------------------------------------------------------------------------------------
+
+#: implicit PRM losses (Implicit PRM arXiv 2412.01981 Sec. 3; PRIME arXiv 2502.01456 Eq. 4 is "ce"):
+#: ``PrimeOptions.prm_loss``, ``ImplicitPRMConfig.loss_type``, :func:`implicit_prm_loss`
+PRM_LOSSES = ("ce", "dpo", "kto", "nca")
+#: the implicit PRM losses that pair the completions of one prompt (Implicit PRM Sec. 3: DPO, NCA)
+PAIRWISE_PRM_LOSSES = ("dpo", "nca")
+#: PRIME's PRM update order (PRIME Algorithm 1 vs the released code): ``PrimeOptions.prm_update``
+PRM_UPDATES = ("single", "double")
+#: reference of the implicit PRM (PRIME Appendix B.1): ``PrimeOptions.prm_reference``
+PRM_REFERENCES = ("sft", "policy")
+#: ``transformers.get_scheduler`` names offered for the PRM optimizer: ``PrimeOptions.prm_lr_scheduler``
+PRM_SCHEDULERS = (
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+    "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
+)
+#: PRIME advantage estimators (PRIME Eq. 5 and Appendix B.3): ``PrimeOptions.prime_estimator``,
+#: :func:`prime_advantages` ``estimator``
+ESTIMATORS = ("rloo", "grpo", "reinforce")
+#: process-reward baselines (PRIME Eq. 5 vs the released code): ``PrimeOptions.prime_baseline``, ``baseline``
+BASELINES = ("paper", "reference")
+#: process-reward normalisations (released PRIME code): ``process_reward_norm``
+PROCESS_REWARD_NORMS = ("none", "batch_norm")
+#: process term of the "grpo" estimator (PRIME Appendix B.3, Eq. 8): ``grpo_process_form``
+GRPO_PROCESS_FORMS = ("response", "token")
+#: divisor of the "grpo" estimator's process term: ``grpo_process_scale``
+GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
+#: TRL's ``scale_rewards`` values a group-normalised outcome accepts (GRPO, DeepSeekMath arXiv 2402.03300 Sec. 4.1)
+GROUP_SCALE_REWARDS = ("group", "none")
+#: TRL ``loss_type`` values that take one advantage per sequence: none of the token-level (B, T) advantages of PRIME
+#: (Eq. 5) or PRL (Algorithm 1) fits them
+SEQUENCE_LEVEL_LOSS_TYPES = ("luspo", "vespo")
+#: aggregations of step rewards into one value (Implicit PRM arXiv 2412.01981 Sec. 4): :func:`aggregate_step_rewards`
+STEP_AGGREGATIONS = ("min", "mean", "sum", "last")
+#: step segmentations (PRL arXiv 2601.10201 Sec. 4: "length", every 256 tokens): ``PRLConfig.prl_step_split``,
+#: :func:`step_end_mask` ``split``
+PRL_STEP_SPLITS = ("length", "newline", "double_newline", "token")
+#: PRL orders (PRL Algorithm 1 vs the released code's ``prm_adv='prm'``): ``PRLConfig.prl_order``,
+#: :func:`prl_advantages` ``order``
+PRL_ORDERS = ("advantage_first", "process_first")
+#: PROF selection modes (PROF arXiv 2509.03403 Sec. 3: PROF-BOTH, PROF-POS): :func:`prof_select` ``mode``
+PROF_SELECT_MODES = ("both", "correct")
+#: ``prof_mode`` of the configs: a selection mode, or "off" (no filter)
+PROF_MODES = (*PROF_SELECT_MODES, "off")
+#: where PROF's step-count penalty enters the critic (PROF Eq. 1): ``prof_penalty_position``, ``penalty_position``
+PROF_PENALTY_POSITIONS = ("reference", "paper")
+#: rounding of the correct rows removed per prompt (PROF Alg. 1): ``prof_rounding``, ``rounding``
+PROF_ROUNDINGS = ("half_even", "half_up", "half_down")
+#: PROF consistency centring (paper: "none"; released code: "batch"): ``prof_center``, ``center``
+PROF_CENTERS = ("none", "batch")
+#: TRL ``loss_type`` values normalised by the kept tokens of the whole generation batch (``num_items_in_batch``), the
+#: only ones under which the rows PROF drops do not scale the update: TRL's "grpo", "sapo" and "dr_grpo" count the
+#: dropped rows, "bnpo" normalises each micro-batch by its own kept tokens
+PROF_LOSS_TYPES = ("dapo", "cispo")
+#: tie handling of :func:`prm_pair_accuracy`
+PAIR_ACCURACY_TIES = ("reference", "half")
+
 #: grpo_process_scale="outcome_std": a group whose outcome std is at most this times max(1, |group mean|) counts as
 #: having equal outcomes (float32 rounding of a weighted reward sum leaves a std around 1e-7, which as a divisor
 #: would blow the process term up by 10^7)
 _OUTCOME_SPREAD_RTOL = 1e-4
-_LOSS_TYPES = ("ce", "dpo", "kto", "nca")
-_AGGREGATIONS = ("min", "mean", "sum", "last")
-_STEP_SPLITS = ("double_newline", "newline", "length", "token")
-_PRL_ORDERS = ("advantage_first", "process_first")
-_PROF_CENTERS = ("none", "batch")
-_PROF_MODES = ("both", "correct")
-_PROF_PENALTY_POSITIONS = ("paper", "reference")
-_PROF_ROUNDINGS = ("half_even", "half_up", "half_down")
+
+
+def check_choice(value: Any, choices: Sequence[str], name: str) -> None:
+    """Check that option ``name`` holds one of ``choices`` (one of the option tuples above).
+
+    Args:
+        value: the option's value.
+        choices: the allowed values.
+        name: the option's name (a config field or a function argument), named in the message.
+
+    Raises:
+        ValueError: ``value`` is not in ``choices``; the message names the field, the value and the allowed choices,
+            e.g. ``prime_baseline='loo' is not supported; choose one of 'paper', 'reference'.``
+    """
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
 
 
 # ----------------------------------------------------------------------------------------------------
 # validation and dtype helpers (private)
 # ----------------------------------------------------------------------------------------------------
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
 
 
 def _check_tensor(name: str, x: Any) -> None:
@@ -753,7 +834,7 @@ def implicit_prm_loss(
 
     Source: PRIME §3.1 / Algorithm 1 line 8 (CE); Implicit PRM §3-4 (CE, DPO, KTO, NCA instantiations).
     """
-    _check_choice("loss_type", loss_type, _LOSS_TYPES)
+    check_choice(loss_type, PRM_LOSSES, "loss_type")
     _check_2d("prm_logps", prm_logps)
     _check_same_shape("prm_logps", prm_logps, "ref_logps", ref_logps)
     _check_same_shape("prm_logps", prm_logps, "mask", mask)
@@ -868,7 +949,7 @@ def aggregate_step_rewards(step_values: torch.Tensor, step_mask: torch.Tensor, *
 
     Source: Implicit PRM §4 (best-of-N with the minimum step reward).
     """
-    _check_choice("how", how, _AGGREGATIONS)
+    check_choice(how, STEP_AGGREGATIONS, "how")
     _check_2d("step_values", step_values)
     _check_same_shape("step_values", step_values, "step_mask", step_mask)
     m = _as_bool_mask("step_mask", step_mask)
@@ -985,7 +1066,7 @@ def step_end_mask(
 
     Source: PRL §3 segmentation (length / newline), Implicit PRM / PRIME step delimiters (Implicit PRM §3).
     """
-    _check_choice("split", split, _STEP_SPLITS)
+    check_choice(split, PRL_STEP_SPLITS, "split")
     _check_2d("completion_ids", completion_ids)
     _check_same_shape("completion_ids", completion_ids, "mask", mask)
     m = _as_bool_mask("mask", mask)
@@ -1160,11 +1241,11 @@ def _prime_advantages_impl(
     whiten_eps: float = 1e-8,
     fn: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_choice("estimator", estimator, _PRIME_ESTIMATORS)
-    _check_choice("baseline", baseline, _RLOO_BASELINES)
-    _check_choice("process_reward_norm", process_reward_norm, _PROCESS_REWARD_NORMS)
-    _check_choice("grpo_process_form", grpo_process_form, _GRPO_PROCESS_FORMS)
-    _check_choice("grpo_process_scale", grpo_process_scale, _GRPO_PROCESS_SCALES)
+    check_choice(estimator, ESTIMATORS, "estimator")
+    check_choice(baseline, BASELINES, "baseline")
+    check_choice(process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm")
+    check_choice(grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form")
+    check_choice(grpo_process_scale, GRPO_PROCESS_SCALES, "grpo_process_scale")
     _check_2d("process_rewards", process_rewards)
     _check_same_shape("process_rewards", process_rewards, "mask", mask)
     B, T = process_rewards.shape
@@ -1452,7 +1533,7 @@ def prime_advantages(
 
     Source: PRIME Eq. 5; PRIME Appendix B.3 (Eqs. 7-8: REINFORCE and GRPO with implicit process rewards).
     """
-    _check_choice("estimator", estimator, _PRIME_ESTIMATORS)
+    check_choice(estimator, ESTIMATORS, "estimator")
     unknown = set(options) - _PRIME_OPTIONS[estimator]
     if unknown:
         raise ValueError(
@@ -1568,7 +1649,7 @@ def prm_pair_accuracy(
 
     Source: released PRIME ``compute_dpo_accuracy``; PRIME §5.1 / Figure 5 (PRM accuracy).
     """
-    _check_choice("ties", ties, ("reference", "half"))
+    check_choice(ties, PAIR_ACCURACY_TIES, "ties")
     _check_tensor("sequence_rewards", sequence_rewards)
     if sequence_rewards.dim() != 1:
         raise ValueError(f"`sequence_rewards` must have shape (B,), got {tuple(sequence_rewards.shape)}.")
@@ -1693,7 +1774,7 @@ def prl_advantages(
     Source: PRL Eq. 3.1 (``rho_t = stopgrad(R - (1/eta) sum_{j>=t} k_j)``), §3.3 (GRPO normalisation) and
     Algorithm 1 (segment-level weights); released ``ray_trainer.py`` PRL block.
     """
-    _check_choice("order", order, _PRL_ORDERS)
+    check_choice(order, PRL_ORDERS, "order")
     if not (eta > 0):
         raise ValueError(
             f"eta={eta!r} must be > 0 (it is the inverse KL coefficient; use a large eta for a weak KL term)."
@@ -1854,7 +1935,7 @@ def prof_consistency_scores(
 
     Source: PROF Eq. (1) (``r_pro = (1/H) sum_h r_h``); released ``compute_verify_step_level_score``.
     """
-    _check_choice("center", center, _PROF_CENTERS)
+    check_choice(center, PROF_CENTERS, "center")
     _check_2d("step_scores", step_scores)
     _check_same_shape("step_scores", step_scores, "step_mask", step_mask)
     m = _as_bool_mask("step_mask", step_mask)
@@ -1960,9 +2041,9 @@ def prof_select(
     Source: PROF Algorithm 1 (step 4: ``k+ + k- = m``, max ``k+ k-``), Eq. (1) penalty; released
     ``filter_trajectories`` (PROF-Both / PROF-Correct).
     """
-    _check_choice("penalty_position", penalty_position, _PROF_PENALTY_POSITIONS)
-    _check_choice("mode", mode, _PROF_MODES)
-    _check_choice("rounding", rounding, _PROF_ROUNDINGS)
+    check_choice(penalty_position, PROF_PENALTY_POSITIONS, "penalty_position")
+    check_choice(mode, PROF_SELECT_MODES, "mode")
+    check_choice(rounding, PROF_ROUNDINGS, "rounding")
     if (num_remove is None) == (num_keep is None):
         raise ValueError("prof_select: pass exactly one of `num_remove` (rows dropped per group) or `num_keep`.")
     for name, v in (("num_remove", num_remove), ("num_keep", num_keep)):

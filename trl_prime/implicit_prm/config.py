@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from trl_prime._guards import DEFAULT_LR_SCHEDULER, check_scheduler_warmup
-
-LOSS_TYPES = ("ce", "dpo", "kto", "nca")
+from trl_prime.functional import PAIRWISE_PRM_LOSSES, PRM_LOSSES, check_choice
+from trl_prime.guards import DEFAULT_LR_SCHEDULER, check_scheduler_warmup
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -69,8 +68,7 @@ class ImplicitPRMConfig(TrainingArguments):
     )
 
     def __post_init__(self):
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"`loss_type`={self.loss_type!r} is not supported; use one of {list(LOSS_TYPES)}.")
+        check_choice(self.loss_type, PRM_LOSSES, "loss_type")
         if not (isinstance(self.beta, (int, float)) and self.beta > 0 and math.isfinite(self.beta)):
             raise ValueError(f"`beta`={self.beta!r} must be a finite number > 0 (the paper uses 0.05).")
         if self.max_length is not None and self.max_length < 2:
@@ -88,7 +86,7 @@ class ImplicitPRMConfig(TrainingArguments):
             )
         if self.trainable_layers is not None and self.trainable_layers < 1:
             raise ValueError(f"`trainable_layers`={self.trainable_layers} must be >= 1 (or None: train everything).")
-        if self.loss_type in ("dpo", "nca") and not self.group_by_prompt:
+        if self.loss_type in PAIRWISE_PRM_LOSSES and not self.group_by_prompt:
             raise ValueError(
                 f"`loss_type`={self.loss_type!r} pairs completions of the same prompt: keep `group_by_prompt`=True."
             )

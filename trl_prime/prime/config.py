@@ -13,42 +13,40 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
-from trl_prime._guards import DEFAULT_LR_SCHEDULER, GuardOptions, check_sum_then_normalize
+from trl_prime.functional import (
+    BASELINES,
+    ESTIMATORS,
+    GRPO_PROCESS_FORMS,
+    GRPO_PROCESS_SCALES,
+    PRM_LOSSES,
+    PRM_REFERENCES,
+    PRM_SCHEDULERS,
+    PRM_UPDATES,
+    PROCESS_REWARD_NORMS,
+    check_choice,
+)
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 from trl_prime.prof.config import ProfOptions
 
-PRM_LOSSES = ("ce", "dpo", "kto", "nca")
 
-
-PRM_UPDATES = ("single", "double")
-
-
-PRM_REFERENCES = ("sft", "policy")
-
-
-ESTIMATORS = ("rloo", "grpo", "reinforce")
-
-
-BASELINES = ("paper", "reference")
-
-
-PROCESS_REWARD_NORMS = ("none", "batch_norm")
-
-
-GRPO_PROCESS_FORMS = ("response", "token")
-
-
-GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
-
-
-PRM_SCHEDULERS = (
-    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
-    "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
-)
+#: the string options of :class:`PrimeOptions` and their allowed values (:mod:`trl_prime.functional`)
+PRIME_CHOICES = {
+    "prm_loss": PRM_LOSSES,
+    "prm_update": PRM_UPDATES,
+    "prm_reference": PRM_REFERENCES,
+    "prime_estimator": ESTIMATORS,
+    "prime_baseline": BASELINES,
+    "process_reward_norm": PROCESS_REWARD_NORMS,
+    "grpo_process_form": GRPO_PROCESS_FORMS,
+    "grpo_process_scale": GRPO_PROCESS_SCALES,
+    "prm_lr_scheduler": PRM_SCHEDULERS,
+}
 
 
 @dataclass
-class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` fields (trl_prime/prof/; prof_mode="off" by default)
-    # and the reliability fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/_guards.py)
+class PrimeOptions(GuardOptions, ProfOptions):
+    # + the PROF filter's `prof_*` fields (trl_prime/prof/config.py; prof_mode="off" by default) and the reliability
+    # fields `max_nonfinite_skips`, `max_verifier_failure_rate` (trl_prime/guards.py)
     """The PRIME options shared by :class:`PrimeRLOOConfig` and :class:`PrimeGRPOConfig` (PRIME, arXiv 2502.01456).
 
     Defaults are the paper's (PRIME section 3 and Table 5): implicit PRM beta 0.05 trained online with cross-entropy
@@ -58,6 +56,14 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
     """
 
+    # --- TRL defaults PRIME changes (PRIME Table 5), in both configs ---------------------------------------------
+    num_generations: int | None = field(
+        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
+    )
+    learning_rate: float = field(
+        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
+    )
+    lr_scheduler_type: str = constant_lr_schedule("PRIME: 'constant', section 4.1")
     # --- Implicit PRM -------------------------------------------------------------------------------------------
     prm_beta: float = field(
         default=0.05,
@@ -118,7 +124,9 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
     prm_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the PRM's AdamW."})
     prm_lr_scheduler: str = field(
         default="constant",
-        metadata={"help": f"Learning-rate schedule of the PRM optimizer (transformers.get_scheduler name): {PRM_SCHEDULERS}."},
+        metadata={
+            "help": f"Learning-rate schedule of the PRM optimizer (transformers.get_scheduler name): {PRM_SCHEDULERS}."
+        },
     )
     prm_warmup_steps: int = field(default=0, metadata={"help": "Warmup steps (PRM updates) of the PRM scheduler."})
     prm_micro_batch_size: int | None = field(
@@ -204,21 +212,18 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
         metadata={"help": "Also drop groups holding a truncated completion (length >= max_completion_length)."},
     )
 
-    def _validate_prime(self) -> None:
-        def one_of(name, allowed):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"`{name}`={value!r} is not supported; choose one of {list(allowed)}.")
+    def __post_init__(self):
+        self._validate_prime()  # first, so PRIME's messages win over TRL's
+        super().__post_init__()  # TRL's RLOOConfig / GRPOConfig
 
-        one_of("prm_loss", PRM_LOSSES)
-        one_of("prm_update", PRM_UPDATES)
-        one_of("prm_reference", PRM_REFERENCES)
-        one_of("prime_estimator", ESTIMATORS)
-        one_of("prime_baseline", BASELINES)
-        one_of("process_reward_norm", PROCESS_REWARD_NORMS)
-        one_of("grpo_process_form", GRPO_PROCESS_FORMS)
-        one_of("grpo_process_scale", GRPO_PROCESS_SCALES)
-        one_of("prm_lr_scheduler", PRM_SCHEDULERS)
+    def _validate_prime(self) -> None:
+        """Check the PRIME options, then the PROF and guard ones.
+
+        Raises:
+            ValueError: an invalid value or combination; the message names the field and the fix.
+        """
+        for name, choices in PRIME_CHOICES.items():
+            check_choice(getattr(self, name), choices, name)
         if self.num_generations is None or self.num_generations < 2:
             raise ValueError(
                 f"`num_generations`={self.num_generations}: PRIME needs at least 2 completions per prompt (the "
@@ -256,7 +261,7 @@ class PrimeOptions(GuardOptions, ProfOptions):  # + the PROF filter's `prof_*` f
                 f"`prm_reference`='policy' uses the rollout log-probs, computed at the sampling `temperature`="
                 f"{self.temperature}, as reference, while the PRM's log-probs are at temperature 1 (as the released "
                 "PRIME code does). Use prm_reference='sft' for a temperature-free reference.",
-                stacklevel=3,
+                stacklevel=4,
             )
         for name in ("process_coef", "outcome_coef"):
             value = getattr(self, name)
@@ -294,29 +299,17 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
     """
 
-    beta: float = field(
-        default=0.0,
-        metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
-    )
-    num_generations: int | None = field(
-        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
-    )
-    learning_rate: float = field(
-        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
-    )
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
-                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
     prime_estimator: str = field(
         default="rloo",
         metadata={"help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo' or 'reinforce' (PRIME App. B.3)."},
     )
+    beta: float = field(
+        default=0.0,
+        metadata={"help": "KL coefficient (TRL). PRIME uses 0.0: no KL penalty and no TRL reference model."},
+    )
 
     def __post_init__(self):
-        self._validate_prime()  # first, so PRIME's messages win over TRL's
-        super().__post_init__()
+        super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's RLOOConfig
         if self.normalize_advantages:
             raise ValueError(
                 "`normalize_advantages`=True normalises TRL's outcome-only advantages, which PRIME replaces. Set "
@@ -353,23 +346,16 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
     Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
     the process term bounded at every token and an untrained PRM's noise near 0; ``"process_std"`` divides the
-    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The policy loss is TRL's GRPO
-    loss on ``(B, T)`` advantages (token-level ratio).
+    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The
+    policy loss is TRL's GRPO loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
         ValueError: an invalid PRIME option (see the message: it names the field and the fix).
     """
 
-    num_generations: int | None = field(
-        default=4, metadata={"help": "Completions per prompt K (PRIME: 4). Must be >= 2."}
-    )
-    learning_rate: float = field(
-        default=5e-7, metadata={"help": "Policy learning rate (PRIME: 5e-7; TRL's default is 1e-6)."}
-    )
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRIME: 'constant', section 4.1; TRL's default 'linear' "
-                          "decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+    prime_estimator: str = field(
+        default="grpo",
+        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
     )
     loss_type: str = field(
         default="dapo",
@@ -378,28 +364,16 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             "'grpo', 'sapo', 'bnpo' and 'dr_grpo' scale the update by the kept fraction when prompts are filtered."
         },
     )
-    prime_estimator: str = field(
-        default="grpo",
-        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
-    )
 
     def __post_init__(self):
-        self._validate_prime()  # first, so PRIME's messages win over TRL's
-        super().__post_init__()
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(
-                f"`scale_rewards`={self.scale_rewards!r}: the PRIME GRPO estimator normalises within each group; use "
-                "'group' (divide by the group std) or 'none'."
-            )
-        check_sum_then_normalize(
-            self, "PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, so "
-            "TRL's per-function normalisation would be ignored"
+        super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's GRPOConfig
+        check_grpo_outcome_options(
+            self,
+            grouped="the PRIME GRPO estimator normalises within each group",
+            summed="PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, "
+            "so TRL's per-function normalisation would be ignored",
+            token_level="PRIME feeds token-level (B, T) advantages",
         )
-        if self.loss_type in ("luspo", "vespo"):
-            raise ValueError(
-                f"`loss_type`={self.loss_type!r} is sequence-level; PRIME feeds token-level (B, T) advantages. Use "
-                "'dapo' (default), 'grpo', 'bnpo', 'dr_grpo', 'cispo' or 'sapo'."
-            )
         filtering = (
             self.filter_lower > 0.0
             or self.filter_upper < 1.0

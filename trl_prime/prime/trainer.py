@@ -39,7 +39,8 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from trl_prime import functional as F
 from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
+from trl_prime.checkpointing import CheckpointMixin
+from trl_prime.guards import GuardsMixin, check_causal_lm_source, check_peft_config
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.modeling import (
     adapter_parameters,
@@ -173,7 +174,7 @@ def _load_weights(model: nn.Module, folder: str) -> None:
         load_sharded_checkpoint(model, folder, strict=False)
 
 
-class PrimeMixin(GuardsMixin):
+class PrimeMixin(CheckpointMixin, GuardsMixin):
     """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
 
     It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimizer and scheduler

@@ -7,16 +7,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trl_prime._guards import (
-    DEFAULT_LR_SCHEDULER,
-    GuardOptions,
-    check_sum_then_normalize,
-)
-
-PRL_STEP_SPLITS = ("length", "newline", "double_newline", "token")
-
-
-PRL_ORDERS = ("advantage_first", "process_first")
+from trl_prime.functional import PRL_ORDERS, PRL_STEP_SPLITS, check_choice
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 
 
 @dataclass
@@ -74,20 +66,12 @@ class PRLConfig(GuardOptions, GRPOConfig):
         },
     )
     prl_eps: float = field(default=1e-6, metadata={"help": "eps added to the group std of the outcome advantage."})
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule (PRL: 'constant', the single rate of Table 6; TRL's default "
-                          "'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
+    lr_scheduler_type: str = constant_lr_schedule("PRL: 'constant', the single rate of Table 6")
 
     def __post_init__(self):
-        def one_of(name, allowed):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"`{name}`={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
-
         self._validate_guards()
-        one_of("prl_step_split", PRL_STEP_SPLITS)
-        one_of("prl_order", PRL_ORDERS)
+        check_choice(self.prl_step_split, PRL_STEP_SPLITS, "prl_step_split")
+        check_choice(self.prl_order, PRL_ORDERS, "prl_order")
         if not self.prl_eta > 0:
             raise ValueError(
                 f"`prl_eta`={self.prl_eta} must be > 0: the KL coefficient is 1/prl_eta (paper: 100-300; a very large "
@@ -98,14 +82,9 @@ class PRLConfig(GuardOptions, GRPOConfig):
         if not self.prl_eps >= 0:
             raise ValueError(f"`prl_eps`={self.prl_eps} must be >= 0.")
         super().__post_init__()
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(
-                f"`scale_rewards`={self.scale_rewards!r}: PRL's outcome advantage is normalised within each group; use "
-                "'group' (divide by the group std) or 'none' (subtract the group mean only)."
-            )
-        check_sum_then_normalize(self, "PRL's outcome is the weighted sum of the reward functions")
-        if self.loss_type in ("luspo", "vespo"):
-            raise ValueError(
-                f"`loss_type`={self.loss_type!r} is sequence-level; PRL feeds token-level (B, T) weights. Use 'dapo' "
-                "(default, token mean as the paper), 'bnpo', 'grpo', 'dr_grpo', 'cispo' or 'sapo'."
-            )
+        check_grpo_outcome_options(
+            self,
+            grouped="PRL's outcome advantage is normalised within each group",
+            summed="PRL's outcome is the weighted sum of the reward functions",
+            token_level="PRL feeds token-level (B, T) weights (PRL Algorithm 1)",
+        )

@@ -26,10 +26,8 @@ from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
 from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import (
-    GuardsMixin,
-    check_peft_config,
-)
+from trl_prime.checkpointing import CheckpointMixin
+from trl_prime.guards import GuardsMixin, check_peft_config
 from trl_prime.modeling import copy_adapter, eval_mode, load_model_copy, prepare_frozen, reference_logps
 from trl_prime.prl.config import PRLConfig
 from trl_prime.rollout import (
@@ -53,7 +51,7 @@ _MM_KEYS = (
 )
 
 
-class PRLGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
 
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,

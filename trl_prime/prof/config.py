@@ -1,4 +1,5 @@
-"""PROF's configuration: the ``prof_*`` fields (:class:`ProfOptions`) and :class:`ProfGRPOConfig` (PROF arXiv 2509.03403).
+"""PROF's configuration (PROF arXiv 2509.03403): the ``prof_*`` fields (:class:`ProfOptions`) and
+:class:`ProfGRPOConfig`.
 
 Imports no trainer: the PRIME configs mix :class:`ProfOptions` in.
 """
@@ -11,27 +12,24 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trl_prime._guards import (
-    DEFAULT_LR_SCHEDULER,
-    GuardOptions,
-    check_sum_then_normalize,
+from trl_prime.functional import (
+    PROF_CENTERS,
+    PROF_LOSS_TYPES,
+    PROF_MODES,
+    PROF_PENALTY_POSITIONS,
+    PROF_ROUNDINGS,
+    check_choice,
 )
-
-PROF_MODES = ("both", "correct", "off")
-
-
-PROF_PENALTY_POSITIONS = ("reference", "paper")
+from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 
 
-PROF_ROUNDINGS = ("half_even", "half_up", "half_down")
-
-
-PROF_CENTERS = ("none", "batch")
-
-
-# loss aggregations normalised by the kept tokens of the whole generation batch (`num_items_in_batch`); TRL's "grpo",
-# "sapo" and "dr_grpo" count the dropped rows, "bnpo" normalises each micro-batch by its own kept tokens
-PROF_LOSS_TYPES = ("dapo", "cispo")
+#: the string options of :class:`ProfOptions` and their allowed values (:mod:`trl_prime.functional`)
+PROF_CHOICES = {
+    "prof_mode": PROF_MODES,
+    "prof_penalty_position": PROF_PENALTY_POSITIONS,
+    "prof_rounding": PROF_ROUNDINGS,
+    "prof_center": PROF_CENTERS,
+}
 
 
 #: system message of Qwen2.5-Math-PRM-7B's model card (the released PROF code sends "...\\boxed{{}}." verbatim)
@@ -186,20 +184,17 @@ class ProfOptions:
         return max(1, K // 2)
 
     def _validate_prof(self) -> None:
+        """Decode the escaped string options and check the PROF options (PROF arXiv 2509.03403 Sec. 3).
+
+        Raises:
+            ValueError: an invalid value or combination; the message names the field and the fix.
+        """
         for name in PROF_ESCAPED_FIELDS:  # '\\n\\n' from a command line -> two newlines
             setattr(self, name, decode_escapes(getattr(self, name)))
-
-        def one_of(name, allowed):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"`{name}`={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
-
-        one_of("prof_mode", PROF_MODES)
-        one_of("prof_penalty_position", PROF_PENALTY_POSITIONS)
-        one_of("prof_rounding", PROF_ROUNDINGS)
-        one_of("prof_center", PROF_CENTERS)
+        for name, choices in PROF_CHOICES.items():
+            check_choice(getattr(self, name), choices, name)
         if self.prof_num_keep is not None and self.prof_num_remove is not None:
             raise ValueError("Set `prof_num_keep` (m) or `prof_num_remove` (n - m), not both.")
-        K = self.num_generations
         for name in ("prof_num_keep", "prof_num_remove", "prof_min_steps", "prof_max_steps"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -216,30 +211,44 @@ class ProfOptions:
             raise ValueError(f"`prof_prm_max_length`={self.prof_prm_max_length} must be >= 1.")
         if self.prof_prm_micro_batch_size is not None and self.prof_prm_micro_batch_size < 1:
             raise ValueError(f"`prof_prm_micro_batch_size`={self.prof_prm_micro_batch_size} must be >= 1 (or None).")
-        if self.prof_mode == "off":
+        if self.prof_mode != "off":
+            self._validate_prof_keep_count()
+            self._validate_prof_prm_and_loss()
+
+    def _validate_prof_keep_count(self) -> None:
+        """``m`` (``prof_num_keep``, or ``n - prof_num_remove``) must leave every prompt two kept rows (a GRPO
+        baseline needs two); the paper keeps ``m = 4`` of ``n = 8`` (PROF Sec. 4)."""
+        K = self.num_generations
+        if K is None:
             return
-        if K is not None and self.prof_num_keep is not None and not 1 <= self.prof_num_keep <= K:
+        if self.prof_num_keep is not None and not 1 <= self.prof_num_keep <= K:
             raise ValueError(
-                f"`prof_num_keep`={self.prof_num_keep} must lie in [2, num_generations={K}] (paper: n=8, m=4; a group needs two kept rows for a baseline)."
+                f"`prof_num_keep`={self.prof_num_keep} must lie in [2, num_generations={K}] (paper: n=8, m=4; a "
+                "group needs two kept rows for a baseline)."
             )
-        if K is not None and self.prof_num_remove is not None and not 0 <= self.prof_num_remove < K:
+        if self.prof_num_remove is not None and not 0 <= self.prof_num_remove < K:
             raise ValueError(
                 f"`prof_num_remove`={self.prof_num_remove} must lie in [0, num_generations={K}) (paper: n=8, remove 4)."
             )
-        if K is not None and self.prof_keep_count() < 2:
-            if self.prof_num_keep is not None:
-                why, fix = f"`prof_num_keep`={self.prof_num_keep}", "set prof_num_keep >= 2"
-            elif self.prof_num_remove is not None:
-                why, fix = (f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
-                            f"set prof_num_remove <= {K - 2}")
-            else:
-                why, fix = (f"the default m = num_generations // 2 with `num_generations`={K}",
-                            "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)")
-            raise ValueError(
-                f"PROF would keep one completion per prompt ({why}): a group of one row has no GRPO baseline, so "
-                f"every kept row would get advantage 0 and the policy would learn nothing. {fix[0].upper() + fix[1:]} "
-                "(paper: n=8, m=4)."
-            )
+        if self.prof_keep_count() >= 2:
+            return
+        if self.prof_num_keep is not None:
+            why, fix = f"`prof_num_keep`={self.prof_num_keep}", "set prof_num_keep >= 2"
+        elif self.prof_num_remove is not None:
+            why, fix = (f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
+                        f"set prof_num_remove <= {K - 2}")
+        else:
+            why, fix = (f"the default m = num_generations // 2 with `num_generations`={K}",
+                        "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)")
+        raise ValueError(
+            f"PROF would keep one completion per prompt ({why}): a group of one row has no GRPO baseline, so "
+            f"every kept row would get advantage 0 and the policy would learn nothing. {fix[0].upper() + fix[1:]} "
+            "(paper: n=8, m=4)."
+        )
+
+    def _validate_prof_prm_and_loss(self) -> None:
+        """``prof_prm`` must name a step PRM, and TRL's ``loss_type`` (GRPO configs) must normalise by the kept tokens
+        of the batch (:data:`trl_prime.functional.PROF_LOSS_TYPES`)."""
         if not self.prof_prm:
             raise ValueError(
                 "`prof_prm` is empty: set it to 'implicit' (PRIME trainers), an ImplicitPRM folder, or a step PRM path "
@@ -274,11 +283,7 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
         metadata={"help": "Step PRM: a token-classification PRM path / Hub id, or a folder saved by ImplicitPRM."},
     )
     num_generations: int | None = field(default=8, metadata={"help": "Completions per prompt n (PROF: 8)."})
-    lr_scheduler_type: str = field(
-        default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Policy learning-rate schedule ('constant': PROF Appendix A.1 states no schedule; TRL's "
-                          "default 'linear' decays to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
-    )
+    lr_scheduler_type: str = constant_lr_schedule("'constant': PROF Appendix A.1 states no schedule")
 
     def __post_init__(self):
         self._validate_prof()
@@ -289,9 +294,8 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
                 "`prof_prm`='implicit' needs an online implicit PRM: use PrimeGRPOTrainer / PrimeRLOOTrainer, or give a "
                 "folder saved by ImplicitPRM.save_pretrained (a frozen implicit PRM) or a token-classification PRM."
             )
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(
-                f"`scale_rewards`={self.scale_rewards!r}: PROF computes GRPO advantages within each prompt's kept rows; "
-                "use 'group' or 'none'."
-            )
-        check_sum_then_normalize(self, "PROF splits correct/incorrect on the weighted sum of the rewards")
+        check_grpo_outcome_options(
+            self,
+            grouped="PROF computes GRPO advantages within each prompt's kept rows",
+            summed="PROF splits correct/incorrect on the weighted sum of the rewards",
+        )

@@ -1,7 +1,21 @@
-"""PROF's process-consistency filter (PROF arXiv 2509.03403 Alg. 1) as an object any trainer composes.
+"""PROF's process-consistency filter, an object any trainer composes (PROF arXiv 2509.03403, Sec. 3).
 
-:class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
-and the ``prof/*`` metrics. The arithmetic is :func:`trl_prime.functional.prof_consistency_scores` / ``prof_select``.
+After outcome verification and before the advantages, each completion's reasoning steps are scored by a step PRM
+(probabilities in [0, 1], :mod:`trl_prime.prof.step_prm`); their mean is the completion's process *consistency*
+(penalised by ``lambda`` when it has fewer than ``prof_min_steps`` or more than ``prof_max_steps`` steps, and signed by
+correctness: the critic of PROF Eq. (1)), and ``m`` of the ``n`` completions of each prompt are kept: ``k+`` correct
+and ``k-`` incorrect with ``k+ + k- = m`` maximising ``k+ * k-``, the most consistent correct ones and the least
+consistent incorrect ones (``prof_mode="both"``, PROF-BOTH) or random incorrect ones (``"correct"``, PROF-POS).
+Advantages are computed on the kept rows only; dropped rows get loss weight 0 (no gradient). The PRM only ranks: it
+never enters the advantage.
+
+- :class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
+  and the ``prof/*`` metrics. A trainer composes it as it would a PEFT config: :meth:`ProfFilter.from_trainer` builds
+  it from the ``prof_*`` fields (:class:`~trl_prime.prof.config.ProfOptions`) of the trainer's ``args`` (``None``
+  when ``prof_mode="off"``), and calling it on a generation batch returns the rows kept. The arithmetic is
+  :func:`trl_prime.functional.prof_consistency_scores` and :func:`~trl_prime.functional.prof_select`.
+- :func:`prime_prof_rows`: the PRIME trainers' use of the filter (``PrimeMixin._prime_step``): the online prompt
+  filter's kept rows narrowed by PROF. :class:`~trl_prime.prof.trainer.ProfGRPOTrainer` composes it with plain GRPO.
 """
 
 from __future__ import annotations
@@ -56,8 +70,11 @@ class ProfFilter:
         correct_threshold: float = 1.0,
         seed: int = 0,
     ):
-        if mode not in ("both", "correct"):
-            raise ValueError(f"ProfFilter mode={mode!r}: choose 'both' or 'correct' (no filter: build none).")
+        if mode not in F.PROF_SELECT_MODES:
+            raise ValueError(
+                f"ProfFilter mode={mode!r}: choose one of {', '.join(map(repr, F.PROF_SELECT_MODES))} (no filter: "
+                "build none)."
+            )
         if isinstance(num_keep, bool) or not isinstance(num_keep, int) or num_keep < 1:
             raise ValueError(f"num_keep={num_keep!r} must be a positive int (m, completions kept per prompt).")
         self.prm = prm
@@ -84,46 +101,8 @@ class ProfFilter:
         args = trainer.args
         if args.prof_mode == "off":
             return None
-        source = args.prof_prm if prm is None else prm
-        tokenizer = trainer._tokenizer
-        step_kw = dict(delimiter=args.prof_step_delimiter, temperature=args.prof_implicit_temperature)
-        if isinstance(source, str) and source == "implicit":
-            if getattr(trainer, "implicit_prm", None) is None:
-                raise ValueError(
-                    f"`prof_prm`='implicit' needs the trainer's online implicit PRM ({type(trainer).__name__} has "
-                    "none): use PrimeGRPOTrainer / PrimeRLOOTrainer, or set prof_prm to a step PRM."
-                )
-            step_prm = ImplicitStepPRM(tokenizer, None, **step_kw)  # token rewards come from the PRIME step
-        elif isinstance(source, ImplicitPRM):
-            step_prm = ImplicitStepPRM(tokenizer, source, **step_kw)
-        elif isinstance(source, str):
-            check_prof_prm_path(source)
-            try:
-                step_prm = load_step_prm(source, args, tokenizer=tokenizer)
-            except Exception as e:  # the Hub client's / transformers' message alone does not say which option failed
-                raise ValueError(
-                    f"`prof_prm`={source!r} could not be loaded as a step PRM ({type(e).__name__}: {e}). Set "
-                    "`prof_prm` to an existing local folder (a token-classification step PRM, or one saved by "
-                    "ImplicitPRM.save_pretrained) or a reachable Hub id such as 'Qwen/Qwen2.5-Math-PRM-7B'."
-                ) from e
-        elif isinstance(source, StepPRM):
-            step_prm = source
-        else:
-            raise TypeError(f"prof_prm must be 'implicit', a path, an ImplicitPRM or a StepPRM; got {type(source)}.")
-        # the PRM only ranks: frozen (no grad, eval) and placed like the reference model, whether loaded from a path or
-        # passed in memory (a TokenClassificationStepPRM / ImplicitStepPRM / ImplicitPRM object)
-        if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(step_prm.model, nn.Module):
-            step_prm.model = prepare_frozen(step_prm.model, trainer)
-        if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None:
-            ip = step_prm.implicit_prm
-            if unwrap(ip.model) is unwrap(trainer.model):
-                raise ValueError(
-                    "`prof_prm`: the ImplicitPRM shares the policy's model (e.g. a PEFT adapter on it); PROF here "
-                    "needs a frozen, separate implicit PRM (or use PrimeGRPOTrainer with prof_prm='implicit')."
-                )
-            ip.model = prepare_frozen(ip.model, trainer)
-            if ip.ref_model is not None:
-                ip.ref_model = prepare_frozen(ip.ref_model, trainer)
+        step_prm = _step_prm_for(trainer, args.prof_prm if prm is None else prm)
+        _freeze_step_prm(step_prm, trainer)
         return cls(
             step_prm, num_keep=args.prof_keep_count(), mode=args.prof_mode, penalty=args.prof_penalty,
             min_steps=args.prof_min_steps, max_steps=args.prof_max_steps,
@@ -257,6 +236,60 @@ class ProfFilter:
             trainer._metrics[mode][k].append(v)
         self.last = dict(sel, step_scores=scores_g, step_mask=smask_g, outcome=outcome, group_ids=group_ids)
         return sel["kept"]
+
+
+def _step_prm_for(trainer, source: StepPRM | ImplicitPRM | str) -> StepPRM:
+    """The :class:`StepPRM` ``source`` (``prof_prm`` or the trainer's ``prof_prm`` argument) names for ``trainer``.
+
+    Raises:
+        ValueError: ``"implicit"`` without an online implicit PRM, or a path that cannot be loaded as a step PRM.
+        TypeError: ``source`` of another type.
+    """
+    args, tokenizer = trainer.args, trainer._tokenizer
+    step_kw = dict(delimiter=args.prof_step_delimiter, temperature=args.prof_implicit_temperature)
+    if isinstance(source, str) and source == "implicit":
+        if getattr(trainer, "implicit_prm", None) is None:
+            raise ValueError(
+                f"`prof_prm`='implicit' needs the trainer's online implicit PRM ({type(trainer).__name__} has "
+                "none): use PrimeGRPOTrainer / PrimeRLOOTrainer, or set prof_prm to a step PRM."
+            )
+        return ImplicitStepPRM(tokenizer, None, **step_kw)  # token rewards come from the PRIME step
+    if isinstance(source, ImplicitPRM):
+        return ImplicitStepPRM(tokenizer, source, **step_kw)
+    if isinstance(source, str):
+        check_prof_prm_path(source)
+        try:
+            return load_step_prm(source, args, tokenizer=tokenizer)
+        except Exception as e:  # the Hub client's / transformers' message alone does not say which option failed
+            raise ValueError(
+                f"`prof_prm`={source!r} could not be loaded as a step PRM ({type(e).__name__}: {e}). Set "
+                "`prof_prm` to an existing local folder (a token-classification step PRM, or one saved by "
+                "ImplicitPRM.save_pretrained) or a reachable Hub id such as 'Qwen/Qwen2.5-Math-PRM-7B'."
+            ) from e
+    if isinstance(source, StepPRM):
+        return source
+    raise TypeError(f"prof_prm must be 'implicit', a path, an ImplicitPRM or a StepPRM; got {type(source)}.")
+
+
+def _freeze_step_prm(step_prm: StepPRM, trainer) -> None:
+    """The PRM only ranks: frozen (no grad, eval) and placed like the reference model, whether loaded from a path or
+    passed in memory (a TokenClassificationStepPRM / ImplicitStepPRM / ImplicitPRM object).
+
+    Raises:
+        ValueError: an ImplicitPRM that shares the policy's model.
+    """
+    if isinstance(step_prm, TokenClassificationStepPRM) and isinstance(step_prm.model, nn.Module):
+        step_prm.model = prepare_frozen(step_prm.model, trainer)
+    if isinstance(step_prm, ImplicitStepPRM) and step_prm.implicit_prm is not None:
+        ip = step_prm.implicit_prm
+        if unwrap(ip.model) is unwrap(trainer.model):
+            raise ValueError(
+                "`prof_prm`: the ImplicitPRM shares the policy's model (e.g. a PEFT adapter on it); PROF here "
+                "needs a frozen, separate implicit PRM (or use PrimeGRPOTrainer with prof_prm='implicit')."
+            )
+        ip.model = prepare_frozen(ip.model, trainer)
+        if ip.ref_model is not None:
+            ip.ref_model = prepare_frozen(ip.ref_model, trainer)
 
 
 def prime_prof_rows(trainer, *, mode: str, kept: torch.Tensor, scorable: torch.Tensor, outcome: torch.Tensor,

@@ -1,7 +1,18 @@
-"""Step PRMs behind one interface, :class:`StepPRM` (PROF arXiv 2509.03403 Sec. 3): ``step_scores(batch) -> (scores (B, S), step_mask (B, S))``.
+"""Step PRMs behind one interface, :class:`StepPRM` (PROF arXiv 2509.03403, Sec. 3).
 
-:class:`TokenClassificationStepPRM` (an external step PRM in the style of Qwen2.5-Math-PRM-7B) and
-:class:`ImplicitStepPRM` (the implicit PRM's step rewards squashed to [0, 1]).
+``step_scores(batch) -> (scores (B, S), step_mask (B, S))``: for each of a completion's ``S`` reasoning steps (split at
+``prof_step_delimiter``, ``"\\n\\n"`` in the paper), the probability in [0, 1] that the step is correct.
+:class:`~trl_prime.prof.filter.ProfFilter` averages them into the completion's process consistency; the PRM only
+ranks completions, it never enters an advantage.
+
+- :class:`TokenClassificationStepPRM`: an external step PRM in the style of Qwen2.5-Math-PRM-7B (the probability of
+  its "correct" label at the separator placed after every step, PROF's released scoring).
+- :class:`ImplicitStepPRM`: the implicit PRM (Implicit PRM arXiv 2412.01981, Sec. 3: a step's reward is the sum of its
+  token rewards ``beta * log(pi_phi / pi_ref)``) squashed to [0, 1] by ``sigmoid(reward / prof_implicit_temperature)``.
+  Inside the PRIME trainers it reuses the online PRM's token rewards, so it needs no extra model or forward.
+- :func:`load_step_prm`: the step PRM a path or Hub id names (``prof_prm``: a token-classification PRM, or a folder
+  saved by ``ImplicitPRM.save_pretrained``).
+- :class:`StepBatch`: the local completions a step PRM scores.
 """
 
 from __future__ import annotations

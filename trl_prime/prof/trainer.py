@@ -1,25 +1,12 @@
-"""PROF: process-consistency filtering of GRPO / RLOO rollouts with a step PRM (PROF arXiv 2509.03403).
+"""PROF on plain GRPO (PROF arXiv 2509.03403): :class:`ProfGRPOTrainer`, TRL's ``GRPOTrainer`` with a
+:class:`~trl_prime.prof.filter.ProfFilter` composed in.
 
-After outcome verification and before the advantages, each completion's reasoning steps are scored by a step PRM
-(probabilities in [0, 1]), their mean is the completion's process *consistency* (penalised when it has fewer than
-``prof_min_steps`` or more than ``prof_max_steps`` steps, signed by correctness), and ``m`` of the ``n`` completions of
-each prompt are kept: ``k+`` correct and ``k-`` incorrect with ``k+ + k- = m`` maximising ``k+ * k-``, the most
-consistent correct ones and the least consistent incorrect ones (``prof_mode="both"``) or random incorrect ones
-(``"correct"``). Advantages are computed on the kept rows only; dropped rows get loss weight 0 (no gradient). The PRM
-only ranks: it never enters the advantage.
-
-Pieces (the algorithm is :func:`trl_prime.functional.prof_consistency_scores` / ``prof_select``; this is plumbing):
-
-- :class:`ProfOptions`: the ``prof_*`` config fields, mixed into :class:`~trl_prime.PrimeRLOOConfig`,
-  :class:`~trl_prime.PrimeGRPOConfig` and :class:`ProfGRPOConfig`.
-- Step PRMs behind one interface (:class:`StepPRM`: ``step_scores(batch) -> (scores (B, S), step_mask (B, S))``):
-  :class:`TokenClassificationStepPRM` (an external step PRM in the style of Qwen2.5-Math-PRM-7B) and
-  :class:`ImplicitStepPRM` (the implicit PRM's step rewards squashed to [0, 1]; inside the PRIME trainers it reuses
-  the online PRM's token rewards, so it needs no extra model or forward).
-- :class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
-  and the ``prof/*`` metrics.
-- :class:`ProfGRPOTrainer` / :class:`ProfGRPOConfig`: PROF on plain GRPO (outcome-only advantages on the kept rows).
-  The PRIME trainers call :class:`ProfFilter` from ``PrimeMixin._prime_step`` when ``prof_mode != "off"``.
+The filter (:mod:`trl_prime.prof.filter`) keeps ``m`` of each prompt's ``n`` completions, ranked by the process
+consistency a step PRM gives them (:mod:`trl_prime.prof.step_prm`); this trainer computes outcome-only GRPO
+advantages on the kept rows and gives the dropped ones loss weight 0. Its options are
+:class:`~trl_prime.prof.config.ProfGRPOConfig` (the ``prof_*`` fields of :class:`~trl_prime.prof.config.ProfOptions`,
+which the PRIME configs mix in as well: the PRIME trainers compose the same filter, through
+:func:`~trl_prime.prof.filter.prime_prof_rows`, when ``prof_mode != "off"``).
 """
 
 from __future__ import annotations
@@ -29,10 +16,8 @@ from trl import GRPOTrainer
 
 from trl_prime import functional as F
 from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import (
-    GuardsMixin,
-    check_peft_config,
-)
+from trl_prime.checkpointing import CheckpointMixin
+from trl_prime.guards import GuardsMixin, check_peft_config
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.prof.config import ProfGRPOConfig
 from trl_prime.prof.filter import ProfFilter
@@ -51,7 +36,7 @@ check_trl_version_once()  # warns if the installed TRL is outside the tested ran
 # ----------------------------------------------------------------------------------------------------------------
 # PROF on plain GRPO
 # ----------------------------------------------------------------------------------------------------------------
-class ProfGRPOTrainer(GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class ProfGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PROF on TRL's ``GRPOTrainer`` (PROF-BOTH / PROF-POS): a step PRM filters each prompt's completions to ``m``.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`ProfGRPOConfig`), plus, by keyword, ``prof_prm``: a
