@@ -146,15 +146,26 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
     return trainer
 
 
-def parse_args(argv=None, default_config: str | None = None):
-    """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
-    ``--config`` YAML (default ``default_config``)."""
+def dataclass_types() -> tuple:
+    """``(ImplicitPRMScriptArguments, trl_prime.ImplicitPRMConfig, trl.ModelConfig)``."""
     from trl import ModelConfig
 
     from trl_prime import ImplicitPRMConfig
 
-    dataclass_types = (ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig)
-    return parse_script_args(dataclass_types, "trl-prime implicit-prm", argv, default_config)
+    return ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig
+
+
+def make_parser(argv=None):
+    """The command's ``trl.TrlParser`` (``argv`` is unused: one parser for every command line)."""
+    from trl import TrlParser
+
+    return TrlParser(dataclass_types(), prog="trl-prime implicit-prm")
+
+
+def parse_args(argv=None, default_config: str | None = None):
+    """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
+    ``--config`` YAML (default ``default_config``)."""
+    return parse_script_args(dataclass_types(), "trl-prime implicit-prm", argv, default_config)
 
 
 def run(argv=None, default_config: str | None = None):

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from trl_prime.scripts.utils import parse_rl_args, train
+from trl_prime.scripts.utils import parse_rl_args, rl_parser, train
 
 
+#: ``make_parser(argv, default_trainer=None)``: the command's ``trl.TrlParser`` (for the trainer ``argv`` names)
+make_parser = partial(rl_parser, "prime")
 #: ``parse_args(argv=None, default_config=None, default_trainer=None) -> (script_args, training_args, model_args)``
 parse_args = partial(parse_rl_args, "prime")
 
