@@ -10,6 +10,7 @@ Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`
     accelerate launch --config_file accelerate_configs/multi_gpu.yaml recipes/implicit_prm.py \\
         --config recipes/configs/implicit_prm.yaml --model_name_or_path Qwen/Qwen2.5-Math-7B-Instruct \\
         --dataset_name PRIME-RL/Eurus-2-RL-Data --num_generations 8 --bf16 true
+    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml --accelerate_config multi_gpu ...  # the same
 
 1. Rollouts: ``num_generations`` completions of the policy (``model_name_or_path``) per training problem, labelled
    by the verifier (:func:`trl_prime.implicit_prm.data.build_outcome_dataset`); unscorable ones are dropped and

@@ -7,8 +7,8 @@ The trainer is the ``trainer`` field (a flag or a key of the YAML): ``prime_rloo
 :class:`~trl_prime.scripts.utils.RLScriptArguments`, of that config and of ``trl.ModelConfig`` is a flag or a key of
 the ``--config`` YAML; flags override the YAML::
 
-    trl-prime prime --config recipes/configs/prime_qwen7b.yaml
-    trl-prime prime --config recipes/configs/prime_lora.yaml --load_in_4bit true
+    trl-prime prime --config recipes/configs/prime_qwen7b.yaml --accelerate_config zero3    # 8 GPUs
+    trl-prime prime --config recipes/configs/prime_lora.yaml --load_in_4bit true --accelerate_config single_gpu
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py   # the same, 8 GPUs
 
 LoRA (``use_peft: true``): the policy and the implicit PRM are two adapters on one frozen base, optionally 4-bit
