@@ -22,7 +22,7 @@ from test_prime_distributed import _free_port
 from test_recipes_prl_prof import math_jsonl  # noqa: F401 (a fixture)
 
 from trl_prime import cli
-from trl_prime.scripts import best_of_n, demo, evaluate, implicit_prm, prime, utils
+from trl_prime.scripts import best_of_n, demo, evaluate, implicit_prm, prime, prl, utils
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,6 +123,16 @@ def test_training_command_flags_it_does_not_know_go_to_accelerate():
         "--num_machines", "1", "-m", "trl_prime.scripts.implicit_prm", "--loss_type", "dpo"]
     assert cli.accelerate_launch_argv("prime", ["--trainer", "prime_grpo", "--use_cpu", "true"]) == [
         "-m", "trl_prime.scripts.prime", "--trainer", "prime_grpo", "--use_cpu", "true"]
+
+
+def test_launch_split_builds_no_config():
+    """The configs are built in the launched processes, which know the world size: 8 processes x 1 completion hold
+    a group of 8, which one process (the launcher's) could not (GRPOConfig: generation batch % num_generations)."""
+    argv = ["--per_device_train_batch_size", "1", "--num_generations", "8", "--num_processes", "8"]
+    assert cli.accelerate_launch_argv("prl", argv) == [
+        "--num_processes", "8", "-m", "trl_prime.scripts.prl", *argv[:4]]
+    with pytest.raises(ValueError, match="must be divisible by num_generations"):
+        prl.parse_args(argv[:4] + ["--bf16", "false"])  # the same flags in one process
 
 
 def test_accelerate_config_keys_of_the_yaml_go_to_accelerate(tmp_path):

@@ -149,6 +149,10 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     YAML, goes to accelerate (``--accelerate_config`` resolved by :func:`resolve_accelerate_config`); the processes
     run ``python -m trl_prime.scripts.<module>`` with the rest of ``argv``, in its order.
 
+    Unlike TRL, this process does not build the configs: their checks depend on the number of processes (TRL's
+    ``GRPOConfig`` checks ``per_device_train_batch_size * num_processes`` against ``num_generations``), which only
+    the launched processes know; they build and check them.
+
     Raises:
         SystemExit: ``--help`` (after printing the command's flags) or a flag value the command's parser rejects.
     """
@@ -158,6 +162,7 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     module = f"trl_prime.scripts.{COMMANDS[command][0]}"
     argv = normalize_argv(argv)
     parser = importlib.import_module(module).make_parser(argv)
+    parser.dataclass_types = ()  # split the flags only: parsed values stay in a namespace, no config is built
     # cli_remaining is an ordered subsequence of argv; config_remaining (YAML keys: `--key value`) is not
     *_, config_remaining, cli_remaining = parser.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True
