@@ -1,20 +1,28 @@
 """The ``trl-prime`` command line (trl_prime/cli.py, trl_prime/scripts/): its help, its ``[project.scripts]`` entry,
-the choice of trainer, one real tiny training run through the entry point, and the recipe files building exactly the
-config the command builds."""
+the choice of trainer, the ``accelerate launch`` of the training commands (the split of their flags, the
+``--accelerate_config`` names, in-process when already launched, a real two-process run), the demo's packaged config,
+one real tiny training run through the entry point in this process, and the recipe files building exactly the config
+the command builds."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import os
 import runpy
 import subprocess
 import sys
+from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
+import yaml
+from test_prime_distributed import _free_port
 from test_recipes_prl_prof import math_jsonl  # noqa: F401 (a fixture)
 
 from trl_prime import cli
-from trl_prime.scripts import best_of_n, demo, evaluate, implicit_prm, prime, utils
+from trl_prime.scripts import best_of_n, demo, evaluate, implicit_prm, prime, prl, utils
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,10 +106,168 @@ def test_trainer_comes_from_the_flag_then_the_yaml_then_the_default(tmp_path):
     assert args.prime_estimator == "grpo"
 
 
+# ------------------------------------------------------------------------------------------- accelerate launch
+TINY_PRL = ["--max_steps", "1", "--use_cpu", "true", "--prl_eta", "150"]
+
+
+def test_training_command_flags_it_does_not_know_go_to_accelerate():
+    """TRL's split (``trl.cli.commands.training``): the command's parser keeps its flags, in their order, for
+    ``python -m trl_prime.scripts.<module>``; accelerate gets the rest, from the command line and the YAML."""
+    prl_yaml = os.path.join(CONFIGS, "prl_grpo.yaml")
+    argv = [f"--config={prl_yaml}", "--num_processes", "2", *TINY_PRL, "--main_process_port", "29555"]
+    assert cli.accelerate_launch_argv("prl", argv) == [
+        "--num_processes", "2", "--main_process_port", "29555",
+        "-m", "trl_prime.scripts.prl", "--config", prl_yaml, *TINY_PRL,
+    ]
+    assert cli.accelerate_launch_argv("implicit-prm", ["--loss_type", "dpo", "--num_machines", "1"]) == [
+        "--num_machines", "1", "-m", "trl_prime.scripts.implicit_prm", "--loss_type", "dpo"]
+    assert cli.accelerate_launch_argv("prime", ["--trainer", "prime_grpo", "--use_cpu", "true"]) == [
+        "-m", "trl_prime.scripts.prime", "--trainer", "prime_grpo", "--use_cpu", "true"]
+
+
+def test_launch_split_builds_no_config():
+    """The configs are built in the launched processes, which know the world size: 8 processes x 1 completion hold
+    a group of 8, which one process (the launcher's) could not (GRPOConfig: generation batch % num_generations)."""
+    argv = ["--per_device_train_batch_size", "1", "--num_generations", "8", "--num_processes", "8"]
+    assert cli.accelerate_launch_argv("prl", argv) == [
+        "--num_processes", "8", "-m", "trl_prime.scripts.prl", *argv[:4]]
+    with pytest.raises(ValueError, match="must be divisible by num_generations"):
+        prl.parse_args(argv[:4] + ["--bf16", "false"])  # the same flags in one process
+
+
+def test_accelerate_config_keys_of_the_yaml_go_to_accelerate(tmp_path):
+    config = tmp_path / "prl.yaml"
+    config.write_text(yaml.safe_dump({"trainer": "prl_grpo", "bf16": False, "num_processes": 2}))
+    assert cli.accelerate_launch_argv("prl", ["--config", str(config), "--max_steps", "1"]) == [
+        "--num_processes", "2", "-m", "trl_prime.scripts.prl", "--config", str(config), "--max_steps", "1"]
+
+
+def test_accelerate_config_names(tmp_path):
+    """``--accelerate_config NAME``: trl-prime's configs (package data: the repository's accelerate_configs/ links to
+    them), then TRL's rule (a file path, else a TRL name); a DeepSpeed JSON path made absolute."""
+    ours = Path(cli.ACCELERATE_CONFIGS)
+    assert ours.parent == Path(cli.__file__).resolve().parent  # inside the package
+    names = ["cpu_ddp", "cpu_zero3", "multi_gpu", "single_gpu", "zero2", "zero3", "zero3_two_nodes"]
+    assert cli.accelerate_config_names() == names
+    assert sorted(p.stem for p in Path(ROOT, "accelerate_configs").glob("*.yaml")) == names  # the repository's link
+    for name in names:
+        assert os.path.samefile(ours / f"{name}.yaml", Path(ROOT, "accelerate_configs", f"{name}.yaml"))
+    assert cli.resolve_accelerate_config(["--num_processes", "2", "--accelerate_config", "cpu_ddp"]) == [
+        "--config_file", str(ours / "cpu_ddp.yaml"), "--num_processes", "2"]
+    zero3 = ["--config_file", str(ours / "zero3.yaml")]
+    assert cli.resolve_accelerate_config(["--accelerate_config", "zero3"]) == zero3
+    # cpu_zero3.yaml names its JSON relative to the repository root: launched from anywhere, it is the package's file
+    resolved = cli.resolve_accelerate_config(["--accelerate_config", "cpu_zero3"])
+    assert resolved == ["--config_file", str(ours / "cpu_zero3.yaml"), "--deepspeed_config_file",
+                        str(ours / "cpu_zero3.json")]
+    given = ["--deepspeed_config_file", "x.json"]
+    assert cli.resolve_accelerate_config(["--accelerate_config", "cpu_zero3", *given]) == [
+        "--config_file", str(ours / "cpu_zero3.yaml"), *given]
+    # TRL's names (those trl-prime does not ship), then a path
+    fsdp2 = cli.resolve_accelerate_config(["--accelerate_config", "fsdp2"])
+    assert fsdp2[0] == "--config_file" and Path(fsdp2[1]).parts[-2:] == ("accelerate_configs", "fsdp2.yaml")
+    assert "trl_prime" not in Path(fsdp2[1]).parts
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("num_processes: 2\n")
+    assert cli.resolve_accelerate_config(["--accelerate_config", str(mine)]) == ["--config_file", str(mine)]
+    assert cli.resolve_accelerate_config(["--num_processes", "2"]) == ["--num_processes", "2"]
+    with pytest.raises(ValueError, match="trl-prime's configs: cpu_ddp, cpu_zero3, multi_gpu"):
+        cli.resolve_accelerate_config(["--accelerate_config", "zero4"])
+
+
+def test_package_data_ships_the_configs():
+    """pyproject's package-data globs cover every accelerate config and the demo's YAML: a wheel ships them."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["trl_prime"]
+    package = Path(ROOT, "trl_prime")
+    files = [p for p in Path(cli.ACCELERATE_CONFIGS).iterdir() if p.is_file()] + [Path(demo.DEFAULT_CONFIG)]
+    for path in files:
+        relative = path.relative_to(package).as_posix()
+        assert any(fnmatch(relative, g) for g in globs), relative
+
+
+@pytest.mark.parametrize("command", ["prime", "prl", "prof", "implicit-prm"])
+def test_training_command_launches_unless_already_launched(command, monkeypatch):
+    """``trl-prime <training command>`` goes through ``accelerate launch``; under it (accelerate's env variable set)
+    or with ``launch_training=False`` it runs in this process (no second launch)."""
+    module = importlib.import_module(f"trl_prime.scripts.{cli.COMMANDS[command][0]}")
+    launched, ran = [], []
+    monkeypatch.setattr(cli, "launch", lambda *args: launched.append(args))
+    monkeypatch.setattr(module, "run", lambda argv: ran.append(argv))
+    monkeypatch.delenv(cli.LAUNCHED_ENV, raising=False)
+    assert cli.main([command, "--max_steps", "1"]) == 0
+    assert launched == [(command, ["--max_steps", "1"])] and ran == []
+    assert cli.main([command, "--max_steps", "2"], launch_training=False) == 0
+    monkeypatch.setenv(cli.LAUNCHED_ENV, "no")  # what `accelerate launch` sets in every process it starts
+    assert cli.launched_by_accelerate()
+    assert cli.main([command, "--max_steps", "3"]) == 0
+    assert launched == [(command, ["--max_steps", "1"])] and ran == [["--max_steps", "2"], ["--max_steps", "3"]]
+
+
+@pytest.mark.parametrize("command", ["eval", "best-of-n", "demo"])
+def test_other_commands_run_in_this_process(command, monkeypatch):
+    module = {"eval": evaluate, "best-of-n": best_of_n, "demo": demo}[command]
+    ran = []
+    monkeypatch.setattr(cli, "launch", lambda *args: pytest.fail("launched"))
+    monkeypatch.setattr(module, "run", lambda argv: ran.append(argv))
+    monkeypatch.delenv(cli.LAUNCHED_ENV, raising=False)
+    assert cli.main([command, "--seed", "1"]) == 0 and ran == [["--seed", "1"]]
+
+
+@pytest.mark.slow
+def test_console_entry_launches_two_processes(tiny_model_path, math_jsonl, tmp_path):  # noqa: F811
+    """``python -m trl_prime.cli prl ... --accelerate_config cpu_ddp``: one step of PRL on the tiny model in two CPU
+    processes (DDP over gloo) started by ``accelerate launch``; each rank saves its RNG state in the checkpoint."""
+    out = tmp_path / "out"
+    env = dict(ENV, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop(cli.LAUNCHED_ENV, None)
+    argv = [
+        "prl", "--config", os.path.join(CONFIGS, "prl_grpo.yaml"), "--accelerate_config", "cpu_ddp",
+        "--main_process_port", str(_free_port()), "--output_dir", str(out), "--model_name_or_path", tiny_model_path,
+        "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--max_steps", "1",
+        "--max_completion_length", "8", "--per_device_train_batch_size", "4", "--num_generations", "4",
+        "--prl_step_len", "3", "--save_strategy", "steps", "--save_steps", "1", "--report_to", "none",
+    ]
+    proc = subprocess.run([sys.executable, "-m", "trl_prime.cli", *argv], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    checkpoint = out / "checkpoint-1"
+    assert sorted(p.name for p in checkpoint.glob("rng_state*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    with open(checkpoint / "trainer_state.json") as f:
+        state = json.load(f)
+    logs = [h for h in state["log_history"] if "loss" in h and "train_runtime" not in h]
+    assert state["global_step"] == 1 and len(logs) == 1 and "prl/kl_to_go_mean" in logs[0]
+    assert (out / "model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------------------- demo's packaged YAML
+def test_demo_default_config_without_a_checkout(tmp_path, monkeypatch):
+    """``trl-prime demo`` without ``--config`` reads the YAML shipped in the package (no ``recipes/`` needed), which is
+    the file ``recipes/configs/demo.yaml`` of the checkout links to."""
+    package = Path(demo.__file__).resolve().parent
+    assert Path(demo.DEFAULT_CONFIG).parent == package and Path(demo.DEFAULT_CONFIG).is_file()
+    assert Path(CONFIGS, "demo.yaml").read_bytes() == Path(demo.DEFAULT_CONFIG).read_bytes()
+    monkeypatch.chdir(tmp_path)  # no checkout around: relative paths would not resolve
+    monkeypatch.delenv("DEMO_STEPS", raising=False)
+    demo_args, training_args = demo.parse(["--precision", "fp32"])
+    named_args, named_training_args = demo.parse(["--config", demo.DEFAULT_CONFIG, "--precision", "fp32"])
+    assert dataclasses.asdict(demo_args) == dataclasses.asdict(named_args)
+    assert training_args.to_dict() == named_training_args.to_dict()
+    with open(demo.DEFAULT_CONFIG) as f:
+        expected = yaml.safe_load(f)
+    for field in dataclasses.fields(demo.DemoArguments):
+        if field.name != "precision":
+            assert getattr(demo_args, field.name) == expected[field.name], field.name
+    assert demo_args.precision == "fp32" and training_args.output_dir == expected["output_dir"] == "outputs/demo"
+    assert (training_args.max_steps, training_args.prm_beta) == (expected["max_steps"], expected["prm_beta"])
+
+
 # ------------------------------------------------------------------------------------- a real run through the entry
 def test_console_entry_trains_prof_inside_prime(tiny_model_path, math_jsonl, tmp_path, monkeypatch):  # noqa: F811
     """``trl-prime prof --config recipes/configs/prof_prime.yaml`` (its ``trainer: prime_grpo``) for one step on the
-    tiny model: the PRIME trainer with PROF, the policy and the implicit PRM saved."""
+    tiny model, in this process (``launch_training=False``): the PRIME trainer with PROF, the policy and the implicit
+    PRM saved."""
     from trl_prime import PrimeGRPOTrainer
 
     trainers = []
@@ -113,7 +279,7 @@ def test_console_entry_trains_prof_inside_prime(tiny_model_path, math_jsonl, tmp
         "--model_name_or_path", tiny_model_path, "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false",
         "--dtype", "float32", "--max_steps", "1", "--max_completion_length", "8", "--per_device_train_batch_size", "8",
         "--save_strategy", "no", "--filter_lower", "0.0", "--filter_upper", "1.0", "--report_to", "none",
-    ])
+    ], launch_training=False)
     assert status == 0 and len(trainers) == 1
     trainer = trainers[0]
     assert type(trainer) is PrimeGRPOTrainer and trainer.args.prof_prm == "implicit"
@@ -174,7 +340,7 @@ def test_recipe_file_and_command_build_the_same_config(name, tmp_path, monkeypat
     monkeypatch.setattr(sys, "argv", [recipe, *flags])
     runpy.run_path(recipe, run_name="__main__")
     config_flags = [] if "--config" in flags else ["--config", yaml_path]
-    assert cli.main([command, *config_flags, *flags]) == 0
+    assert cli.main([command, *config_flags, *flags], launch_training=False) == 0
     assert len(calls) == 2
     (from_recipe, recipe_kwargs), (from_cli, cli_kwargs) = calls
     assert [type(a) for a in from_recipe] == [type(a) for a in from_cli]

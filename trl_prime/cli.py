@@ -1,24 +1,42 @@
 """The ``trl-prime`` command line (TRL's ``trl`` CLI pattern): ``trl-prime <command> [--config YAML] [--flag V ...]``.
 
-Each command runs ``run(argv)`` of its module in :mod:`trl_prime.scripts`, which parses the command's dataclasses
-with ``trl.TrlParser`` (every field is a flag or a key of the ``--config`` YAML; flags override the YAML)::
+Each command is a module of :mod:`trl_prime.scripts`, whose ``trl.TrlParser`` parses the command's dataclasses (every
+field is a flag or a key of the ``--config`` YAML; flags override the YAML).
 
-    trl-prime prime --config recipes/configs/prime_qwen7b.yaml
-    trl-prime prof --config recipes/configs/prof_prime.yaml --max_steps 5
+The training commands (``prime``, ``prl``, ``prof``, ``implicit-prm``) are launched through ``accelerate launch``, as
+TRL's ``trl sft`` / ``trl grpo`` are: the command's parser takes its own flags (and the YAML's keys), and every flag it
+does not know goes to ``accelerate launch`` (``--num_processes``, ``--config_file``, ``--main_process_port``, ...)::
+
+    trl-prime prime --config recipes/configs/prime_qwen7b.yaml --accelerate_config zero3   # 8 GPUs, ZeRO-3
+    trl-prime prl --config recipes/configs/prl_grpo.yaml --num_processes 2 --max_steps 5    # 2 GPUs
+    trl-prime prof --config recipes/configs/prof_prime.yaml --accelerate_config cpu_ddp --use_cpu true  # 2 CPU procs
+
+``--accelerate_config NAME`` is one of trl-prime's Accelerate configs (``cpu_ddp``, ``cpu_zero3``, ``multi_gpu``,
+``single_gpu``, ``zero2``, ``zero3``, ``zero3_two_nodes``: package data in ``trl_prime/accelerate_configs/``, which the
+repository's ``accelerate_configs/`` links to); any other value follows TRL's rule: a file path, else one of TRL's
+config names (``fsdp2``, ``zero1``, ...). Without it, accelerate uses its default config (``accelerate config``), or
+one process per GPU.
+
+``eval``, ``best-of-n`` and ``demo`` run in this process (they are not distributed)::
+
     trl-prime eval --model_name_or_path embedded:smollm2-135m-instruct --max_problems 20
     trl-prime demo
     trl-prime prime --help                     # every flag of the command
 
-The command runs in this process. For several processes or DeepSpeed, launch it with accelerate, e.g.
-``accelerate launch --config_file accelerate_configs/zero3.yaml -m trl_prime.cli prime --config ...``, or launch
-the recipe file (``accelerate launch recipes/prime_qwen7b.py``). ``python -m trl_prime`` is the same command line.
+A training command runs in this process when it already is under ``accelerate launch`` (accelerate's
+``ACCELERATE_MIXED_PRECISION`` variable is set), so ``accelerate launch --config_file accelerate_configs/zero3.yaml -m
+trl_prime.cli prime --config ...`` launches once. ``python -m trl_prime.scripts.<module> ...`` (``prime``, ``prl``,
+``prof``, ``implicit_prm``) or a ``recipes/*.py`` file runs it in this process without accelerate. ``python -m
+trl_prime`` is the same command line.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
+from pathlib import Path
 
 
 #: command -> (module of trl_prime.scripts, one-line help)
@@ -26,11 +44,18 @@ COMMANDS = {
     "prime": ("prime", "PRIME (arXiv 2502.01456): trainer prime_rloo (default) or prime_grpo"),
     "prl": ("prl", "PRL on GRPO (arXiv 2601.10201)"),
     "prof": ("prof", "PROF (arXiv 2509.03403): trainer prof_grpo (default) or prime_grpo (PROF inside PRIME)"),
-    "implicit-prm": ("implicit_prm", "train an implicit PRM offline from verifier-labelled rollouts (arXiv 2412.01981)"),
+    "implicit-prm": ("implicit_prm", "train an implicit PRM offline on verifier-labelled rollouts (arXiv 2412.01981)"),
     "eval": ("evaluate", "pass@k / avg@k of a model with the math and code verifiers"),
     "best-of-n": ("best_of_n", "best-of-N with implicit PRMs vs majority vote vs oracle"),
     "demo": ("demo", "PRIME on the embedded model and problems, offline on a CPU (make demo)"),
 }
+#: the commands launched through ``accelerate launch`` (TRL's ``TrainingCommand``); the others run in this process
+TRAINING_COMMANDS = ("prime", "prl", "prof", "implicit-prm")
+#: trl-prime's Accelerate configs, the names of ``--accelerate_config`` (package data; the repository's
+#: ``accelerate_configs/`` is a link to this folder)
+ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
+#: set by ``accelerate launch`` in every process it starts (``accelerate.utils.launch``): already launched
+LAUNCHED_ENV = "ACCELERATE_MIXED_PRECISION"
 
 
 def make_parser() -> ArgumentParser:
@@ -40,7 +65,9 @@ def make_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="trl-prime", allow_abbrev=False, formatter_class=RawDescriptionHelpFormatter,
         description="Process rewards without process labels for TRL: PRIME, Implicit PRM, PRL and PROF.",
-        epilog="Run `trl-prime <command> --help` for the flags of a command (every one is also a key of --config).",
+        epilog="Run `trl-prime <command> --help` for the flags of a command (every one is also a key of --config). "
+               "prime, prl, prof and implicit-prm run through `accelerate launch`: the flags a command does not "
+               "know go to accelerate (--num_processes 2, --accelerate_config zero3, ...).",
     )
     parser.add_argument("--version", action="version", version=f"trl-prime {__version__}")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
@@ -49,16 +76,127 @@ def make_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``trl-prime`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+def launched_by_accelerate() -> bool:
+    """Whether this process was started by ``accelerate launch`` (then a training command runs in it)."""
+    return LAUNCHED_ENV in os.environ
+
+
+def _trl_cli_helpers():
+    """``(_subtract_subsequence, resolve_accelerate_config_argument)`` of TRL 1.16's ``trl`` command line (private
+    helpers of ``trl.cli``).
+
+    Raises:
+        ImportError: the installed TRL has no such helpers (another version than the one trl-prime supports).
+    """
+    try:
+        from trl.cli.accelerate_config import resolve_accelerate_config_argument
+        from trl.cli.commands.training import _subtract_subsequence
+    except ImportError as error:
+        import trl
+
+        raise ImportError(
+            f"`trl-prime <training command>` launches with the helpers of TRL 1.16's `trl` command line "
+            f"(trl.cli.commands.training._subtract_subsequence, trl.cli.accelerate_config), which TRL "
+            f"{trl.__version__} lacks. Install trl>=1.16,<1.17, or launch the script yourself: `accelerate launch "
+            f"-m trl_prime.scripts.<prime|prl|prof|implicit_prm> ...`."
+        ) from error
+    return _subtract_subsequence, resolve_accelerate_config_argument
+
+
+def accelerate_config_names() -> list[str]:
+    """The names ``--accelerate_config`` resolves to trl-prime's own configs (:data:`ACCELERATE_CONFIGS`)."""
+    return sorted(path.stem for path in ACCELERATE_CONFIGS.glob("*.yaml"))
+
+
+def _deepspeed_file_args(config: Path, launch_args: list[str]) -> list[str]:
+    """``["--deepspeed_config_file", <absolute path>]`` when trl-prime's ``config`` names a DeepSpeed JSON by a path
+    relative to the repository root (which works there only), else ``[]``. The path, e.g.
+    ``accelerate_configs/cpu_zero3.json``, is taken relative to the package folder, where it is the same file."""
+    import yaml
+
+    ds_file = ((yaml.safe_load(config.read_text()) or {}).get("deepspeed_config") or {}).get("deepspeed_config_file")
+    if ds_file is None or os.path.isabs(ds_file) or "--deepspeed_config_file" in launch_args:
+        return []
+    return ["--deepspeed_config_file", str(ACCELERATE_CONFIGS.parent / ds_file)]
+
+
+def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
+    """``launch_args`` with ``--accelerate_config NAME`` replaced by ``--config_file <path>`` (TRL's ``trl <command>
+    --accelerate_config``): ``NAME`` is one of trl-prime's configs (:func:`accelerate_config_names`), else TRL's rule
+    applies (``trl.cli.accelerate_config.resolve_accelerate_config_argument``: a file path, else a TRL config name).
+
+    Raises:
+        ValueError: no value after ``--accelerate_config``, or a value that is no trl-prime name, file or TRL name.
+    """
+    _, resolve_trl_config = _trl_cli_helpers()
+    extra = []
+    if "--accelerate_config" in launch_args:
+        index = launch_args.index("--accelerate_config")
+        name = launch_args[index + 1] if index + 1 < len(launch_args) else None
+        if name in accelerate_config_names():
+            config = ACCELERATE_CONFIGS / f"{name}.yaml"
+            launch_args = [*launch_args[: index + 1], str(config), *launch_args[index + 2 :]]
+            extra = _deepspeed_file_args(config, launch_args)
+    try:
+        return resolve_trl_config(launch_args) + extra
+    except ValueError as error:
+        raise ValueError(f"{error} trl-prime's configs: {', '.join(accelerate_config_names())}.") from error
+
+
+def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
+    """The ``accelerate launch`` command line of ``trl-prime <command> <argv>`` (TRL's ``TrainingCommand.run``): the
+    command's parser takes its flags and the ``--config`` YAML's keys; what it leaves, from the command line and the
+    YAML, goes to accelerate (``--accelerate_config`` resolved by :func:`resolve_accelerate_config`); the processes
+    run ``python -m trl_prime.scripts.<module>`` with the rest of ``argv``, in its order.
+
+    Unlike TRL, this process does not build the configs: their checks depend on the number of processes (TRL's
+    ``GRPOConfig`` checks ``per_device_train_batch_size * num_processes`` against ``num_generations``), which only
+    the launched processes know; they build and check them.
+
+    Raises:
+        SystemExit: ``--help`` (after printing the command's flags) or a flag value the command's parser rejects.
+    """
+    from trl_prime.scripts.utils import normalize_argv
+
+    subtract_subsequence, _ = _trl_cli_helpers()
+    module = f"trl_prime.scripts.{COMMANDS[command][0]}"
+    argv = normalize_argv(argv)
+    parser = importlib.import_module(module).make_parser(argv)
+    parser.dataclass_types = ()  # split the flags only: parsed values stay in a namespace, no config is built
+    # cli_remaining is an ordered subsequence of argv; config_remaining (YAML keys: `--key value`) is not
+    *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+    return [*launch_args, "-m", module, *subtract_subsequence(argv, cli_remaining)]
+
+
+def launch(command: str, argv: list[str]) -> None:
+    """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`)."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    launch_command(launch_command_parser().parse_args(accelerate_launch_argv(command, argv)))
+
+
+def main(argv: list[str] | None = None, launch_training: bool | None = None) -> int:
+    """Run ``trl-prime`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    ``launch_training``: launch a training command (:data:`TRAINING_COMMANDS`) through ``accelerate launch`` (True) or
+    run it in this process (False); default: launch, unless this process already is under ``accelerate launch``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
     args, _ = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
-    module = importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}")
-    module.run(argv[argv.index(args.command) + 1 :])
+    command_argv = argv[argv.index(args.command) + 1 :]
+    if launch_training is None:
+        launch_training = not launched_by_accelerate()
+    if args.command in TRAINING_COMMANDS and launch_training:
+        launch(args.command, command_argv)
+    else:
+        importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}").run(command_argv)
     return 0
 
 

@@ -11,5 +11,7 @@
 
 Each module parses its dataclasses with ``trl.TrlParser`` (every field is a flag or a key of the ``--config`` YAML;
 flags override the YAML) and has ``run(argv=None, ...)``, which the command line and the ``recipes/*.py`` entry
-points call.
+points call. The training scripts (``prime``, ``prl``, ``prof``, ``implicit_prm``) also have ``make_parser(argv)``:
+``trl-prime`` splits the command line with it and launches ``python -m trl_prime.scripts.<module>`` through
+``accelerate launch`` (:mod:`trl_prime.cli`).
 """

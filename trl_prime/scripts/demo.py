@@ -22,8 +22,8 @@ Usage::
     trl-prime demo [--config recipes/configs/demo.yaml] [--max_steps N] [--trainer rloo] [--output_dir D]
     python recipes/demo.py [...]               # the same
 
-Without ``--config`` the demo reads ``recipes/configs/demo.yaml`` of the checkout ``trl_prime`` is installed from
-(``pip install -e .``); an installed wheel has no ``recipes/``: pass ``--config``.
+Without ``--config`` the demo reads :data:`DEFAULT_CONFIG`, ``demo.yaml`` next to this module: package data, so an
+installed wheel has it too (a checkout's ``recipes/configs/demo.yaml`` is a link to it).
 
 ``--trainer rloo`` runs TRL's plain ``RLOOTrainer`` with the same model, data, batch, sampling and policy learning
 rate (no PRM, no filter): the comparison reported in the README. Every field of :class:`DemoArguments` and of
@@ -42,8 +42,8 @@ from pathlib import Path
 from trl_prime.scripts.utils import normalize_argv
 
 
-#: the checkout's ``recipes/configs/demo.yaml`` (``trl_prime`` installed with ``pip install -e .``)
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "recipes" / "configs" / "demo.yaml")
+#: the demo's YAML, shipped in the package (``recipes/configs/demo.yaml`` of a checkout links to this file)
+DEFAULT_CONFIG = str(Path(__file__).resolve().parent / "demo.yaml")
 TRAINERS = ("prime", "rloo")
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -300,11 +300,11 @@ def pick_heatmap_rows(records: list[dict], n: int) -> list[tuple[str, str, bool]
 
 
 def parse(argv=None, default_config: str = DEFAULT_CONFIG):
-    """``(demo_args, training_args)``: ``--config`` defaults to ``default_config`` (``recipes/configs/demo.yaml``);
-    ``DEMO_STEPS`` overrides ``max_steps``.
+    """``(demo_args, training_args)``: ``--config`` defaults to ``default_config`` (:data:`DEFAULT_CONFIG`, shipped in
+    the package); ``DEMO_STEPS`` overrides ``max_steps``.
 
     Raises:
-        FileNotFoundError: no ``--config`` and no ``default_config`` file (an installed wheel has no ``recipes/``).
+        FileNotFoundError: no ``--config`` and no ``default_config`` file.
     """
     from trl import TrlParser
 
@@ -313,7 +313,7 @@ def parse(argv=None, default_config: str = DEFAULT_CONFIG):
     argv = normalize_argv(argv)
     if "--config" not in argv and not any(a in ("-h", "--help") for a in argv):
         if not os.path.isfile(default_config):
-            raise FileNotFoundError(f"{default_config} does not exist: pass --config <demo.yaml> (the checkout's "
+            raise FileNotFoundError(f"{default_config} does not exist: pass --config <demo.yaml> (e.g. a checkout's "
                                     "recipes/configs/demo.yaml).")
         argv = ["--config", default_config] + argv
     if os.environ.get("DEMO_STEPS"):

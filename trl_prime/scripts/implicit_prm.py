@@ -10,6 +10,7 @@ Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`
     accelerate launch --config_file accelerate_configs/multi_gpu.yaml recipes/implicit_prm.py \\
         --config recipes/configs/implicit_prm.yaml --model_name_or_path Qwen/Qwen2.5-Math-7B-Instruct \\
         --dataset_name PRIME-RL/Eurus-2-RL-Data --num_generations 8 --bf16 true
+    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml --accelerate_config multi_gpu ...  # the same
 
 1. Rollouts: ``num_generations`` completions of the policy (``model_name_or_path``) per training problem, labelled
    by the verifier (:func:`trl_prime.implicit_prm.data.build_outcome_dataset`); unscorable ones are dropped and
@@ -146,15 +147,26 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
     return trainer
 
 
-def parse_args(argv=None, default_config: str | None = None):
-    """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
-    ``--config`` YAML (default ``default_config``)."""
+def dataclass_types() -> tuple:
+    """``(ImplicitPRMScriptArguments, trl_prime.ImplicitPRMConfig, trl.ModelConfig)``."""
     from trl import ModelConfig
 
     from trl_prime import ImplicitPRMConfig
 
-    dataclass_types = (ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig)
-    return parse_script_args(dataclass_types, "trl-prime implicit-prm", argv, default_config)
+    return ImplicitPRMScriptArguments, ImplicitPRMConfig, ModelConfig
+
+
+def make_parser(argv=None):
+    """The command's ``trl.TrlParser`` (``argv`` is unused: one parser for every command line)."""
+    from trl import TrlParser
+
+    return TrlParser(dataclass_types(), prog="trl-prime implicit-prm")
+
+
+def parse_args(argv=None, default_config: str | None = None):
+    """``(script_args, training_args, model_args)`` from the command line (default ``sys.argv[1:]``) and the
+    ``--config`` YAML (default ``default_config``)."""
+    return parse_script_args(dataclass_types(), "trl-prime implicit-prm", argv, default_config)
 
 
 def run(argv=None, default_config: str | None = None):

@@ -7,8 +7,8 @@ The trainer is the ``trainer`` field (a flag or a key of the YAML): ``prime_rloo
 :class:`~trl_prime.scripts.utils.RLScriptArguments`, of that config and of ``trl.ModelConfig`` is a flag or a key of
 the ``--config`` YAML; flags override the YAML::
 
-    trl-prime prime --config recipes/configs/prime_qwen7b.yaml
-    trl-prime prime --config recipes/configs/prime_lora.yaml --load_in_4bit true
+    trl-prime prime --config recipes/configs/prime_qwen7b.yaml --accelerate_config zero3    # 8 GPUs
+    trl-prime prime --config recipes/configs/prime_lora.yaml --load_in_4bit true --accelerate_config single_gpu
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py   # the same, 8 GPUs
 
 LoRA (``use_peft: true``): the policy and the implicit PRM are two adapters on one frozen base, optionally 4-bit
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from trl_prime.scripts.utils import parse_rl_args, train
+from trl_prime.scripts.utils import parse_rl_args, rl_parser, train
 
 
+#: ``make_parser(argv, default_trainer=None)``: the command's ``trl.TrlParser`` (for the trainer ``argv`` names)
+make_parser = partial(rl_parser, "prime")
 #: ``parse_args(argv=None, default_config=None, default_trainer=None) -> (script_args, training_args, model_args)``
 parse_args = partial(parse_rl_args, "prime")
 

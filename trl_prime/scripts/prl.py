@@ -6,7 +6,9 @@ Every field of :class:`~trl_prime.scripts.utils.RLScriptArguments`, :class:`trl_
 
     trl-prime prl --config recipes/configs/prl_grpo.yaml --max_steps 5 --prl_eta 100
 
-``parse_args(argv=None, default_config=None, default_trainer=None)`` returns ``(script_args, training_args,
+``make_parser(argv)`` is the command's ``trl.TrlParser`` (``trl-prime`` splits the command line with it: what it
+does not parse goes to ``accelerate launch``); ``parse_args(argv=None, default_config=None, default_trainer=None)``
+returns ``(script_args, training_args,
 model_args)``; ``main(script_args, training_args, model_args)`` trains and saves the policy to ``output_dir``;
 ``run(argv=None, default_config=None, default_trainer=None)`` does both.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 from trl_prime.scripts.utils import rl_command
 
 
-parse_args, main, run = rl_command("prl")
+make_parser, parse_args, main, run = rl_command("prl")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ flag or a key of the ``--config`` YAML; flags override the YAML::
     trl-prime prof --config recipes/configs/prof_grpo.yaml
     trl-prime prof --config recipes/configs/prof_prime.yaml --prof_mode correct --max_steps 5
 
-``parse_args``, ``main`` and ``run`` as in :mod:`trl_prime.scripts.prl`.
+``make_parser``, ``parse_args``, ``main`` and ``run`` as in :mod:`trl_prime.scripts.prl`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from trl_prime.scripts.utils import rl_command
 
 
-parse_args, main, run = rl_command("prof")
+make_parser, parse_args, main, run = rl_command("prof")
 
 
 if __name__ == "__main__":

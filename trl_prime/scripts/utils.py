@@ -128,6 +128,14 @@ def make_parser(trainer: str, prog: str | None = None):
     return TrlParser((RLScriptArguments, config_cls, ModelConfig), prog=prog)
 
 
+def rl_parser(command: str, argv: list[str], default_trainer: str | None = None):
+    """The ``trl.TrlParser`` of ``trl-prime <command>`` for the (normalized, :func:`normalize_argv`) ``argv``: its
+    config class is the one of the trainer :func:`choose_trainer` picks among :data:`COMMAND_TRAINERS` ``[command]``.
+    """
+    trainer = choose_trainer(argv, COMMAND_TRAINERS[command], default_trainer)
+    return make_parser(trainer, prog=f"trl-prime {command}")
+
+
 def parse_rl_args(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
     """``(script_args, training_args, model_args)`` of ``trl-prime <command>`` from the command line (default
     ``sys.argv[1:]``) and the ``--config`` YAML (default ``default_config``); ``script_args.trainer`` is the chosen
@@ -146,9 +154,9 @@ def run_rl(command: str, argv=None, default_config: str | None = None, default_t
 
 
 def rl_command(command: str):
-    """``(parse_args, main, run)`` of ``trl-prime <command>``: :func:`parse_rl_args` and :func:`run_rl` bound to
-    ``command``, and :func:`train`."""
-    return partial(parse_rl_args, command), train, partial(run_rl, command)
+    """``(make_parser, parse_args, main, run)`` of ``trl-prime <command>``: :func:`rl_parser`, :func:`parse_rl_args`
+    and :func:`run_rl` bound to ``command``, and :func:`train`."""
+    return partial(rl_parser, command), partial(parse_rl_args, command), train, partial(run_rl, command)
 
 
 def parse_script_args(dataclass_types: tuple, prog: str, argv=None, default_config: str | None = None):
