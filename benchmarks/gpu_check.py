@@ -46,16 +46,34 @@ import time
 import zipfile
 from pathlib import Path
 
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 #: Qwen2.5-0.5B's shapes (its config.json), with random weights
-QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
-                 rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN2_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 #: the modules a run imports beyond torch (import name -> distribution)
-REQUIRED = {"trl": "trl", "transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
-            "datasets": "datasets", "math_verify": "math-verify", "tokenizers": "tokenizers", "packaging": "packaging"}
+REQUIRED = {
+    "trl": "trl",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "peft": "peft",
+    "datasets": "datasets",
+    "math_verify": "math-verify",
+    "tokenizers": "tokenizers",
+    "packaging": "packaging",
+}
 ROWS = ("rloo", "prime_rloo", "grpo_lora", "prime_lora", "prime_lora_4bit")
 
 
@@ -118,8 +136,20 @@ def install_wheels(wheels: str, target: str | None = None) -> str:
     if not marker.is_file():
         site.mkdir(parents=True, exist_ok=True)
         if importlib.util.find_spec("pip") is not None:
-            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links",
-                   str(folder), "--target", str(site), *map(str, files)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--find-links",
+                str(folder),
+                "--target",
+                str(site),
+                *map(str, files),
+            ]
             print("installing", len(files), "wheels:", " ".join(cmd[:9]), "...", flush=True)
             subprocess.run(cmd, check=True)
         else:
@@ -159,12 +189,16 @@ def build_qwen2_05b(path: str, dtype_name: str = "float32", seed: int = 0) -> st
         vocab[f"<unused_{i}>"] = i
     # the last id: the unk token AutoTokenizer's Qwen2 tokenizer adds on reload (else it would get id vocab_size)
     vocab["<|endoftext|>"] = QWEN2_05B["vocab_size"] - 1
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)), pad_token="<|pad|>",
-                                  eos_token="<|im_end|>", bos_token=None, padding_side="left",
-                                  truncation_side="left")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        padding_side="left",
+        truncation_side="left",
+    )
     tok.chat_template = CHAT_TEMPLATE
-    config = Qwen2Config(**QWEN2_05B, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=None)
+    config = Qwen2Config(**QWEN2_05B, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype_name))
     for key in ("pad_token_id", "eos_token_id"):
@@ -201,8 +235,11 @@ def main(argv=None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: 1 on CPU, 4 on CUDA)")
     p.add_argument("--workdir", default=None, help="where the model is built (reused when already there)")
     p.add_argument("--json", default=None, help="write every measurement to this file")
-    p.add_argument("--print-requirements", action="store_true",
-                   help="print the exact pins of the wheels to carry (this environment's versions) and exit")
+    p.add_argument(
+        "--print-requirements",
+        action="store_true",
+        help="print the exact pins of the wheels to carry (this environment's versions) and exit",
+    )
     opts = p.parse_args(argv)
     if opts.print_requirements:
         print_requirements()
@@ -215,7 +252,8 @@ def main(argv=None) -> dict:
         raise SystemExit(
             f"missing Python packages: {', '.join(REQUIRED[m] for m in missing)}. Carry their wheels and pass "
             f"--wheels DIR; prepare DIR on a machine with network (Python {sys.version_info[0]}.{sys.version_info[1]} "
-            "here): see the docstring of benchmarks/gpu_check.py (--print-requirements, then pip download).")
+            "here): see the docstring of benchmarks/gpu_check.py (--print-requirements, then pip download)."
+        )
     import torch
 
     on_gpu = opts.device != "cpu"
@@ -236,9 +274,24 @@ def main(argv=None) -> dict:
     else:
         model_path = build_qwen2_05b(os.path.join(work, "qwen2_0.5b_random"), "bfloat16" if bf16 else "float32")
     build_s = time.time() - t0
-    common = ["--model", model_path, "--dataset", "tiny", "--device", opts.device, "--batch", str(opts.batch),
-              "--num-generations", str(opts.num_generations), "--max-completion-length",
-              str(opts.max_completion_length), "--steps", str(opts.steps), "--threads", str(threads)]
+    common = [
+        "--model",
+        model_path,
+        "--dataset",
+        "tiny",
+        "--device",
+        opts.device,
+        "--batch",
+        str(opts.batch),
+        "--num-generations",
+        str(opts.num_generations),
+        "--max-completion-length",
+        str(opts.max_completion_length),
+        "--steps",
+        str(opts.steps),
+        "--threads",
+        str(threads),
+    ]
     if bf16:
         common.append("--bf16")
 
@@ -267,23 +320,41 @@ def main(argv=None) -> dict:
     n_params = step["meta"].get("rloo", {}).get("policy_params")
     print()
     print("=" * 100)
-    print(f"gpu_check: model {opts.model} ({n_params:,} parameters, random weights)  device {opts.device}"
-          f"{' (' + info['gpu'] + ')' if info.get('gpu') else ''}  dtype {'bf16' if bf16 else 'fp32'}  "
-          f"batch {opts.batch} (K={opts.num_generations})  completion {opts.max_completion_length} tokens  "
-          f"{opts.steps} step(s)")
-    print(f"torch {info['torch']}  transformers {info['transformers']}  trl {info['trl']}  peft {info['peft']}"
-          + ("  4-bit: bitsandbytes present" if with_4bit else "  4-bit: skipped (bitsandbytes not importable)"
-             if not opts.no_4bit else "  4-bit: skipped (--no-4bit)"))
+    print(
+        f"gpu_check: model {opts.model} ({n_params:,} parameters, random weights)  device {opts.device}"
+        f"{' (' + info['gpu'] + ')' if info.get('gpu') else ''}  dtype {'bf16' if bf16 else 'fp32'}  "
+        f"batch {opts.batch} (K={opts.num_generations})  completion {opts.max_completion_length} tokens  "
+        f"{opts.steps} step(s)"
+    )
+    print(
+        f"torch {info['torch']}  transformers {info['transformers']}  trl {info['trl']}  peft {info['peft']}"
+        + (
+            "  4-bit: bitsandbytes present"
+            if with_4bit
+            else "  4-bit: skipped (bitsandbytes not importable)"
+            if not opts.no_4bit
+            else "  4-bit: skipped (--no-4bit)"
+        )
+    )
     memory_label = "peak GPU MiB" if on_gpu else "peak RSS MiB"
     print(f"| {'row':<16} | {'s/step':>8} | {memory_label:>12} | {'note':<36} |")
     print(f"|{'-' * 18}|{'-' * 10}|{'-' * 14}|{'-' * 38}|")
     for name, r in rows.items():
-        print(f"| {name:<16} | {_fmt(r['step_s'], '8.2f')} | {_fmt(r['peak_mib'], '12.0f')} | "
-              f"{notes.get(name, ''):<36} |")
+        print(
+            f"| {name:<16} | {_fmt(r['step_s'], '8.2f')} | {_fmt(r['peak_mib'], '12.0f')} | "
+            f"{notes.get(name, ''):<36} |"
+        )
     total = time.time() - started
     print(f"gpu_check: done in {total:.0f} s (model build {build_s:.0f} s)")
-    summary = {"options": vars(opts), "machine": info, "rows": rows, "notes": notes, "step_overhead": step,
-               "memory": mem, "seconds": total}
+    summary = {
+        "options": vars(opts),
+        "machine": info,
+        "rows": rows,
+        "notes": notes,
+        "step_overhead": step,
+        "memory": mem,
+        "seconds": total,
+    }
     _common.dump(summary, opts.json)
     return summary
 

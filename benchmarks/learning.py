@@ -54,9 +54,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402,F401  (offline environment, repository on sys.path)
 import learning_task as lt  # noqa: E402
+
 
 # name: (trainer, config, option overrides)
 METHODS = {
@@ -64,24 +66,44 @@ METHODS = {
     "prime_rloo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {}),
     "grpo": ("trl.GRPOTrainer", "trl.GRPOConfig", {}),
     "prime_grpo": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig", {}),
-    "prime_grpo_process_std": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig",
-                               {"grpo_process_scale": "process_std"}),
-    "reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
-                  {"prime_estimator": "reinforce", "process_coef": 0.0}),
+    "prime_grpo_process_std": (
+        "trl_prime.PrimeGRPOTrainer",
+        "trl_prime.PrimeGRPOConfig",
+        {"grpo_process_scale": "process_std"},
+    ),
+    "reinforce": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prime_estimator": "reinforce", "process_coef": 0.0},
+    ),
     "prime_reinforce": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prime_estimator": "reinforce"}),
     "prl": ("trl_prime.PRLGRPOTrainer", "trl_prime.PRLConfig", {"prl_step_split": "double_newline"}),
-    "prof_grpo": ("trl_prime.PrimeGRPOTrainer", "trl_prime.PrimeGRPOConfig",
-                  {"prof_mode": "both", "prof_prm": "implicit", "process_coef": 0.0}),
-    "prime_rloo_frozen": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig",
-                          {"prm_learning_rate": 0.0, "prm_model": "<offline>"}),
+    "prof_grpo": (
+        "trl_prime.PrimeGRPOTrainer",
+        "trl_prime.PrimeGRPOConfig",
+        {"prof_mode": "both", "prof_prm": "implicit", "process_coef": 0.0},
+    ),
+    "prime_rloo_frozen": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prm_learning_rate": 0.0, "prm_model": "<offline>"},
+    ),
     "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
     "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
 }
-QUICK_METHODS = ["rloo", "prime_rloo", "grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prime_rloo_pc0",
-                 "prime_rloo_prm2x"]
+QUICK_METHODS = [
+    "rloo",
+    "prime_rloo",
+    "grpo",
+    "prime_grpo",
+    "prime_grpo_process_std",
+    "prl",
+    "prime_rloo_pc0",
+    "prime_rloo_prm2x",
+]
 PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
 ESTIMATOR_PAIRS = [("rloo", "prime_rloo"), ("grpo", "prime_grpo"), ("reinforce", "prime_reinforce")]
@@ -97,18 +119,48 @@ def _resolve(dotted: str):
     return getattr(importlib.import_module(mod), name)
 
 
-def rl_config(method: str, *, seed: int, steps: int, lr: float, prm_lr: float, prompts_per_step: int,
-              num_generations: int, max_completion_length: int, output_dir: str, offline_prm: str | None = None,
-              warm: str | None = None, device: str = "cpu", extra: dict | None = None):
+def rl_config(
+    method: str,
+    *,
+    seed: int,
+    steps: int,
+    lr: float,
+    prm_lr: float,
+    prompts_per_step: int,
+    num_generations: int,
+    max_completion_length: int,
+    output_dir: str,
+    offline_prm: str | None = None,
+    warm: str | None = None,
+    device: str = "cpu",
+    extra: dict | None = None,
+):
     """The TRL / trl-prime config of ``method``: the shared settings plus the method's overrides."""
     _, cfg_name, overrides = METHODS[method]
     kw = dict(
-        output_dir=output_dir, report_to="none", disable_tqdm=True, save_strategy="no", logging_steps=1, seed=seed,
-        use_cpu=device == "cpu", bf16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=prompts_per_step * num_generations, num_generations=num_generations,
-        max_completion_length=max_completion_length, max_steps=steps, learning_rate=lr,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, beta=0.0, temperature=1.0, top_k=0,
-        top_p=1.0, max_grad_norm=1.0, dataloader_num_workers=0,
+        output_dir=output_dir,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=seed,
+        use_cpu=device == "cpu",
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=prompts_per_step * num_generations,
+        num_generations=num_generations,
+        max_completion_length=max_completion_length,
+        max_steps=steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        beta=0.0,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_grad_norm=1.0,
+        dataloader_num_workers=0,
     )
     if method in PRIME_METHODS:
         kw.update(prm_learning_rate=prm_lr, filter_lower=0.0, filter_upper=1.0, prm_beta=0.05)
@@ -136,10 +188,26 @@ def flip_advantage_sign(trainer) -> None:
     trainer._generate_and_score_completions = flipped
 
 
-def run_one(method: str, seed: int, *, warm: str, spec: lt.TaskSpec, steps: int, eval_every: int, lr: float,
-            prm_lr: float, prompts_per_step: int = 8, num_generations: int = 4, n_heldout: int = 256,
-            eval_samples: int = 2, offline_prm: str | None = None, flip_sign: bool = False, progress=None,
-            device: str = "cpu", extra: dict | None = None) -> dict:
+def run_one(
+    method: str,
+    seed: int,
+    *,
+    warm: str,
+    spec: lt.TaskSpec,
+    steps: int,
+    eval_every: int,
+    lr: float,
+    prm_lr: float,
+    prompts_per_step: int = 8,
+    num_generations: int = 4,
+    n_heldout: int = 256,
+    eval_samples: int = 2,
+    offline_prm: str | None = None,
+    flip_sign: bool = False,
+    progress=None,
+    device: str = "cpu",
+    extra: dict | None = None,
+) -> dict:
     """Train ``method`` from the warm start ``warm`` for ``steps`` steps; return its held-out accuracy curve.
 
     Returns ``{"method", "seed", "steps": [0, e, 2e, ...], "greedy": [...], "sampled": [...],
@@ -157,9 +225,21 @@ def run_one(method: str, seed: int, *, warm: str, spec: lt.TaskSpec, steps: int,
     ds = Dataset.from_list([{"prompt": p["prompt"], "solution": p["solution"]} for p in train])
     T = lt.max_completion_tokens(spec)
     out_dir = tempfile.mkdtemp(prefix=f"learning_{method}_{seed}_")
-    args = rl_config(method, seed=seed, steps=steps, lr=lr, prm_lr=prm_lr, prompts_per_step=prompts_per_step,
-                     num_generations=num_generations, max_completion_length=T, output_dir=out_dir,
-                     offline_prm=offline_prm, warm=warm, device=device, extra=extra)
+    args = rl_config(
+        method,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        prm_lr=prm_lr,
+        prompts_per_step=prompts_per_step,
+        num_generations=num_generations,
+        max_completion_length=T,
+        output_dir=out_dir,
+        offline_prm=offline_prm,
+        warm=warm,
+        device=device,
+        extra=extra,
+    )
     tokenizer = AutoTokenizer.from_pretrained(warm)
     curve = {"steps": [], "greedy": [], "sampled": []}
 
@@ -180,7 +260,11 @@ def run_one(method: str, seed: int, *, warm: str, spec: lt.TaskSpec, steps: int,
                 measure(trainer.model, state.global_step)
 
     trainer = _resolve(METHODS[method][0])(
-        model=warm, reward_funcs=math_reward, args=args, train_dataset=ds, processing_class=tokenizer,
+        model=warm,
+        reward_funcs=math_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tokenizer,
         callbacks=[Eval()],
     )
     from transformers.trainer_callback import PrinterCallback
@@ -223,8 +307,19 @@ def _job(kw: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # Offline implicit PRM (Implicit PRM arXiv 2412.01981): CE and DPO on outcome-labelled rollouts, best-of-N
 # ----------------------------------------------------------------------------------------------------------------
-def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, rollouts: int, n_problems: int,
-                max_n: int = 64, epochs: int = 2, lr: float = 5e-4, log=print) -> tuple[dict, str]:
+def offline_prm(
+    warm: str,
+    spec: lt.TaskSpec,
+    workdir: Path,
+    *,
+    n_prompts: int,
+    rollouts: int,
+    n_problems: int,
+    max_n: int = 64,
+    epochs: int = 2,
+    lr: float = 5e-4,
+    log=print,
+) -> tuple[dict, str]:
     """Train CE and DPO implicit PRMs on outcome-labelled rollouts of the warm start; best-of-N on held-out problems.
 
     Returns ``(results, ce_prm_folder)``; the CE PRM also serves as the frozen PRM of ``prime_rloo_frozen``.
@@ -244,20 +339,46 @@ def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, 
     recipe = lt.WarmStartRecipe(task=spec)
     train, heldout = lt.make_splits(spec, 4096, recipe.n_heldout, recipe.data_seed)
     T = lt.max_completion_tokens(spec)
-    prompts = Dataset.from_list([{"prompt": p["prompt"], "solution": p["solution"]}
-                                 for p in random.Random(7).sample(train, n_prompts)])
-    data, stats = build_outcome_dataset(warm, prompts, reward_func=math_reward, num_generations=rollouts,
-                                        max_new_tokens=T, batch_size=256, seed=0, return_stats=True)
-    res = {"rollouts": len(data), "rollout_accuracy": sum(data["label"]) / max(1, len(data)),
-           "n_prompts": n_prompts, "rollouts_per_prompt": rollouts}
+    prompts = Dataset.from_list(
+        [{"prompt": p["prompt"], "solution": p["solution"]} for p in random.Random(7).sample(train, n_prompts)]
+    )
+    data, stats = build_outcome_dataset(
+        warm,
+        prompts,
+        reward_func=math_reward,
+        num_generations=rollouts,
+        max_new_tokens=T,
+        batch_size=256,
+        seed=0,
+        return_stats=True,
+    )
+    res = {
+        "rollouts": len(data),
+        "rollout_accuracy": sum(data["label"]) / max(1, len(data)),
+        "n_prompts": n_prompts,
+        "rollouts_per_prompt": rollouts,
+    }
     log(f"offline PRM data: {len(data)} rollouts, accuracy {res['rollout_accuracy']:.3f}")
     folders = {}
     for loss in ("ce", "dpo"):
         folder = workdir / f"prm_{loss}"
         args = ImplicitPRMConfig(
-            output_dir=str(folder), loss_type=loss, beta=0.05, learning_rate=lr, num_train_epochs=epochs,
-            per_device_train_batch_size=64, lr_scheduler_type="constant", warmup_steps=0, use_cpu=True, bf16=False,
-            report_to="none", save_strategy="no", logging_steps=10, disable_tqdm=True, seed=0, max_length=128,
+            output_dir=str(folder),
+            loss_type=loss,
+            beta=0.05,
+            learning_rate=lr,
+            num_train_epochs=epochs,
+            per_device_train_batch_size=64,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10,
+            disable_tqdm=True,
+            seed=0,
+            max_length=128,
             max_prompt_length=64,
         )
         tr = ImplicitPRMTrainer(model=warm, args=args, train_dataset=data)
@@ -272,8 +393,9 @@ def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, 
     problems = heldout[:n_problems]
     tok = AutoTokenizer.from_pretrained(warm)
     model = AutoModelForCausalLM.from_pretrained(warm)
-    texts, _ = sample_completions(model, tok, [p["prompt"] for p in problems], max_n, max_new_tokens=T,
-                                  batch_size=512, seed=1)
+    texts, _ = sample_completions(
+        model, tok, [p["prompt"] for p in problems], max_n, max_new_tokens=T, batch_size=512, seed=1
+    )
     flat = [c for cs in texts for c in cs]
     golds = [p["solution"] for p in problems for _ in range(max_n)]
     labels = [r or 0.0 for r in math_reward(flat, solution=golds)]
@@ -313,8 +435,21 @@ def offline_prm(warm: str, spec: lt.TaskSpec, workdir: Path, *, n_prompts: int, 
 # ----------------------------------------------------------------------------------------------------------------
 # Statistics
 # ----------------------------------------------------------------------------------------------------------------
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        15: 2.131, 20: 2.086, 30: 2.042}
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 
 
 def t975(df: int) -> float:
@@ -373,9 +508,16 @@ def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
         curves = [r[key] for r in rs]
         mean = [mean_ci([c[i] for c in curves])[0] for i in range(len(steps))]
         half = [mean_ci([c[i] for c in curves])[1] for i in range(len(steps))]
-        s = {"steps": steps, "mean": mean, "half": half, "start": mean_ci([c[0] for c in curves]),
-             "final": mean_ci([c[-1] for c in curves]), "auc": mean_ci([auc(steps, c) for c in curves]),
-             "auc_per_seed": [auc(steps, c) for c in curves], "final_per_seed": [c[-1] for c in curves]}
+        s = {
+            "steps": steps,
+            "mean": mean,
+            "half": half,
+            "start": mean_ci([c[0] for c in curves]),
+            "final": mean_ci([c[-1] for c in curves]),
+            "auc": mean_ci([auc(steps, c) for c in curves]),
+            "auc_per_seed": [auc(steps, c) for c in curves],
+            "final_per_seed": [c[-1] for c in curves],
+        }
         pairs = [r["pair_accuracy"] for r in rs if r.get("pair_accuracy")]
         if pairs:
             n = min(len(p) for p in pairs)
@@ -400,25 +542,61 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         sa, sb = steps_to(a["steps"], a["mean"], thr), steps_to(b["steps"], b["mean"], thr)
         ratio = sa / sb if sb > 0 and math.isfinite(sb) else (float("inf") if sb == 0 else 0.0)
         d, lo, hi = diff_ci(a["auc_per_seed"], b["auc_per_seed"])
-        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 and ratio >= 2.0 else
-                   "not replicated" if hi < 0 or (d <= 0.005 and ratio < 1.5) else "inconclusive")
-        rows.append(("2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
-                     f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
-                     f"AUC difference {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", verdict))
+        verdict = (
+            "inconclusive (one seed)"
+            if math.isnan(lo)
+            else "replicated"
+            if lo > 0 and ratio >= 2.0
+            else "not replicated"
+            if hi < 0 or (d <= 0.005 and ratio < 1.5)
+            else "inconclusive"
+        )
+        rows.append(
+            (
+                "2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
+                f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
+                f"AUC difference {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                verdict,
+            )
+        )
     if "prime_rloo" in summary and "pair_accuracy" in summary["prime_rloo"]:
         p = summary["prime_rloo"]["pair_accuracy"]
-        (f, _), (l, lh) = p["first"], p["last"]
-        verdict = ("inconclusive (one seed)" if math.isnan(lh) else "replicated" if l - lh >= 0.65 else
-                   "not replicated" if l + lh < 0.65 else "inconclusive")
-        rows.append(("online PRM pair accuracy rises from 0.5 to ~0.75",
-                     f"PRIME-RLOO prm/pair_accuracy {f:.3f} (first {p['window']} steps) -> {l:.3f} +- {lh:.3f} "
-                     f"(last {p['window']})", verdict))
+        (f, _), (last, lh) = p["first"], p["last"]
+        verdict = (
+            "inconclusive (one seed)"
+            if math.isnan(lh)
+            else "replicated"
+            if last - lh >= 0.65
+            else "not replicated"
+            if last + lh < 0.65
+            else "inconclusive"
+        )
+        rows.append(
+            (
+                "online PRM pair accuracy rises from 0.5 to ~0.75",
+                f"PRIME-RLOO prm/pair_accuracy {f:.3f} (first {p['window']} steps) -> {last:.3f} +- {lh:.3f} "
+                f"(last {p['window']})",
+                verdict,
+            )
+        )
     if "prime_rloo" in summary and "prime_rloo_frozen" in summary:
         d, lo, hi = diff_ci(summary["prime_rloo_frozen"]["auc_per_seed"], summary["prime_rloo"]["auc_per_seed"])
-        verdict = ("inconclusive (one seed)" if math.isnan(lo) else "replicated" if lo > 0 else
-                   "not replicated" if hi < 0 or d <= 0 else "inconclusive")
-        rows.append(("an online PRM beats a frozen (offline-trained) one",
-                     f"AUC online - frozen {d:+.3f} [{lo:+.3f}, {hi:+.3f}]", verdict))
+        verdict = (
+            "inconclusive (one seed)"
+            if math.isnan(lo)
+            else "replicated"
+            if lo > 0
+            else "not replicated"
+            if hi < 0 or d <= 0
+            else "inconclusive"
+        )
+        rows.append(
+            (
+                "an online PRM beats a frozen (offline-trained) one",
+                f"AUC online - frozen {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                verdict,
+            )
+        )
     pairs = [(a, b) for a, b in ESTIMATOR_PAIRS if a in summary and b in summary]
     if pairs:
         parts, verdicts = [], []
@@ -426,16 +604,25 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
             d, lo, hi = diff_ci(summary[a]["auc_per_seed"], summary[b]["auc_per_seed"])
             parts.append(f"{b} - {a} AUC {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
             verdicts.append("?" if math.isnan(lo) else "up" if lo > 0 else "down" if hi < 0 else "flat")
-        verdict = ("inconclusive (one seed)" if "?" in verdicts else "replicated" if all(v == "up" for v in verdicts) and len(pairs) == 3 else
-                   "not replicated" if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
-                   else "inconclusive")
+        verdict = (
+            "inconclusive (one seed)"
+            if "?" in verdicts
+            else "replicated"
+            if all(v == "up" for v in verdicts) and len(pairs) == 3
+            else "not replicated"
+            if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
+            else "inconclusive"
+        )
         rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE)", "; ".join(parts), verdict))
     if "rloo" in summary and "prime_rloo_pc0" in summary:
         d, lo, hi = diff_ci(summary["rloo"]["auc_per_seed"], summary["prime_rloo_pc0"]["auc_per_seed"])
-        rows.append(("(check) process_coef=0 equals RLOO up to noise",
-                     f"AUC pc0 - RLOO {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                     "inconclusive (one seed)" if math.isnan(lo) else "consistent" if lo <= 0 <= hi
-                     else "NOT consistent"))
+        rows.append(
+            (
+                "(check) process_coef=0 equals RLOO up to noise",
+                f"AUC pc0 - RLOO {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                "inconclusive (one seed)" if math.isnan(lo) else "consistent" if lo <= 0 <= hi else "NOT consistent",
+            )
+        )
     if offline:
         t = offline["best_of_n"]
         parts, better = [], []
@@ -443,10 +630,16 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
             best = max(r["ce_min"], r["dpo_min"])
             parts.append(f"N={n}: PRM {best:.3f} vs majority {r['majority']:.3f}")
             better.append(best - r["majority"])
-        verdict = ("replicated" if all(b > 0.01 for b in better) else
-                   "not replicated" if all(b < 0.01 for b in better) else "inconclusive")
-        rows.append(("(Implicit PRM paper) best-of-N with the implicit PRM beats majority vote", "; ".join(parts),
-                     verdict))
+        verdict = (
+            "replicated"
+            if all(b > 0.01 for b in better)
+            else "not replicated"
+            if all(b < 0.01 for b in better)
+            else "inconclusive"
+        )
+        rows.append(
+            ("(Implicit PRM paper) best-of-N with the implicit PRM beats majority vote", "; ".join(parts), verdict)
+        )
     return rows
 
 
@@ -463,20 +656,26 @@ def report(result: dict) -> str:
     summ_s, summ_g = result["summary"]["sampled"], result["summary"]["greedy"]
     thr = summ_s["rloo"]["final"][0] if "rloo" in summ_s else None
     if thr is not None:
-        lines.append(f"Accuracy: held-out, sampled at temperature 1 (2 samples per problem) unless marked greedy. "
-                     f"Steps to threshold: first step where the mean curve reaches RLOO's final mean ({thr:.3f}).")
+        lines.append(
+            f"Accuracy: held-out, sampled at temperature 1 (2 samples per problem) unless marked greedy. "
+            f"Steps to threshold: first step where the mean curve reaches RLOO's final mean ({thr:.3f})."
+        )
         lines.append("")
-    lines.append("| method | seeds | start | final | AUC | steps to threshold | final (greedy) | AUC (greedy) | "
-                 "prm/pair_accuracy first -> last |")
+    lines.append(
+        "| method | seeds | start | final | AUC | steps to threshold | final (greedy) | AUC (greedy) | "
+        "prm/pair_accuracy first -> last |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for m, s in summ_s.items():
         g = summ_g[m]
         st = steps_to(s["steps"], s["mean"], thr) if thr is not None else float("nan")
         pa = s.get("pair_accuracy")
         pa_txt = f"{pa['first'][0]:.3f} -> {fmt(pa['last'])}" if pa else ""
-        lines.append(f"| {m} | {len(s['auc_per_seed'])} | {fmt(s['start'])} | {fmt(s['final'])} | {fmt(s['auc'])} | "
-                     f"{'never' if math.isinf(st) else f'{st:.0f}'} | {fmt(g['final'])} | {fmt(g['auc'])} | "
-                     f"{pa_txt} |")
+        lines.append(
+            f"| {m} | {len(s['auc_per_seed'])} | {fmt(s['start'])} | {fmt(s['final'])} | {fmt(s['auc'])} | "
+            f"{'never' if math.isinf(st) else f'{st:.0f}'} | {fmt(g['final'])} | {fmt(g['auc'])} | "
+            f"{pa_txt} |"
+        )
     lines.append("")
     lines.append("| paper claim | measured | verdict |")
     lines.append("|---|---|---|")
@@ -485,24 +684,40 @@ def report(result: dict) -> str:
     off = result.get("offline_prm")
     if off:
         lines.append("")
-        lines.append(f"Offline implicit PRM: {off['rollouts']} rollouts of the warm start ({off['n_prompts']} train "
-                     f"prompts x {off['rollouts_per_prompt']}, accuracy {off['rollout_accuracy']:.3f}); training pair "
-                     f"accuracy CE {off['ce_train_pair_accuracy']}, DPO {off['dpo_train_pair_accuracy']}. Best-of-N "
-                     f"on {off['n_problems']} held-out problems (accuracy of the chosen completion, averaged over "
-                     "disjoint groups of N of 64 samples):")
+        lines.append(
+            f"Offline implicit PRM: {off['rollouts']} rollouts of the warm start ({off['n_prompts']} train "
+            f"prompts x {off['rollouts_per_prompt']}, accuracy {off['rollout_accuracy']:.3f}); training pair "
+            f"accuracy CE {off['ce_train_pair_accuracy']}, DPO {off['dpo_train_pair_accuracy']}. Best-of-N "
+            f"on {off['n_problems']} held-out problems (accuracy of the chosen completion, averaged over "
+            "disjoint groups of N of 64 samples):"
+        )
         lines.append("")
-        lines.append("| N | first sample | majority vote | PRM CE (min) | PRM CE (sum) | PRM DPO (min) | PRM DPO (sum) | "
-                     "oracle |")
+        lines.append(
+            "| N | first sample | majority vote | PRM CE (min) | PRM CE (sum) | PRM DPO (min) | PRM DPO (sum) | "
+            "oracle |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|")
         for n, r in sorted(off["best_of_n"].items(), key=lambda kv: int(kv[0])):
-            lines.append(f"| {n} | {r['first']:.3f} | {r['majority']:.3f} | {r['ce_min']:.3f} | {r['ce_sum']:.3f} | "
-                         f"{r['dpo_min']:.3f} | {r['dpo_sum']:.3f} | {r['oracle']:.3f} |")
+            lines.append(
+                f"| {n} | {r['first']:.3f} | {r['majority']:.3f} | {r['ce_min']:.3f} | {r['ce_sum']:.3f} | "
+                f"{r['dpo_min']:.3f} | {r['dpo_sum']:.3f} | {r['oracle']:.3f} |"
+            )
     return "\n".join(lines)
 
 
 GROUPS = [
-    ("RLOO family", ["rloo", "prime_rloo", "prime_rloo_pc0", "prime_rloo_frozen", "prime_rloo_double",
-                     "prime_rloo_prm2x", "prime_rloo_dpo"]),
+    (
+        "RLOO family",
+        [
+            "rloo",
+            "prime_rloo",
+            "prime_rloo_pc0",
+            "prime_rloo_frozen",
+            "prime_rloo_double",
+            "prime_rloo_prm2x",
+            "prime_rloo_dpo",
+        ],
+    ),
     ("GRPO family", ["grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prof_grpo"]),
     ("REINFORCE", ["reinforce", "prime_reinforce"]),
 ]
@@ -520,8 +735,7 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
         summ = result["summary"][key]
         groups = [(t, [m for m in ms if m in summ]) for t, ms in GROUPS]
         groups = [(t, ms) for t, ms in groups if ms]
-        fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 5 * len(groups)), 4.0), sharey=True,
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 5 * len(groups)), 4.0), sharey=True, squeeze=False)
         for ax, (title, ms) in zip(axes[0], groups):
             for m in ms:
                 s = summ[m]
@@ -535,8 +749,10 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         axes[0][0].set_ylabel(f"held-out accuracy ({key})")
-        fig.suptitle(f"{result['task']['difficulty']} addition, 1M-parameter Llama: mean and 95% t-interval over seeds",
-                     fontsize=10)
+        fig.suptitle(
+            f"{result['task']['difficulty']} addition, 1M-parameter Llama: mean and 95% t-interval over seeds",
+            fontsize=10,
+        )
         fig.tight_layout()
         f = str(Path(folder) / f"learning_curves_{key}_{tag}.png")
         fig.savefig(f, dpi=110)
@@ -569,8 +785,11 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help=f"3 seeds (instead of 5), the main comparisons ({','.join(QUICK_METHODS)}), no offline PRM")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"3 seeds (instead of 5), the main comparisons ({','.join(QUICK_METHODS)}), no offline PRM",
+    )
     p.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per method (default 5; --quick 3)")
     p.add_argument("--seed-offset", type=int, default=0, help="shift every seed by N (seeds are N, N+1, ...)")
@@ -584,25 +803,49 @@ def main(argv=None) -> dict:
     p.add_argument("--heldout", type=int, default=256, help="held-out problems per evaluation")
     p.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--offline-prm", dest="offline_prm", action="store_true", default=None,
-                   help="run the offline implicit PRM section (default: on, off with --quick)")
+    p.add_argument(
+        "--offline-prm",
+        dest="offline_prm",
+        action="store_true",
+        default=None,
+        help="run the offline implicit PRM section (default: on, off with --quick)",
+    )
     p.add_argument("--no-offline-prm", dest="offline_prm", action="store_false")
-    p.add_argument("--offline-prompts", type=int, default=256,
-                   help="train prompts whose 8 rollouts each train the offline PRMs (default 256)")
-    p.add_argument("--offline-problems", type=int, default=128,
-                   help="held-out problems of the best-of-N evaluation, 64 samples each (default 128)")
+    p.add_argument(
+        "--offline-prompts",
+        type=int,
+        default=256,
+        help="train prompts whose 8 rollouts each train the offline PRMs (default 256)",
+    )
+    p.add_argument(
+        "--offline-problems",
+        type=int,
+        default=128,
+        help="held-out problems of the best-of-N evaluation, 64 samples each (default 128)",
+    )
     p.add_argument("--json", default=None, help="write the results (per-seed curves) to this JSON file")
     p.add_argument("--report", default=None, help="write the markdown tables to this file")
     p.add_argument("--plot-dir", default=None, help="write the learning-curve plots (PNG) into this folder")
     p.add_argument("--tag", default=None, help="suffix of the plot files (default: quick / full)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--merge", action="append", default=[], metavar="JSON",
-                   help="start from the runs of an earlier --json file (same settings): only the (method, seed) pairs "
-                        "it lacks are run; repeatable")
-    p.add_argument("--report-only", action="store_true",
-                   help="with --merge: run nothing, only combine the merged runs into the JSON, tables and plots")
-    p.add_argument("--rerun", action="store_true",
-                   help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)")
+    p.add_argument(
+        "--merge",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="start from the runs of an earlier --json file (same settings): only the (method, seed) pairs "
+        "it lacks are run; repeatable",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="with --merge: run nothing, only combine the merged runs into the JSON, tables and plots",
+    )
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)",
+    )
     a = p.parse_args(argv)
     methods = a.methods.split(",") if a.methods else (QUICK_METHODS if a.quick else list(METHODS))
     bad = [m for m in methods if m not in METHODS]
@@ -613,9 +856,16 @@ def main(argv=None) -> dict:
     use_offline = a.offline_prm if a.offline_prm is not None else (not a.quick or "prime_rloo_frozen" in methods)
     if "prime_rloo_frozen" in methods and not use_offline:
         p.error("prime_rloo_frozen needs the offline PRM: drop --no-offline-prm")
-    settings = {"difficulty": a.difficulty, "steps": steps, "eval_every": a.eval_every, "lr": a.lr,
-                "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step, "num_generations": a.num_generations,
-                "heldout": a.heldout}
+    settings = {
+        "difficulty": a.difficulty,
+        "steps": steps,
+        "eval_every": a.eval_every,
+        "lr": a.lr,
+        "prm_lr": a.prm_lr,
+        "prompts_per_step": a.prompts_per_step,
+        "num_generations": a.num_generations,
+        "heldout": a.heldout,
+    }
     merged: dict[tuple[str, int], dict] = {}
     merged_offline = None
     for path in a.merge:
@@ -626,9 +876,15 @@ def main(argv=None) -> dict:
             p.error(f"--merge {path}: settings differ (theirs, ours): {diff}")
         for m, d in old["methods"].items():
             for i, seed in enumerate(d["seeds"]):
-                merged[(m, seed)] = {"method": m, "seed": seed, "steps": d["steps"], "sampled": d["accuracy"][i],
-                                     "greedy": d["accuracy_greedy"][i], "seconds": d["seconds"][i],
-                                     "pair_accuracy": d["prm_pair_accuracy"][i] if d["prm_pair_accuracy"] else []}
+                merged[(m, seed)] = {
+                    "method": m,
+                    "seed": seed,
+                    "steps": d["steps"],
+                    "sampled": d["accuracy"][i],
+                    "greedy": d["accuracy_greedy"][i],
+                    "seconds": d["seconds"][i],
+                    "pair_accuracy": d["prm_pair_accuracy"][i] if d["prm_pair_accuracy"] else [],
+                }
         merged_offline = old.get("offline_prm") or merged_offline
     if a.rerun:
         merged = {k: v for k, v in merged.items() if k[0] not in methods}
@@ -645,8 +901,10 @@ def main(argv=None) -> dict:
     recipe = lt.WarmStartRecipe(task=spec)
     warm = lt.warm_start(recipe, log=tqdm.write)
     info = json.loads((Path(warm) / "info.json").read_text())
-    tqdm.write(f"warm start: {warm} ({info['parameters']} parameters, SFT {info['sft_seconds']} s, held-out "
-               f"{info['heldout_accuracy']})")
+    tqdm.write(
+        f"warm start: {warm} ({info['parameters']} parameters, SFT {info['sft_seconds']} s, held-out "
+        f"{info['heldout_accuracy']})"
+    )
     torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="learning_bench_"))
     wanted = [(m, a.seed_offset + s) for s in range(seeds) for m in methods]
@@ -656,38 +914,75 @@ def main(argv=None) -> dict:
         os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
         torch.set_num_threads(a.threads * a.workers)  # before the workers start
         offline, offline_folder = offline_prm(
-            warm, spec, work, n_prompts=a.offline_prompts, rollouts=8, n_problems=a.offline_problems, log=tqdm.write)
+            warm, spec, work, n_prompts=a.offline_prompts, rollouts=8, n_problems=a.offline_problems, log=tqdm.write
+        )
         torch.set_num_threads(a.threads)
         tqdm.write(f"offline PRM section: {offline['seconds']} s")
 
-    jobs = [dict(method=m, seed=a.seed_offset + s, warm=warm, spec=spec, steps=steps, eval_every=a.eval_every,
-                 lr=a.lr, prm_lr=a.prm_lr, prompts_per_step=a.prompts_per_step, num_generations=a.num_generations,
-                 n_heldout=a.heldout, offline_prm=offline_folder, device=a.device)
-            for m, s in todo]
+    jobs = [
+        dict(
+            method=m,
+            seed=a.seed_offset + s,
+            warm=warm,
+            spec=spec,
+            steps=steps,
+            eval_every=a.eval_every,
+            lr=a.lr,
+            prm_lr=a.prm_lr,
+            prompts_per_step=a.prompts_per_step,
+            num_generations=a.num_generations,
+            n_heldout=a.heldout,
+            offline_prm=offline_folder,
+            device=a.device,
+        )
+        for m, s in todo
+    ]
+
     def build(runs: dict[str, list[dict]], partial: bool) -> dict:
         runs = {m: sorted(runs[m], key=lambda r: r["seed"]) for m in METHODS if m in runs}
         summary = {k: summarize(runs, k) for k in ("greedy", "sampled")}
         result = {
             "methods": {
-                m: {"steps": rs[0]["steps"], "seeds": [r["seed"] for r in rs],
-                    "accuracy": [r["sampled"] for r in rs], "accuracy_greedy": [r["greedy"] for r in rs],
-                    "start": summary["sampled"][m]["start"][0], "final": [r["sampled"][-1] for r in rs],
+                m: {
+                    "steps": rs[0]["steps"],
+                    "seeds": [r["seed"] for r in rs],
+                    "accuracy": [r["sampled"] for r in rs],
+                    "accuracy_greedy": [r["greedy"] for r in rs],
+                    "start": summary["sampled"][m]["start"][0],
+                    "final": [r["sampled"][-1] for r in rs],
                     "final_greedy": [r["greedy"][-1] for r in rs],
                     "prm_pair_accuracy": [r["pair_accuracy"] for r in rs] if rs[0]["pair_accuracy"] else None,
-                    "seconds": [r["seconds"] for r in rs]}
+                    "seconds": [r["seconds"] for r in rs],
+                }
                 for m, rs in runs.items()
             },
-            "task": {"name": "step-by-step multi-operand addition", "difficulty": str(spec),
-                     "operands": spec.operands, "digits": spec.digits, "heldout": a.heldout, "warm_start": info,
-                     "warm_start_hash": Path(warm).name},
-            "settings": {"steps": steps, "seeds": seeds, "seed_offset": a.seed_offset, "eval_every": a.eval_every,
-                         "merged": a.merge, "lr": a.lr, "prm_lr": a.prm_lr, "prompts_per_step": a.prompts_per_step,
-                         "num_generations": a.num_generations, "lr_scheduler_type": "constant", "temperature": 1.0,
-                         "filter": [0.0, 1.0],
-                         "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: "
-                                     "greedy)",
-                         "command": " ".join(["python", "benchmarks/learning.py",
-                                              *(argv if argv is not None else sys.argv[1:])])},
+            "task": {
+                "name": "step-by-step multi-operand addition",
+                "difficulty": str(spec),
+                "operands": spec.operands,
+                "digits": spec.digits,
+                "heldout": a.heldout,
+                "warm_start": info,
+                "warm_start_hash": Path(warm).name,
+            },
+            "settings": {
+                "steps": steps,
+                "seeds": seeds,
+                "seed_offset": a.seed_offset,
+                "eval_every": a.eval_every,
+                "merged": a.merge,
+                "lr": a.lr,
+                "prm_lr": a.prm_lr,
+                "prompts_per_step": a.prompts_per_step,
+                "num_generations": a.num_generations,
+                "lr_scheduler_type": "constant",
+                "temperature": 1.0,
+                "filter": [0.0, 1.0],
+                "accuracy": "sampled at temperature 1, 2 samples per held-out problem (accuracy_greedy: greedy)",
+                "command": " ".join(
+                    ["python", "benchmarks/learning.py", *(argv if argv is not None else sys.argv[1:])]
+                ),
+            },
             "machine": _common.machine(),
             "summary": summary,
             "offline_prm": offline,
@@ -716,14 +1011,17 @@ def main(argv=None) -> dict:
 
     th = threading.Thread(target=pump, daemon=True)
     th.start()
-    with ProcessPoolExecutor(max_workers=a.workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(q, a.threads)) as ex:
+    with ProcessPoolExecutor(
+        max_workers=a.workers, mp_context=ctx, initializer=_init_worker, initargs=(q, a.threads)
+    ) as ex:
         futures = [ex.submit(_job, j) for j in jobs]
         for f in futures:
             r = f.result()
             runs.setdefault(r["method"], []).append(r)
-            tqdm.write(f"{r['method']:>18} seed {r['seed']}: greedy {r['greedy'][0]:.3f} -> {r['greedy'][-1]:.3f}, "
-                       f"sampled {r['sampled'][0]:.3f} -> {r['sampled'][-1]:.3f} ({r['seconds']} s)")
+            tqdm.write(
+                f"{r['method']:>18} seed {r['seed']}: greedy {r['greedy'][0]:.3f} -> {r['greedy'][-1]:.3f}, "
+                f"sampled {r['sampled'][0]:.3f} -> {r['sampled'][-1]:.3f} ({r['seconds']} s)"
+            )
             if a.json:  # after every run, so an interrupted benchmark keeps its finished runs (--merge it)
                 _common.dump(build(runs, partial=True), a.json)
     done.set()

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -88,8 +89,9 @@ def make_problem(rng: random.Random, spec: TaskSpec, slip: float = 0.0) -> dict:
     return {"prompt": prompt, "completion": completion, "solution": str(sum(nums)), "key": tuple(nums)}
 
 
-def make_splits(spec: TaskSpec, n_train: int, n_heldout: int, seed: int = 1234,
-                slip: float = 0.0) -> tuple[list[dict], list[dict]]:
+def make_splits(
+    spec: TaskSpec, n_train: int, n_heldout: int, seed: int = 1234, slip: float = 0.0
+) -> tuple[list[dict], list[dict]]:
     """Disjoint train and held-out problems (no operand tuple in both), deterministic in ``seed``.
 
     ``slip`` applies to the train completions only (the SFT data); held-out completions are always correct.
@@ -241,9 +243,13 @@ def warm_start(recipe: WarmStartRecipe = WarmStartRecipe(), *, log=print) -> str
     trainer.processing_class.save_pretrained(out)
     sft_seconds = time.time() - t0
     acc = evaluate(trainer.model, trainer.processing_class, heldout, greedy=True, samples=1, seed=0)
-    info = {"recipe": {**asdict(recipe), "task": asdict(recipe.task)}, "sft_seconds": round(sft_seconds, 1),
-            "heldout_accuracy": acc, "parameters": sum(p.numel() for p in trainer.model.parameters()),
-            "torch_threads": torch.get_num_threads()}
+    info = {
+        "recipe": {**asdict(recipe), "task": asdict(recipe.task)},
+        "sft_seconds": round(sft_seconds, 1),
+        "heldout_accuracy": acc,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "torch_threads": torch.get_num_threads(),
+    }
     (out / "info.json").write_text(json.dumps(info, indent=2))
     # publish: model files at the folder's top level
     try:
@@ -271,8 +277,18 @@ def max_completion_tokens(spec: TaskSpec) -> int:
     return max(len(longest), len(worst["completion"])) + 8
 
 
-def evaluate(model, tokenizer, problems: list[dict], *, greedy: bool = True, samples: int = 1, seed: int = 0,
-             batch_size: int = 256, max_new_tokens: int | None = None, spec: TaskSpec | None = None) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    problems: list[dict],
+    *,
+    greedy: bool = True,
+    samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
+    max_new_tokens: int | None = None,
+    spec: TaskSpec | None = None,
+) -> dict:
     """Held-out accuracy of ``model``: ``{"greedy": acc, "sampled": acc}`` (keys present as requested).
 
     Greedy decoding scores each problem once; sampling (temperature 1, no top-k/top-p) draws ``samples`` completions
@@ -301,9 +317,13 @@ def evaluate(model, tokenizer, problems: list[dict], *, greedy: bool = True, sam
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
                 with torch.no_grad():
                     ids = model.generate(
-                        **enc.to(model.device), max_new_tokens=max_new_tokens, do_sample=mode == "sampled",
-                        temperature=1.0 if mode == "sampled" else None, top_k=0 if mode == "sampled" else None,
-                        top_p=1.0 if mode == "sampled" else None, pad_token_id=tokenizer.pad_token_id,
+                        **enc.to(model.device),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=mode == "sampled",
+                        temperature=1.0 if mode == "sampled" else None,
+                        top_k=0 if mode == "sampled" else None,
+                        top_p=1.0 if mode == "sampled" else None,
+                        pad_token_id=tokenizer.pad_token_id,
                         eos_token_id=tokenizer.eos_token_id,
                     )
                 texts += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -42,8 +42,10 @@ import tempfile
 import time
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+
 
 CONFIGS = ("grpo_lora", "prime_lora", "prime_full", "grpo_full", "prime_lora_4bit")
 # the default run: every configuration that needs nothing beyond the core dependencies
@@ -81,10 +83,21 @@ def _worker(opts) -> None:
     on_gpu = opts.device != "cpu"
     T = opts.max_completion_length
     kw = dict(
-        output_dir=tempfile.mkdtemp(prefix=f"bench_mem_{name}_"), report_to=[], disable_tqdm=True,
-        save_strategy="no", logging_steps=1, seed=opts.seed, use_cpu=not on_gpu, bf16=on_gpu and opts.bf16,
-        gradient_checkpointing=False, per_device_train_batch_size=opts.batch, num_generations=opts.num_generations,
-        max_completion_length=T, max_steps=opts.steps, learning_rate=5e-7, beta=0.0,
+        output_dir=tempfile.mkdtemp(prefix=f"bench_mem_{name}_"),
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=opts.seed,
+        use_cpu=not on_gpu,
+        bf16=on_gpu and opts.bf16,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=opts.batch,
+        num_generations=opts.num_generations,
+        max_completion_length=T,
+        max_steps=opts.steps,
+        learning_rate=5e-7,
+        beta=0.0,
         generation_kwargs={"min_new_tokens": T},
     )
     if prime:
@@ -93,12 +106,17 @@ def _worker(opts) -> None:
         from transformers import BitsAndBytesConfig
 
         compute = torch.bfloat16 if on_gpu and opts.bf16 else torch.float32
-        kw["model_init_kwargs"] = {"dtype": compute, "quantization_config": BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)}
+        kw["model_init_kwargs"] = {
+            "dtype": compute,
+            "quantization_config": BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+            ),
+        }
     extra = {}
     if "lora" in name:
-        extra["peft_config"] = LoraConfig(r=opts.lora_r, lora_alpha=2 * opts.lora_r, target_modules="all-linear",
-                                          task_type="CAUSAL_LM")
+        extra["peft_config"] = LoraConfig(
+            r=opts.lora_r, lora_alpha=2 * opts.lora_r, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
     if opts.model_path.endswith("/tiny") or opts.dataset == "tiny":
         from tiny import tiny_prompt_dataset
 
@@ -123,11 +141,19 @@ def _worker(opts) -> None:
             step_seconds.append(time.perf_counter() - self.t0)
 
     t0 = time.perf_counter()
-    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=cfg_cls(**kw), train_dataset=ds,
-                  callbacks=[StepTimer()], **extra)
+    trainer = cls(
+        model=opts.model_path,
+        reward_funcs=math_reward,
+        args=cfg_cls(**kw),
+        train_dataset=ds,
+        callbacks=[StepTimer()],
+        **extra,
+    )
     trainer.train()
     out = {
-        "config": name, "seconds": time.perf_counter() - t0, "base_rss_mib": base_rss,
+        "config": name,
+        "seconds": time.perf_counter() - t0,
+        "base_rss_mib": base_rss,
         "step_seconds": statistics.median(step_seconds) if step_seconds else float("nan"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
@@ -154,10 +180,16 @@ def main(argv=None) -> dict:
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank of the *_lora configurations (all linear layers)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true",
-                   help="embedded default model, 128 tokens, batch 8, 1 step (overrides those options)")
-    p.add_argument("--default-malloc", action="store_true",
-                   help="keep glibc's dynamic mmap/trim thresholds in the workers (peak RSS then includes freed heap)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="embedded default model, 128 tokens, batch 8, 1 step (overrides those options)",
+    )
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's dynamic mmap/trim thresholds in the workers (peak RSS then includes freed heap)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -171,8 +203,11 @@ def main(argv=None) -> dict:
     configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     bad = set(configs) - set(CONFIGS)
     if bad or not configs:
-        p.error(f"unknown configs {sorted(bad)}; known: {list(CONFIGS)}" if bad else
-                f"--configs is empty; choose from {list(CONFIGS)}")
+        p.error(
+            f"unknown configs {sorted(bad)}; known: {list(CONFIGS)}"
+            if bad
+            else f"--configs is empty; choose from {list(CONFIGS)}"
+        )
     for name in ("steps", "batch", "num_generations", "max_completion_length", "lora_r", "threads"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
@@ -186,10 +221,34 @@ def main(argv=None) -> dict:
     results = {}
     for name in configs:
         out = os.path.join(work, f"{name}.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-path", model_path, "--out", out,
-               "--device", opts.device, "--dataset", opts.dataset, "--batch", str(opts.batch), "--num-generations",
-               str(opts.num_generations), "--max-completion-length", str(opts.max_completion_length), "--steps",
-               str(opts.steps), "--lora-r", str(opts.lora_r), "--threads", str(opts.threads), "--seed", str(opts.seed)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            name,
+            "--model-path",
+            model_path,
+            "--out",
+            out,
+            "--device",
+            opts.device,
+            "--dataset",
+            opts.dataset,
+            "--batch",
+            str(opts.batch),
+            "--num-generations",
+            str(opts.num_generations),
+            "--max-completion-length",
+            str(opts.max_completion_length),
+            "--steps",
+            str(opts.steps),
+            "--lora-r",
+            str(opts.lora_r),
+            "--threads",
+            str(opts.threads),
+            "--seed",
+            str(opts.seed),
+        ]
         if opts.bf16:
             cmd.append("--bf16")
         env = dict(os.environ)
@@ -203,23 +262,36 @@ def main(argv=None) -> dict:
         r = json.loads(Path(out).read_text())
         results[name] = r
         gpu = f", CUDA max allocated {r['cuda_max_allocated_mib']:.0f} MiB" if "cuda_max_allocated_mib" in r else ""
-        print(f"{name:<11} peak RSS {r['peak_rss_mib']:7.0f} MiB (after imports {r['base_rss_mib']:5.0f} MiB, "
-              f"training {r['peak_rss_mib'] - r['base_rss_mib']:7.0f} MiB){gpu}  trainable {r['trainable_params']:,}"
-              + (f" + PRM {r['prm_trainable_params']:,} ({r['prm_reference']} reference)" if "prm_reference" in r else "")
-              + f"  [{r['seconds']:.0f} s]", flush=True)
+        print(
+            f"{name:<11} peak RSS {r['peak_rss_mib']:7.0f} MiB (after imports {r['base_rss_mib']:5.0f} MiB, "
+            f"training {r['peak_rss_mib'] - r['base_rss_mib']:7.0f} MiB){gpu}  trainable {r['trainable_params']:,}"
+            + (
+                f" + PRM {r['prm_trainable_params']:,} ({r['prm_reference']} reference)"
+                if "prm_reference" in r
+                else ""
+            )
+            + f"  [{r['seconds']:.0f} s]",
+            flush=True,
+        )
     key = "cuda_max_allocated_mib" if opts.device != "cpu" else "peak_rss_mib"
     ratios = {}
-    for a, b in (("prime_lora", "grpo_lora"), ("prime_full", "grpo_lora"), ("prime_full", "grpo_full"),
-                 ("prime_lora_4bit", "prime_lora")):
+    for a, b in (
+        ("prime_lora", "grpo_lora"),
+        ("prime_full", "grpo_lora"),
+        ("prime_full", "grpo_full"),
+        ("prime_lora_4bit", "prime_lora"),
+    ):
         if a in results and b in results:
             ratios[f"{a}/{b}"] = results[a][key] / results[b][key]
             if key == "peak_rss_mib":
                 inc = (results[a][key] - results[a]["base_rss_mib"]) / (results[b][key] - results[b]["base_rss_mib"])
                 ratios[f"{a}/{b} (training increment)"] = inc
     print()
-    print(f"model {opts.model}  device {opts.device}  batch {opts.batch}  completion {opts.max_completion_length} "
-          f"tokens  {opts.steps} step(s)  LoRA r={opts.lora_r} all-linear  malloc "
-          f"{'glibc defaults' if opts.default_malloc else 'fixed mmap/trim thresholds (128 KiB)'}")
+    print(
+        f"model {opts.model}  device {opts.device}  batch {opts.batch}  completion {opts.max_completion_length} "
+        f"tokens  {opts.steps} step(s)  LoRA r={opts.lora_r} all-linear  malloc "
+        f"{'glibc defaults' if opts.default_malloc else 'fixed mmap/trim thresholds (128 KiB)'}"
+    )
     for k, v in ratios.items():
         print(f"memory ratio {k:<42} = {v:.2f}")
     summary = {"options": vars(opts), "machine": _common.machine(), "results": results, "ratios": ratios}

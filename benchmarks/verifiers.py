@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
@@ -74,8 +75,14 @@ def code_items(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
             body = f"import sys\nvals = [int(x) for x in sys.stdin.read().split()]\nprint(sum(vals[:1]) * {k if correct else k + 1})"
         comps.append(f"Here is my solution.\n\n```python\n{body}\n```")
         x, y = rng.randint(1, 1000), rng.randint(1, 1000)
-        tests.append({"stdin_stdout": [{"input": f"{x}\n", "output": f"{x * k}\n"},
-                                       {"input": f"{y}\n", "output": f"{y * k}\n"}]})
+        tests.append(
+            {
+                "stdin_stdout": [
+                    {"input": f"{x}\n", "output": f"{x * k}\n"},
+                    {"input": f"{y}\n", "output": f"{y * k}\n"},
+                ]
+            }
+        )
     return comps, tests
 
 
@@ -107,16 +114,26 @@ def bench_math(n: int, batch: int, timeout: float) -> dict:
     t0 = time.perf_counter()
     for s in range(0, n, batch):
         tb = time.perf_counter()
-        res = verify_math(comps[s:s + batch], golds[s:s + batch], timeout=timeout)
+        res = verify_math(comps[s : s + batch], golds[s : s + batch], timeout=timeout)
         per_batch.append(len(res) / (time.perf_counter() - tb))
         reasons.update(r.reason for r in res)
     total = time.perf_counter() - t0
     shutdown_math_workers()
     cpu = max(_cpu_seconds() - c0 - startup_cpu, 1e-9)  # the pool's start-up cost measured above is excluded
-    return {"answers": n, "seconds": total, "answers_per_s": n / total, "batch": batch, "workers": workers,
-            "cpu_seconds": cpu, "answers_per_cpu_s": n / cpu, "pool_startup_cpu_s": startup_cpu,
-            "median_batch_answers_per_s": statistics.median(per_batch), "cold_first_batch_s": cold,
-            "timeout_s": timeout, "reasons": dict(reasons)}
+    return {
+        "answers": n,
+        "seconds": total,
+        "answers_per_s": n / total,
+        "batch": batch,
+        "workers": workers,
+        "cpu_seconds": cpu,
+        "answers_per_cpu_s": n / cpu,
+        "pool_startup_cpu_s": startup_cpu,
+        "median_batch_answers_per_s": statistics.median(per_batch),
+        "cold_first_batch_s": cold,
+        "timeout_s": timeout,
+        "reasons": dict(reasons),
+    }
 
 
 def bench_code(n: int, timeout: float) -> dict:
@@ -131,9 +148,17 @@ def bench_code(n: int, timeout: float) -> dict:
     cpu = _cpu_seconds() - c0
     reasons = Counter(r.reason for r in res)
     expected_correct = sum(1 for c in comps if "print(n * " in c or "vals[:1]" in c)
-    return {"programs": n, "test_cases": 2 * n, "seconds": total, "programs_per_s": n / total,
-            "cpu_seconds": cpu, "programs_per_cpu_s": n / cpu,
-            "timeout_s": timeout, "reasons": dict(reasons), "programs_seen": expected_correct}
+    return {
+        "programs": n,
+        "test_cases": 2 * n,
+        "seconds": total,
+        "programs_per_s": n / total,
+        "cpu_seconds": cpu,
+        "programs_per_cpu_s": n / cpu,
+        "timeout_s": timeout,
+        "reasons": dict(reasons),
+        "programs_seen": expected_correct,
+    }
 
 
 def main(argv=None) -> dict:
@@ -143,8 +168,9 @@ def main(argv=None) -> dict:
     p.add_argument("--math-timeout", type=float, default=5.0)
     p.add_argument("--code-programs", type=int, default=64)
     p.add_argument("--code-timeout", type=float, default=5.0, help="wall-clock seconds per test case")
-    p.add_argument("--quick", action="store_true", help="256 answers, 24 programs (overrides --math-answers and "
-                   "--code-programs)")
+    p.add_argument(
+        "--quick", action="store_true", help="256 answers, 24 programs (overrides --math-answers and --code-programs)"
+    )
     p.add_argument("--json", default=None)
     opts = p.parse_args(argv)
     if opts.quick:
@@ -158,17 +184,26 @@ def main(argv=None) -> dict:
     out = {"machine": _common.machine(), "options": vars(opts)}
     m = bench_math(opts.math_answers, opts.math_batch, opts.math_timeout)
     out["math"] = m
-    print(f"math: {m['answers']} answers in {m['seconds']:.2f} s = {m['answers_per_s']:.0f} answers/s "
-          f"(median batch {m['median_batch_answers_per_s']:.0f}/s; {m['workers']} workers; timeout {m['timeout_s']:g} s; "
-          f"first batch with pool start {m['cold_first_batch_s']:.2f} s) reasons {m['reasons']}", flush=True)
-    print(f"math: {m['cpu_seconds']:.2f} CPU s = {m['answers_per_cpu_s']:.0f} answers per CPU second "
-          f"(x{os.cpu_count()} cores = {m['answers_per_cpu_s'] * os.cpu_count():.0f} answers/s on an idle machine)")
+    print(
+        f"math: {m['answers']} answers in {m['seconds']:.2f} s = {m['answers_per_s']:.0f} answers/s "
+        f"(median batch {m['median_batch_answers_per_s']:.0f}/s; {m['workers']} workers; timeout {m['timeout_s']:g} s; "
+        f"first batch with pool start {m['cold_first_batch_s']:.2f} s) reasons {m['reasons']}",
+        flush=True,
+    )
+    print(
+        f"math: {m['cpu_seconds']:.2f} CPU s = {m['answers_per_cpu_s']:.0f} answers per CPU second "
+        f"(x{os.cpu_count()} cores = {m['answers_per_cpu_s'] * os.cpu_count():.0f} answers/s on an idle machine)"
+    )
     c = bench_code(opts.code_programs, opts.code_timeout)
     out["code"] = c
-    print(f"code: {c['programs']} programs ({c['test_cases']} test cases) in {c['seconds']:.2f} s = "
-          f"{c['programs_per_s']:.1f} programs/s (timeout {c['timeout_s']:g} s per case) reasons {c['reasons']}")
-    print(f"code: {c['cpu_seconds']:.2f} CPU s = {c['programs_per_cpu_s']:.1f} programs per CPU second "
-          f"(x{os.cpu_count()} cores = {c['programs_per_cpu_s'] * os.cpu_count():.1f} programs/s on an idle machine)")
+    print(
+        f"code: {c['programs']} programs ({c['test_cases']} test cases) in {c['seconds']:.2f} s = "
+        f"{c['programs_per_s']:.1f} programs/s (timeout {c['timeout_s']:g} s per case) reasons {c['reasons']}"
+    )
+    print(
+        f"code: {c['cpu_seconds']:.2f} CPU s = {c['programs_per_cpu_s']:.1f} programs per CPU second "
+        f"(x{os.cpu_count()} cores = {c['programs_per_cpu_s'] * os.cpu_count():.1f} programs/s on an idle machine)"
+    )
     _common.dump(out, opts.json)
     return out
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
 for p in (ROOT, TESTS):  # `import trl_prime` and `import tiny` without an installed package

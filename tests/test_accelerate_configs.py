@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "accelerate_configs")
 
@@ -62,7 +63,14 @@ def test_config_loads_with_accelerate(name):
 
 
 def _referencing_files():
-    patterns = ["recipes/*.py", "recipes/configs/*.yaml", "README.md", "docs/**/*.md", "tests/*.py", "tests/scripts/*.py"]
+    patterns = [
+        "recipes/*.py",
+        "recipes/configs/*.yaml",
+        "README.md",
+        "docs/**/*.md",
+        "tests/*.py",
+        "tests/scripts/*.py",
+    ]
     files = set()
     for p in patterns:
         files.update(glob.glob(os.path.join(ROOT, p), recursive=True))
@@ -71,8 +79,11 @@ def _referencing_files():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_config_is_used_by_a_recipe_or_a_test(name):
-    users = [f for f, text in _referencing_files().items()
-             if f"accelerate_configs/{name}" in text or (f.startswith("tests/") and f'"{name}"' in text)]
+    users = [
+        f
+        for f, text in _referencing_files().items()
+        if f"accelerate_configs/{name}" in text or (f.startswith("tests/") and f'"{name}"' in text)
+    ]
     users = [u for u in users if u != "tests/test_accelerate_configs.py"]
     assert users, f"accelerate_configs/{name} is used by no recipe, README section or test"
     if name.startswith("cpu_"):

@@ -9,19 +9,38 @@ import sys
 
 import pytest
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(script, *args, timeout=600):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout
 
 
 def test_step_overhead_runs_on_the_tiny_model(tmp_path):
-    out = _run("step_overhead.py", "--model", "tiny", "--configs", "rloo,prime_rloo", "--warmup", "0", "--steps", "1",
-               "--max-completion-length", "8", "--json", str(tmp_path / "r.json"))
+    out = _run(
+        "step_overhead.py",
+        "--model",
+        "tiny",
+        "--configs",
+        "rloo,prime_rloo",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "8",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     last = out.strip().splitlines()[-1]
     assert last.startswith("overhead: PRIME/RLOO = "), out
     assert float(last.split("=")[1]) > 0
@@ -31,8 +50,17 @@ def test_step_overhead_runs_on_the_tiny_model(tmp_path):
 
 
 def test_memory_runs_on_the_tiny_model():
-    out = _run("memory.py", "--model", "tiny", "--configs", "grpo_lora,prime_lora", "--steps", "1",
-               "--max-completion-length", "8")
+    out = _run(
+        "memory.py",
+        "--model",
+        "tiny",
+        "--configs",
+        "grpo_lora,prime_lora",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "8",
+    )
     assert "memory: PRIME-LoRA/GRPO-LoRA = " in out and "adapters_disabled reference" in out
 
 
@@ -47,8 +75,22 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_model(tmp_path):
     import importlib.util
     import json
 
-    out = _run("gpu_check.py", "--device", "cpu", "--model", "tiny", "--warmup", "0", "--steps", "1",
-               "--max-completion-length", "8", "--json", str(tmp_path / "g.json"), timeout=900)
+    out = _run(
+        "gpu_check.py",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "8",
+        "--json",
+        str(tmp_path / "g.json"),
+        timeout=900,
+    )
     with_4bit = importlib.util.find_spec("bitsandbytes") is not None
     expected = ["rloo", "prime_rloo", "grpo_lora", "prime_lora"] + (["prime_lora_4bit"] if with_4bit else [])
     table = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| row ")]
@@ -70,9 +112,11 @@ def _wheel(folder, name="gcdemo", value=42):
 
     path = folder / f"{name}-1.0-py3-none-any.whl"
     info = f"{name}-1.0.dist-info"
-    files = {f"{name}/__init__.py": f"VALUE = {value}\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{info}/RECORD"] = "".join(f"{k},,\n" for k in files) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as z:
         for k, v in files.items():
@@ -94,8 +138,9 @@ def test_gpu_check_installs_missing_packages_from_carried_wheels(tmp_path, monke
     site = gpu_check.install_wheels(str(wheels))
     assert site == str(wheels / "site") and sys.path[0] == site
     assert os.environ["PYTHONPATH"] == os.pathsep.join([site, "/elsewhere"])
-    proc = subprocess.run([sys.executable, "-c", "import gcdemo; print(gcdemo.VALUE)"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import gcdemo; print(gcdemo.VALUE)"], capture_output=True, text=True, timeout=120
+    )
     assert proc.stdout.strip() == "42", proc.stderr
     assert (wheels / "site" / ".gpu_check_installed").read_text() == "gcdemo-1.0-py3-none-any.whl"
     with pytest.raises(SystemExit, match="no .whl files"):

@@ -32,8 +32,9 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, TOKENIZERS_PARALLELISM="false", HF_HUB_O
 
 
 def _run_cli(*argv: str, module: str = "trl_prime.cli") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------- help
@@ -94,14 +95,19 @@ def test_trainer_comes_from_the_flag_then_the_yaml_then_the_default(tmp_path):
     with pytest.raises(ValueError, match=r"`trainer`='prl_grpo': this command trains with one of"):
         utils.choose_trainer(["--trainer", "prl_grpo"], choices)
     # the YAMLs name their trainer: the command picks the config class from it
-    for name, (command, trainer) in {"prime_qwen7b": ("prime", "prime_rloo"), "prime_lora": ("prime", "prime_rloo"),
-                                     "prl_grpo": ("prl", "prl_grpo"), "prof_grpo": ("prof", "prof_grpo"),
-                                     "prof_prime": ("prof", "prime_grpo")}.items():
+    for name, (command, trainer) in {
+        "prime_qwen7b": ("prime", "prime_rloo"),
+        "prime_lora": ("prime", "prime_rloo"),
+        "prl_grpo": ("prl", "prl_grpo"),
+        "prof_grpo": ("prof", "prof_grpo"),
+        "prof_prime": ("prof", "prime_grpo"),
+    }.items():
         argv = ["--config", os.path.join(CONFIGS, f"{name}.yaml")]
         assert utils.choose_trainer(argv, utils.COMMAND_TRAINERS[command]) == trainer, name
     # `trl-prime prime` with the GRPO estimator's trainer: PrimeGRPOConfig
     script_args, args, _ = prime.parse_args(
-        ["--trainer", "prime_grpo", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"])
+        ["--trainer", "prime_grpo", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
+    )
     assert script_args.trainer == "prime_grpo" and type(args).__name__ == "PrimeGRPOConfig"
     assert args.prime_estimator == "grpo"
 
@@ -116,13 +122,32 @@ def test_training_command_flags_it_does_not_know_go_to_accelerate():
     prl_yaml = os.path.join(CONFIGS, "prl_grpo.yaml")
     argv = [f"--config={prl_yaml}", "--num_processes", "2", *TINY_PRL, "--main_process_port", "29555"]
     assert cli.accelerate_launch_argv("prl", argv) == [
-        "--num_processes", "2", "--main_process_port", "29555",
-        "-m", "trl_prime.scripts.prl", "--config", prl_yaml, *TINY_PRL,
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29555",
+        "-m",
+        "trl_prime.scripts.prl",
+        "--config",
+        prl_yaml,
+        *TINY_PRL,
     ]
     assert cli.accelerate_launch_argv("implicit-prm", ["--loss_type", "dpo", "--num_machines", "1"]) == [
-        "--num_machines", "1", "-m", "trl_prime.scripts.implicit_prm", "--loss_type", "dpo"]
+        "--num_machines",
+        "1",
+        "-m",
+        "trl_prime.scripts.implicit_prm",
+        "--loss_type",
+        "dpo",
+    ]
     assert cli.accelerate_launch_argv("prime", ["--trainer", "prime_grpo", "--use_cpu", "true"]) == [
-        "-m", "trl_prime.scripts.prime", "--trainer", "prime_grpo", "--use_cpu", "true"]
+        "-m",
+        "trl_prime.scripts.prime",
+        "--trainer",
+        "prime_grpo",
+        "--use_cpu",
+        "true",
+    ]
 
 
 def test_launch_split_builds_no_config():
@@ -130,7 +155,12 @@ def test_launch_split_builds_no_config():
     a group of 8, which one process (the launcher's) could not (GRPOConfig: generation batch % num_generations)."""
     argv = ["--per_device_train_batch_size", "1", "--num_generations", "8", "--num_processes", "8"]
     assert cli.accelerate_launch_argv("prl", argv) == [
-        "--num_processes", "8", "-m", "trl_prime.scripts.prl", *argv[:4]]
+        "--num_processes",
+        "8",
+        "-m",
+        "trl_prime.scripts.prl",
+        *argv[:4],
+    ]
     with pytest.raises(ValueError, match="must be divisible by num_generations"):
         prl.parse_args(argv[:4] + ["--bf16", "false"])  # the same flags in one process
 
@@ -139,7 +169,15 @@ def test_accelerate_config_keys_of_the_yaml_go_to_accelerate(tmp_path):
     config = tmp_path / "prl.yaml"
     config.write_text(yaml.safe_dump({"trainer": "prl_grpo", "bf16": False, "num_processes": 2}))
     assert cli.accelerate_launch_argv("prl", ["--config", str(config), "--max_steps", "1"]) == [
-        "--num_processes", "2", "-m", "trl_prime.scripts.prl", "--config", str(config), "--max_steps", "1"]
+        "--num_processes",
+        "2",
+        "-m",
+        "trl_prime.scripts.prl",
+        "--config",
+        str(config),
+        "--max_steps",
+        "1",
+    ]
 
 
 def test_accelerate_config_names(tmp_path):
@@ -153,16 +191,27 @@ def test_accelerate_config_names(tmp_path):
     for name in names:
         assert os.path.samefile(ours / f"{name}.yaml", Path(ROOT, "accelerate_configs", f"{name}.yaml"))
     assert cli.resolve_accelerate_config(["--num_processes", "2", "--accelerate_config", "cpu_ddp"]) == [
-        "--config_file", str(ours / "cpu_ddp.yaml"), "--num_processes", "2"]
+        "--config_file",
+        str(ours / "cpu_ddp.yaml"),
+        "--num_processes",
+        "2",
+    ]
     zero3 = ["--config_file", str(ours / "zero3.yaml")]
     assert cli.resolve_accelerate_config(["--accelerate_config", "zero3"]) == zero3
     # cpu_zero3.yaml names its JSON relative to the repository root: launched from anywhere, it is the package's file
     resolved = cli.resolve_accelerate_config(["--accelerate_config", "cpu_zero3"])
-    assert resolved == ["--config_file", str(ours / "cpu_zero3.yaml"), "--deepspeed_config_file",
-                        str(ours / "cpu_zero3.json")]
+    assert resolved == [
+        "--config_file",
+        str(ours / "cpu_zero3.yaml"),
+        "--deepspeed_config_file",
+        str(ours / "cpu_zero3.json"),
+    ]
     given = ["--deepspeed_config_file", "x.json"]
     assert cli.resolve_accelerate_config(["--accelerate_config", "cpu_zero3", *given]) == [
-        "--config_file", str(ours / "cpu_zero3.yaml"), *given]
+        "--config_file",
+        str(ours / "cpu_zero3.yaml"),
+        *given,
+    ]
     # TRL's names (those trl-prime does not ship), then a path
     fsdp2 = cli.resolve_accelerate_config(["--accelerate_config", "fsdp2"])
     assert fsdp2[0] == "--config_file" and Path(fsdp2[1]).parts[-2:] == ("accelerate_configs", "fsdp2.yaml")
@@ -223,14 +272,50 @@ def test_console_entry_launches_two_processes(tiny_model_path, math_jsonl, tmp_p
     env = dict(ENV, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop(cli.LAUNCHED_ENV, None)
     argv = [
-        "prl", "--config", os.path.join(CONFIGS, "prl_grpo.yaml"), "--accelerate_config", "cpu_ddp",
-        "--main_process_port", str(_free_port()), "--output_dir", str(out), "--model_name_or_path", tiny_model_path,
-        "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--max_steps", "1",
-        "--max_completion_length", "8", "--per_device_train_batch_size", "4", "--num_generations", "4",
-        "--prl_step_len", "3", "--save_strategy", "steps", "--save_steps", "1", "--report_to", "none",
+        "prl",
+        "--config",
+        os.path.join(CONFIGS, "prl_grpo.yaml"),
+        "--accelerate_config",
+        "cpu_ddp",
+        "--main_process_port",
+        str(_free_port()),
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_path,
+        "--dataset_name",
+        math_jsonl,
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+        "--dtype",
+        "float32",
+        "--max_steps",
+        "1",
+        "--max_completion_length",
+        "8",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--prl_step_len",
+        "3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--report_to",
+        "none",
     ]
-    proc = subprocess.run([sys.executable, "-m", "trl_prime.cli", *argv], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_prime.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     checkpoint = out / "checkpoint-1"
     assert sorted(p.name for p in checkpoint.glob("rng_state*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
@@ -274,12 +359,40 @@ def test_console_entry_trains_prof_inside_prime(tiny_model_path, math_jsonl, tmp
     train = utils.train
     monkeypatch.setattr(utils, "train", lambda *a: trainers.append(train(*a)) or trainers[-1])
     out = tmp_path / "out"
-    status = cli.main([
-        "prof", "--config", os.path.join(CONFIGS, "prof_prime.yaml"), "--output_dir", str(out),
-        "--model_name_or_path", tiny_model_path, "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false",
-        "--dtype", "float32", "--max_steps", "1", "--max_completion_length", "8", "--per_device_train_batch_size", "8",
-        "--save_strategy", "no", "--filter_lower", "0.0", "--filter_upper", "1.0", "--report_to", "none",
-    ], launch_training=False)
+    status = cli.main(
+        [
+            "prof",
+            "--config",
+            os.path.join(CONFIGS, "prof_prime.yaml"),
+            "--output_dir",
+            str(out),
+            "--model_name_or_path",
+            tiny_model_path,
+            "--dataset_name",
+            math_jsonl,
+            "--use_cpu",
+            "true",
+            "--bf16",
+            "false",
+            "--dtype",
+            "float32",
+            "--max_steps",
+            "1",
+            "--max_completion_length",
+            "8",
+            "--per_device_train_batch_size",
+            "8",
+            "--save_strategy",
+            "no",
+            "--filter_lower",
+            "0.0",
+            "--filter_upper",
+            "1.0",
+            "--report_to",
+            "none",
+        ],
+        launch_training=False,
+    )
     assert status == 0 and len(trainers) == 1
     trainer = trainers[0]
     assert type(trainer) is PrimeGRPOTrainer and trainer.args.prof_prm == "implicit"

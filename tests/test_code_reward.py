@@ -23,6 +23,7 @@ import warnings
 import pytest
 
 from trl_prime.rewards import code_verifier as cv
+from trl_prime.rewards import sandbox as sbx
 from trl_prime.rewards.code_verifier import (
     REASONS,
     CodeResult,
@@ -31,8 +32,8 @@ from trl_prime.rewards.code_verifier import (
     make_code_reward,
     verify_code,
 )
-from trl_prime.rewards import sandbox as sbx
 from trl_prime.rewards.sandbox import LAYERS, SandboxConfig, run_program, sandbox_layers
+
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
 
@@ -75,7 +76,10 @@ def test_extract_code_last_python_block():
     assert extract_code("no fences, just code\nprint(3)") == "no fences, just code\nprint(3)"
     assert extract_code("```cpp\nint main(){}\n```") == "int main(){}"  # no python block: last block
     assert extract_code("Here:\n```python\nprint(4)\n") == "print(4)"  # truncated generation
-    assert extract_code([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "```python\nprint(5)\n```"}]) == "print(5)"
+    assert (
+        extract_code([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "```python\nprint(5)\n```"}])
+        == "print(5)"
+    )
     assert extract_code("  ```python\n  def f():\n      return 1\n  ```") == "def f():\n    return 1"
     assert extract_code(None) == ""
 
@@ -109,7 +113,10 @@ def test_stdin_stdout_passed_partial_failed():
     wrong = "```python\nprint(0)\n```"
     rs = verify_code([right, half, wrong], [tests] * 3)
     assert [(r.reward, r.reason, r.passed, r.total) for r in rs] == [
-        (1.0, "passed", 2, 2), (0.5, "partial", 1, 2), (0.0, "failed", 0, 2)]
+        (1.0, "passed", 2, 2),
+        (0.5, "partial", 1, 2),
+        (0.0, "failed", 0, 2),
+    ]
     assert rs[1].case_reasons == ("passed", "failed")
     assert all(set(r.layers) <= set(LAYERS) and r.layers for r in rs)
 
@@ -120,9 +127,17 @@ def test_tests_as_json_string_and_apps_eurus_shapes():
     apps_stdin = json.dumps({"inputs": ["1 2\n", ["4", "5"]], "outputs": ["3\n", ["9"]]})
     eurus_fn = json.dumps({"fn_name": "add", "inputs": [[1, 2], [3, 4]], "outputs": [[3], [7]]})
     # a `datasets` struct row: the union of keys, absent ones None
-    struct_row = {"stdin_stdout": None, "fn_name": None, "check": None, "entry_point": None,
-                  "inputs": ["1 2"], "outputs": ["3"]}
-    rs = verify_code([prog, prog, "def add(a, b):\n    return a + b", prog], [as_json, apps_stdin, eurus_fn, struct_row])
+    struct_row = {
+        "stdin_stdout": None,
+        "fn_name": None,
+        "check": None,
+        "entry_point": None,
+        "inputs": ["1 2"],
+        "outputs": ["3"],
+    }
+    rs = verify_code(
+        [prog, prog, "def add(a, b):\n    return a + b", prog], [as_json, apps_stdin, eurus_fn, struct_row]
+    )
     assert [(r.reward, r.reason) for r in rs] == [(1.0, "passed")] * 4
 
 
@@ -164,9 +179,14 @@ def test_fn_name_calls():
     assert [(r.reward, r.reason) for r in rs[:3]] == [(1.0, "passed")] * 3
     assert [(r.reward, r.reason) for r in rs[3:5]] == [(0.0, "failed")] * 2
     assert (rs[5].reward, rs[5].reason) == (0.0, "runtime_error") and "not defined" in rs[5].detail
-    strict = verify_code(["def f():\n    return True", "def f():\n    return 1", "def f():\n    return 1"],
-                         [{"fn_name": "f", "inputs": [[]], "outputs": [1]}, {"fn_name": "f", "inputs": [[]], "outputs": [1]},
-                          {"fn_name": "f", "inputs": [[]], "outputs": [[1]]}])
+    strict = verify_code(
+        ["def f():\n    return True", "def f():\n    return 1", "def f():\n    return 1"],
+        [
+            {"fn_name": "f", "inputs": [[]], "outputs": [1]},
+            {"fn_name": "f", "inputs": [[]], "outputs": [1]},
+            {"fn_name": "f", "inputs": [[]], "outputs": [[1]]},
+        ],
+    )
     assert [r.reward for r in strict] == [0.0, 1.0, 1.0]  # bool is not int; APPS-style [x] accepts x
 
 
@@ -182,8 +202,13 @@ def test_no_code_syntax_error_runtime_error_and_exit_codes():
     ]
     rs = verify_code(comps, [t] * len(comps))
     assert [(r.reward, r.reason) for r in rs] == [
-        (0.0, "no_code"), (0.0, "syntax_error"), (0.0, "runtime_error"), (0.0, "runtime_error"),
-        (1.0, "passed"), (1.0, "passed")]
+        (0.0, "no_code"),
+        (0.0, "syntax_error"),
+        (0.0, "runtime_error"),
+        (0.0, "runtime_error"),
+        (1.0, "passed"),
+        (1.0, "passed"),
+    ]
     assert "ZeroDivisionError" in rs[2].detail and "sandbox.py" not in rs[2].detail
 
 
@@ -219,8 +244,11 @@ def test_memory_hog_is_contained():
 
 
 @_requires("landlock_fs", "uid_drop", "fs_readonly")
-@pytest.mark.parametrize("disable", [(), ("hide_paths",), ("hide_paths", "mountns"), ("hide_paths", "landlock")],
-                         ids=["all-layers", "visible-path", "landlock-only", "readonly-only"])
+@pytest.mark.parametrize(
+    "disable",
+    [(), ("hide_paths",), ("hide_paths", "mountns"), ("hide_paths", "landlock")],
+    ids=["all-layers", "visible-path", "landlock-only", "readonly-only"],
+)
 def test_write_outside_tmpdir_is_blocked(tmp_path, disable):
     if "mountns" in disable and not {"landlock_fs", "uid_drop"} & set(LAYERS_HERE):
         pytest.skip("no write layer without the mount namespace")
@@ -264,8 +292,9 @@ def test_planted_symlinks_do_not_redirect_the_harness(tmp_path):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        r = verify_code([prog], [_stdin(("a", "a"), ("b", "b"), ("c", "c"))], disable=("landlock", "uid_drop"),
-                        timeout=2.0)[0]
+        r = verify_code(
+            [prog], [_stdin(("a", "a"), ("b", "b"), ("c", "c"))], disable=("landlock", "uid_drop"), timeout=2.0
+        )[0]
     assert (r.reward, r.reason) == (1.0, "passed"), r
     assert victim.read_text() == "original"
 
@@ -375,14 +404,16 @@ def test_humaneval_all_canonical_solutions_pass(humaneval):
     failed = [(p["task_id"], r.reason, r.detail) for p, r in zip(humaneval, rs) if r.reward != 1.0]
     assert failed == []
     assert all(r.reason == "passed" and (r.passed, r.total) == (1, 1) for r in rs)
-    print(f"HumanEval: 164 canonical solutions in {time.monotonic() - t0:.1f} s")
+    print(f"HumanEval: 164 canonical solutions in {time.monotonic() - t0:.1f} s")  # noqa: T201
 
 
 def test_humaneval_exit_or_printed_success_does_not_pass(humaneval):
     p = humaneval[0]
     good = p["prompt"] + p["canonical_solution"]
-    forge = ("import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'passed\\n')\n"
-             "    except OSError:\n        pass\nprint('passed')\nos._exit(0)\n")
+    forge = (
+        "import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'passed\\n')\n"
+        "    except OSError:\n        pass\nprint('passed')\nos._exit(0)\n"
+    )
     comps = [
         "import sys\nsys.exit(0)\n" + good,  # exits before the check runs
         "import os\nos._exit(0)\n" + good,
@@ -431,15 +462,21 @@ def test_bad_tests_rows_get_none_with_warning():
 
 def test_trl_reward_function_interface():
     logged = {}
-    comps = [[{"role": "assistant", "content": "```python\nprint(int(input()) * 2)\n```"}],
-             [{"role": "assistant", "content": "```python\nprint(0)\n```"}],
-             [{"role": "assistant", "content": "  \n"}]]
+    comps = [
+        [{"role": "assistant", "content": "```python\nprint(int(input()) * 2)\n```"}],
+        [{"role": "assistant", "content": "```python\nprint(0)\n```"}],
+        [{"role": "assistant", "content": "  \n"}],
+    ]
     tests = [json.dumps(_stdin(("2", "4")))] * 3
     with pytest.warns(RuntimeWarning):
-        rewards = code_reward(prompts=[[{"role": "user", "content": "double it"}]] * 4,
-                              completions=comps + ["print(1)"], tests=tests + [{"bad": 1}],
-                              completion_ids=[[1]] * 4, trainer_state=None,
-                              log_metric=lambda k, v: logged.__setitem__(k, v))
+        rewards = code_reward(
+            prompts=[[{"role": "user", "content": "double it"}]] * 4,
+            completions=comps + ["print(1)"],
+            tests=tests + [{"bad": 1}],
+            completion_ids=[[1]] * 4,
+            trainer_state=None,
+            log_metric=lambda k, v: logged.__setitem__(k, v),
+        )
     assert rewards == [1.0, 0.0, 0.0, None]
     assert code_reward.last_counts["passed"] == 1 and code_reward.last_counts["bad_tests"] == 1
     assert set(logged) == {f"code/{k}" for k in REASONS}
@@ -486,14 +523,19 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON)
-                    or not _world_readable_python(), reason="needs root and a world-readable system python")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid")
+    or os.geteuid() != 0
+    or not os.path.exists(SYSTEM_PYTHON)
+    or not _world_readable_python(),
+    reason="needs root and a world-readable system python",
+)
 def test_unprivileged_user_and_uid_drop(tmp_path):
     """The same sandbox started by an unprivileged user (user namespaces), and root's uid drop."""
-    import trl_prime.rewards.sandbox as sbx_mod
-
     import shutil
     import tempfile
+
+    import trl_prime.rewards.sandbox as sbx_mod
 
     shared = tempfile.mkdtemp(prefix="trl_prime_nonroot_", dir="/tmp")  # reachable by `nobody`
     os.chmod(shared, 0o1777)
@@ -504,9 +546,16 @@ def test_unprivileged_user_and_uid_drop(tmp_path):
         "net": "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
     }
     try:
-        proc = subprocess.run([SYSTEM_PYTHON, "-I", "-c", _NONROOT_SCRIPT, sbx_mod.__file__, shared, json.dumps(progs)],
-                              user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=60,
-                              cwd="/")
+        proc = subprocess.run(
+            [SYSTEM_PYTHON, "-I", "-c", _NONROOT_SCRIPT, sbx_mod.__file__, shared, json.dumps(progs)],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         escaped = os.path.exists(os.path.join(shared, "x"))
     finally:
         shutil.rmtree(shared, ignore_errors=True)
@@ -520,8 +569,12 @@ def test_unprivileged_user_and_uid_drop(tmp_path):
     assert out["write"][2] == "runtime_error" and not escaped
     assert out["net"][2] == "runtime_error"
 
-    run = run_program("import os\nprint(os.getuid())", mode="stdin", inputs=[""],
-                      config=SandboxConfig(python_executable=SYSTEM_PYTHON))
+    run = run_program(
+        "import os\nprint(os.getuid())",
+        mode="stdin",
+        inputs=[""],
+        config=SandboxConfig(python_executable=SYSTEM_PYTHON),
+    )
     assert run.ok and "uid_drop" in run.layers and run.cases[0].stdout == "65534\n"
 
 
@@ -614,7 +667,7 @@ def test_seccomp_filter_in_the_sandbox():
     assert (r.reward, r.reason) == (0.0, "failed"), r
     out = json.loads(r.stdout[0])
     assert out.pop("socketpair_stream") == 0
-    assert out == {k: 1 for k in out}, out  # every one EPERM
+    assert out == dict.fromkeys(out, 1), out  # every one EPERM
 
 
 METADATA_OPS = {
@@ -629,10 +682,15 @@ METADATA_OPS = {
 }
 
 
-@pytest.mark.parametrize("disable,needs", [(("hide_paths",), ("seccomp", "fs_readonly")),
-                                           (("hide_paths", "seccomp"), ("fs_readonly",)),
-                                           (("hide_paths", "mountns"), ("seccomp",))],
-                         ids=["all-layers", "readonly-only", "seccomp-only"])
+@pytest.mark.parametrize(
+    "disable,needs",
+    [
+        (("hide_paths",), ("seccomp", "fs_readonly")),
+        (("hide_paths", "seccomp"), ("fs_readonly",)),
+        (("hide_paths", "mountns"), ("seccomp",)),
+    ],
+    ids=["all-layers", "readonly-only", "seccomp-only"],
+)
 def test_host_file_metadata_cannot_change(tmp_path, disable, needs):
     """H1: a root program without capabilities owns root's files; Landlock does not cover metadata."""
     if not all(n in LAYERS_HERE for n in needs):
@@ -655,14 +713,21 @@ def test_host_file_metadata_cannot_change(tmp_path, disable, needs):
         assert "PermissionError" in r.detail or "Read-only file system" in r.detail, (name, r.detail)
     after = os.stat(victim)
     assert (after.st_mode, after.st_uid, after.st_gid, after.st_mtime_ns, after.st_ctime_ns) == (
-        before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns, before.st_ctime_ns)
+        before.st_mode,
+        before.st_uid,
+        before.st_gid,
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    )
     if xattrs:
         assert os.listxattr(victim) == ["user.keep"]
 
 
-@pytest.mark.parametrize("disable,needs", [((), ("seccomp", "hide_paths")), (("hide_paths",), ("seccomp",)),
-                                           (("seccomp",), ("hide_paths",))],
-                         ids=["all-layers", "seccomp-only", "hidden-only"])
+@pytest.mark.parametrize(
+    "disable,needs",
+    [((), ("seccomp", "hide_paths")), (("hide_paths",), ("seccomp",)), (("seccomp",), ("hide_paths",))],
+    ids=["all-layers", "seccomp-only", "hidden-only"],
+)
 def test_host_unix_sockets_are_unreachable(tmp_path, disable, needs):
     """H2: pathname unix sockets (docker.sock & co) cannot be connected to or sent to."""
     if not all(n in LAYERS_HERE for n in needs):
@@ -773,8 +838,13 @@ def he0(humaneval):
 
 def test_humaneval_verdict_cannot_be_forged(he0):
     """H3: the check runs in the judge process; the program only ever answers with plain data."""
-    progs = {"always_equal": ALWAYS_EQUAL, "equal_subclasses": EQUAL_STR, "nonce_via_proc": NONCE_VIA_PROC,
-             "exec_patch": EXEC_PATCH, "fake_frames": FAKE_FRAMES}
+    progs = {
+        "always_equal": ALWAYS_EQUAL,
+        "equal_subclasses": EQUAL_STR,
+        "nonce_via_proc": NONCE_VIA_PROC,
+        "exec_patch": EXEC_PATCH,
+        "fake_frames": FAKE_FRAMES,
+    }
     rs = verify_code(list(progs.values()), [_he_tests(he0)] * len(progs))
     for name, r in zip(progs, rs):
         assert r.reward == 0.0 and r.reason in ("failed", "runtime_error"), (name, r.reason, r.detail)
@@ -844,10 +914,12 @@ def helper(x):
 def test_humaneval_proxy_carries_plain_data_and_exceptions():
     r = verify_code([PROXY_PROG], [{"check": PROXY_CHECK, "entry_point": "f"}])[0]
     assert (r.reward, r.reason) == (1.0, "passed"), r.detail
-    bad = ["def f(*a, flag=None):\n    return object()",
-           "def f(*a, flag=None):\n    return lambda: 1",
-           "def f(*a, flag=None):\n    import sys\n    sys.exit(0)",
-           "def f(*a, flag=None):\n    import os\n    os.close(1)\n    os._exit(0)"]
+    bad = [
+        "def f(*a, flag=None):\n    return object()",
+        "def f(*a, flag=None):\n    return lambda: 1",
+        "def f(*a, flag=None):\n    import sys\n    sys.exit(0)",
+        "def f(*a, flag=None):\n    import os\n    os.close(1)\n    os._exit(0)",
+    ]
     rs = verify_code(bad, [{"check": PROXY_CHECK, "entry_point": "f"}] * len(bad))
     assert [(x.reward, x.reason) for x in rs] == [(0.0, "failed")] * len(bad), [x.detail for x in rs]
 
@@ -888,8 +960,14 @@ def test_total_memory_of_a_sandbox_is_capped(tmp_path):
     run = run_program(MEMORY_FORKS, mode="stdin", inputs=[""], config=cfg)
     assert run.ok and run.memory_limit_hit and run.cases[0].oom, run
     assert run.memory_peak is not None and run.memory_peak <= 192 << 20  # 6 x 64 MiB never got allocated
-    r = verify_code([MEMORY_FORKS], [_stdin(("", "all 5 children survived"))], memory_mb=128,
-                    sandbox_memory_mb=192, timeout=8.0, tmp_root=str(tmp_path))[0]
+    r = verify_code(
+        [MEMORY_FORKS],
+        [_stdin(("", "all 5 children survived"))],
+        memory_mb=128,
+        sandbox_memory_mb=192,
+        timeout=8.0,
+        tmp_root=str(tmp_path),
+    )[0]
     assert (r.reward, r.reason) == (0.0, "memory"), r
     assert _procs_with(str(tmp_path)) == []  # no process of either sandbox survives
 
@@ -925,8 +1003,14 @@ def test_work_dir_has_a_disk_quota(tmp_path):
 
 def test_disk_guard_fallback_without_mount_namespace(tmp_path):
     """M1 fallback: RLIMIT_FSIZE per file and the harness's polled size limit of the work dir."""
-    r = _quiet_verify([DISK_FILL.replace("DELAY", "0.01")], [NEVER], disk_mb=2, tmp_root=str(tmp_path),
-                      disable=("mountns",), timeout=10.0)[0]
+    r = _quiet_verify(
+        [DISK_FILL.replace("DELAY", "0.01")],
+        [NEVER],
+        disk_mb=2,
+        tmp_root=str(tmp_path),
+        disable=("mountns",),
+        timeout=10.0,
+    )[0]
     assert "disk_guard" in r.layers and "tmpfs_work" not in r.layers
     assert (r.reward, r.reason) == (0.0, "output_limit") and "disk quota" in r.detail, r
     assert list(tmp_path.iterdir()) == []  # removed afterwards
@@ -971,7 +1055,8 @@ def test_host_processes_and_secrets_are_hidden(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_HOME", hf_home)  # the parent's cache directories are hidden too
         home = os.path.expanduser("~")
         prog = PROC_AND_SECRETS.replace("SECRETS", repr([str(in_tmp), os.path.join(hf_home, "token")])).replace(
-            "HOME", repr(home))
+            "HOME", repr(home)
+        )
         r = verify_code([prog], [NEVER])[0]
     finally:
         shutil.rmtree(hf_home)
@@ -1003,9 +1088,11 @@ def test_program_cannot_lower_the_harness_limits():
     """L3: prlimit() on another process (the harness) is refused; the harness keeps working."""
     tests = _stdin(("1", "1"), ("2", "2"), ("3", "3"))
     attack = "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))\nprint(input())"
-    survive = ("import os, resource\ntry:\n    resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))\n"
-               "    resource.prlimit(os.getppid(), resource.RLIMIT_AS, (1 << 20, 1 << 20))\nexcept OSError:\n"
-               "    pass\nprint(input())")
+    survive = (
+        "import os, resource\ntry:\n    resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))\n"
+        "    resource.prlimit(os.getppid(), resource.RLIMIT_AS, (1 << 20, 1 << 20))\nexcept OSError:\n"
+        "    pass\nprint(input())"
+    )
     own = "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nprint(input())"  # its own: fine
     rs = verify_code([attack, survive, own], [tests] * 3)
     if "seccomp" in rs[0].layers:
@@ -1016,7 +1103,7 @@ def test_program_cannot_lower_the_harness_limits():
 def test_new_layers_are_reported():
     layers = sandbox_layers()
     assert set(layers) <= set(LAYERS)
-    print("active layers:", ", ".join(layers))
+    print("active layers:", ", ".join(layers))  # noqa: T201
     check = {"check": "def check(c):\n    assert c() == 1", "entry_point": "f"}
     r = verify_code(["def f():\n    return 1"], [check])[0]
     assert (r.reward, r.reason) == (1.0, "passed") and "judge_process" in r.layers
@@ -1068,7 +1155,6 @@ def test_hanging_backend_hits_the_outer_deadline(monkeypatch):
         release.set()
 
 
-
 def test_abandoned_runs_are_capped_and_capacity_returns_when_they_finish(monkeypatch):
     """A hanging backend: runs past their outer deadline are abandoned but counted; with MAX_ABANDONED_PER_WORKER *
     max_workers of them still going, further completions are scored None / sandbox_error at once, starting no
@@ -1117,6 +1203,7 @@ def test_abandoned_runs_are_capped_and_capacity_returns_when_they_finish(monkeyp
     rs = verify_code(["print(1)"], [_stdin(("", "1"))], deadline=5.0, max_workers=1)
     assert len(calls) == 5 and rs[0].reason == "sandbox_error" and "released" in rs[0].detail, rs
 
+
 def _stat(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -1143,8 +1230,9 @@ def _freeze_sandbox(comm: str, stopped: list, resume_after: float | None = None)
                 continue
             sid = int(st[3])  # the sandbox's session = the bootstrap's pid
             os.killpg(sid, signal.SIGSTOP)
-            members = [int(p) for p in os.listdir("/proc")
-                       if p.isdigit() and (_stat(int(p)) or [""] * 4)[3] == str(sid)]
+            members = [
+                int(p) for p in os.listdir("/proc") if p.isdigit() and (_stat(int(p)) or [""] * 4)[3] == str(sid)
+            ]
             for pid in members:
                 os.kill(pid, signal.SIGSTOP)
             stopped.extend(members)
@@ -1190,8 +1278,9 @@ def test_sandbox_frozen_from_outside_is_sandbox_error_not_timeout():
     cannot report; the parent gives up after startup_grace + total_timeout + timeout and scores None
     (sandbox_error, an infrastructure failure), never a 0 for the program."""
     comm = f"trlfz{os.getpid() % 100000}"
-    r, took = _run_frozen(NAMED + "import time\ntime.sleep(60)", comm, None,
-                          timeout=4.0, total_timeout=4.0, startup_grace=4.0)
+    r, took = _run_frozen(
+        NAMED + "import time\ntime.sleep(60)", comm, None, timeout=4.0, total_timeout=4.0, startup_grace=4.0
+    )
     assert (r.reward, r.reason) == (None, "sandbox_error"), r
     assert "did not report within its time limits (12 s" in r.detail and "stopped x" in r.detail, r.detail
     assert took < 45  # the parent's own limit (12 s) plus teardown, well before the outer deadline (41 s)
@@ -1206,10 +1295,10 @@ def test_sandbox_suspended_past_the_limit_is_sandbox_error_and_a_real_loop_is_ti
     r, _ = _run_frozen(loop, comm, 5.0, timeout=2.0, total_timeout=3.0)
     assert (r.reward, r.reason) == (None, "sandbox_error"), r
     assert "suspended for" in r.detail and "not the program's timeout" in r.detail, r.detail
-    rs = verify_code([loop.format(comm="trlalone"), "import time\ntime.sleep(60)"], [NEVER] * 2,
-                     timeout=2.0, total_timeout=3.0)
+    rs = verify_code(
+        [loop.format(comm="trlalone"), "import time\ntime.sleep(60)"], [NEVER] * 2, timeout=2.0, total_timeout=3.0
+    )
     assert [(r.reward, r.reason) for r in rs] == [(0.0, "timeout")] * 2, rs
-
 
 
 def test_a_stall_is_sandbox_error_only_when_it_cut_the_limit_short(monkeypatch):
@@ -1267,14 +1356,16 @@ def test_sandbox_suspended_briefly_in_an_infinite_loop_is_still_timeout():
     assert (r.reward, r.reason) == (0.0, "timeout"), r
     assert took > 5.0, took
 
+
 def test_program_stopping_itself_or_its_harness_is_still_its_timeout():
     """A program cannot turn its own timeout into an unscored infrastructure failure by stopping processes: a
     self-stop is its timeout, and a stopped harness (reachable where landlock_signal is missing) is resumed by
     the sandbox's init, which the program cannot stop (a pid namespace's init ignores SIGSTOP from inside)."""
-    progs = ["import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass",
-             "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
-             "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\n"
-             "while True:\n    pass"]
+    progs = [
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
+        "import os, signal\nos.kill(1, signal.SIGSTOP)\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         rs = verify_code(progs, [NEVER] * 3, timeout=1.0, total_timeout=1.5, disable=("landlock_signal",))

@@ -18,6 +18,7 @@ from packaging.version import Version
 from trl_prime import _compat
 from trl_prime._compat import TESTED_TRL, UntestedTRLVersionWarning, check_trl_version
 
+
 ROOT = Path(__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")
 

@@ -114,8 +114,9 @@ def h_grpo_outcome_advantage(inp, out, tol):
     T = len(out["advantages"][0])
     mask = mask_from_lengths(inp["response_lengths"], T)
     # single_row_compat: the semantics' group of size 1 -> mean 0, std 1 (the library's default gives it 0)
-    adv = F.grpo_advantages(t32(inp["scores"]), inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"],
-                            single_row_compat=True)
+    adv = F.grpo_advantages(
+        t32(inp["scores"]), inp["uid"], scale_rewards=inp["norm_adv_by_std_in_grpo"], single_row_compat=True
+    )
     assert_close(adv[:, None] * mask, out["advantages"], tol)
     return {"advantages"}
 
@@ -147,8 +148,9 @@ def _check_chosen_rejected(prm, ref, n, beta, out, tol):
 def h_implicit_prm_dpo_loss(inp, out, tol):
     # label_smoothing_passed is ignored by the released loss; the library has no label smoothing.
     prm, ref, labels, pair_ids, n = _paired(inp)
-    loss = F.implicit_prm_loss(prm, ref, torch.ones_like(prm), labels, beta=inp["beta"], loss_type="dpo",
-                               group_ids=pair_ids)
+    loss = F.implicit_prm_loss(
+        prm, ref, torch.ones_like(prm), labels, beta=inp["beta"], loss_type="dpo", group_ids=pair_ids
+    )
     assert_close(loss, out["loss"], tol)
     _check_chosen_rejected(prm, ref, n, inp["beta"], out, tol)
     return {"loss", "chosen_rewards", "rejected_rewards"}
@@ -189,8 +191,11 @@ def h_implicit_prm_step_rewards_bon(inp, out, tol):
             assert_close(accum, out["w_ref_accumulative_step_values"], tol, where=smask)
             scores = F.aggregate_step_rewards(single, smask, how="min")
             assert int(torch.argmax(scores)) == out["bon_selected_position_w_ref_single_min"]  # first max wins
-            checked |= {"w_ref_single_step_rewards", "w_ref_accumulative_step_values",
-                        "bon_selected_position_w_ref_single_min"}
+            checked |= {
+                "w_ref_single_step_rewards",
+                "w_ref_accumulative_step_values",
+                "bon_selected_position_w_ref_single_min",
+            }
     return checked
 
 
@@ -198,28 +203,39 @@ def h_prime_accuracy_filter_original(inp, out, tol):
     assert inp["filter_accuracy"]
     kwargs = {}
     if inp["filter_truncated"]:
-        kwargs = dict(completion_lengths=torch.tensor(inp["response_lengths"]),
-                      max_completion_length=inp["max_response_length"])
-    keep = F.prompt_accuracy_mask(t32(inp["acc"]), inp["n_samples"], lower=inp["accuracy_lower_bound"],
-                                  upper=inp["accuracy_upper_bound"], **kwargs)
+        kwargs = dict(
+            completion_lengths=torch.tensor(inp["response_lengths"]), max_completion_length=inp["max_response_length"]
+        )
+    keep = F.prompt_accuracy_mask(
+        t32(inp["acc"]),
+        inp["n_samples"],
+        lower=inp["accuracy_lower_bound"],
+        upper=inp["accuracy_upper_bound"],
+        **kwargs,
+    )
     assert keep.tolist() == out["keep_response_mask"]
     return {"keep_response_mask"}
 
 
 def h_prime_accuracy_filter_verl(inp, out, tol):
     n = inp["n_samples"]
-    keep = F.prompt_accuracy_mask(t32(inp["acc"]), n, lower=inp["accuracy_lower_bound"],
-                                  upper=inp["accuracy_upper_bound"],
-                                  completion_lengths=torch.tensor(inp["response_lengths"]),
-                                  max_completion_length=inp["max_response_length"] - 1)  # veRL: max < L - 1
+    keep = F.prompt_accuracy_mask(
+        t32(inp["acc"]),
+        n,
+        lower=inp["accuracy_lower_bound"],
+        upper=inp["accuracy_upper_bound"],
+        completion_lengths=torch.tensor(inp["response_lengths"]),
+        max_completion_length=inp["max_response_length"] - 1,
+    )  # veRL: max < L - 1
     assert keep[::n].tolist() == out["prompt_passes_filter"]
     return {"prompt_passes_filter"}
 
 
 def h_prime_ce_loss(inp, out, tol):
     q = t32(inp["q"])
-    loss = F.implicit_prm_loss(q, torch.zeros_like(q), torch.tensor(inp["response_mask"]), t32(inp["acc"]),
-                               beta=inp["beta"], loss_type="ce")
+    loss = F.implicit_prm_loss(
+        q, torch.zeros_like(q), torch.tensor(inp["response_mask"]), t32(inp["acc"]), beta=inp["beta"], loss_type="ce"
+    )
     assert_close(loss, out["loss"], tol)
     return {"loss"}
 
@@ -251,8 +267,9 @@ def h_prime_masked_rloo(inp, out, tol):
     # "return" at t equal to the transformed value at t (no accumulation), and the outcome source is off.
     x = t32(inp["x"])
     mask = torch.tensor(inp["mask"]).bool()
-    _, y = F.rloo_advantages(x, torch.zeros(x.shape[0]), mask, inp["n_samples"], baseline="reference",
-                             outcome_coef=0.0, gamma=0.0)
+    _, y = F.rloo_advantages(
+        x, torch.zeros(x.shape[0]), mask, inp["n_samples"], baseline="reference", outcome_coef=0.0, gamma=0.0
+    )
     assert_close(y, out["y"], tol)
     return {"y"}
 
@@ -261,8 +278,16 @@ def h_prime_rloo_advantage_verl(inp, out, tol):
     rm = t32(inp["rm_scores"])  # holds junk in padded positions: must be ignored
     mask = torch.tensor(inp["response_mask"]).bool()
     assert torch.equal(mask, mask_from_lengths(inp["response_lengths"], rm.shape[1]))
-    adv, ret = F.rloo_advantages(rm, t32(inp["acc"]), mask, inp["n_samples"], process_coef=inp["reward_dpo_coef"],
-                                 outcome_coef=inp["reward_gt_coef"], baseline="reference", whiten=True)
+    adv, ret = F.rloo_advantages(
+        rm,
+        t32(inp["acc"]),
+        mask,
+        inp["n_samples"],
+        process_coef=inp["reward_dpo_coef"],
+        outcome_coef=inp["reward_gt_coef"],
+        baseline="reference",
+        whiten=True,
+    )
     assert_close(ret, out["returns"], tol)
     # docs/conventions.md: values at padded positions are not part of the contract. The released code leaves (0-mean)/std there; the
     # library returns 0. Compare on the valid tokens and pin the library's padding value.
@@ -277,10 +302,20 @@ def h_prime_rloo_returns_original(inp, out, tol):
     acc = t32(inp["acc"])
     # gt_scores is acc placed at the last valid token: the library takes acc (B,) and places it itself.
     assert_close(t32(inp["gt_scores"]), F.last_token_mask(mask) * acc[:, None], (0.0, 0.0))
-    adv, ret = F.rloo_advantages(rm, acc, mask, inp["n_samples"], gamma=inp["reward_model_gamma"],
-                                 outcome_gamma=inp["verifier_gamma"], baseline="reference", whiten=True)
+    adv, ret = F.rloo_advantages(
+        rm,
+        acc,
+        mask,
+        inp["n_samples"],
+        gamma=inp["reward_model_gamma"],
+        outcome_gamma=inp["verifier_gamma"],
+        baseline="reference",
+        whiten=True,
+    )
     assert_close(ret, out["returns"], tol)
-    assert_close(adv, out["advantages"], tol, where=mask)  # padded positions: not part of the contract (docs/conventions.md)
+    assert_close(
+        adv, out["advantages"], tol, where=mask
+    )  # padded positions: not part of the contract (docs/conventions.md)
     return {"advantages", "returns"}
 
 
@@ -294,8 +329,9 @@ def h_prime_token_reward_original(inp, out, tol):
     assert inp["granularity"] == "token"
     rm, ref, mask = _token_reward_inputs(inp)
     # original: q = rm - ref (no beta), last token included
-    assert_close(F.implicit_token_rewards(rm, ref, mask, beta=1.0, include_last_token=True),
-                 out["token_level_score"], tol)
+    assert_close(
+        F.implicit_token_rewards(rm, ref, mask, beta=1.0, include_last_token=True), out["token_level_score"], tol
+    )
     assert_close(F.implicit_token_rewards(rm, ref, torch.ones_like(mask), beta=1.0), out["q_unmasked"], tol)
     return {"token_level_score", "q_unmasked"}
 
@@ -328,16 +364,26 @@ def h_prl_advantage(inp, out, tol):
     responses = torch.tensor(inp["responses"])
     if inp["prm_adv"] == "orm":
         split = {"length": "length", "n": "newline", "nn": "double_newline"}[inp["step_split"]]
-        step_ends = F.step_end_mask(responses, mask, IdTokenizer(), split=split,
-                                    step_len=inp["step_len"] if split == "length" else None)
+        step_ends = F.step_end_mask(
+            responses, mask, IdTokenizer(), split=split, step_len=inp["step_len"] if split == "length" else None
+        )
         # normalisation only when rollout_n > 1 (else the raw outcome, = process_first ordering)
         order = "advantage_first" if inp["rollout_n"] > 1 else "process_first"
     else:  # prm_adv == "prm": raw outcome, no segmentation
         step_ends, order = None, "process_first"
     adv, before_fill = F.prl_advantages(
-        r, t32(inp["old_log_probs"]), t32(inp["ref_log_probs"]), mask, inp["uid"], eta=inp["eta"],
-        step_ends=step_ends, order=order, scale_rewards=inp["norm_adv_by_std_in_grpo"],
-        zero_fill_compat=True, return_step_end_values=True, single_row_compat=True,
+        r,
+        t32(inp["old_log_probs"]),
+        t32(inp["ref_log_probs"]),
+        mask,
+        inp["uid"],
+        eta=inp["eta"],
+        step_ends=step_ends,
+        order=order,
+        scale_rewards=inp["norm_adv_by_std_in_grpo"],
+        zero_fill_compat=True,
+        return_step_end_values=True,
+        single_row_compat=True,
     )
     assert_close(adv, out["advantages"], tol)
     assert_close(before_fill, out["token_level_scores_before_fill"], tol)
@@ -368,17 +414,25 @@ def _prof_inputs(inp):
 
 def h_prof_filter_both(inp, out, tol):
     r, c, H = _prof_inputs(inp)
-    kept = F.prof_select(inp["uid"], c, H, r, num_remove=inp["n_remove_per_group"],
-                         penalty=inp["len_step_reward_coef"], mode="both")
+    kept = F.prof_select(
+        inp["uid"], c, H, r, num_remove=inp["n_remove_per_group"], penalty=inp["len_step_reward_coef"], mode="both"
+    )
     assert kept.tolist() == sorted(out["kept_indices"])  # library order: ascending row index
     return {"kept_indices"}
 
 
 def h_prof_filter_correct(inp, out, tol):
     r, c, H = _prof_inputs(inp)
-    kept = F.prof_select(inp["uid"], c, H, r, num_remove=inp["n_remove_per_group"],
-                         penalty=inp["len_step_reward_coef"], mode="correct",
-                         generator=torch.Generator().manual_seed(0))
+    kept = F.prof_select(
+        inp["uid"],
+        c,
+        H,
+        r,
+        num_remove=inp["n_remove_per_group"],
+        penalty=inp["len_step_reward_coef"],
+        mode="correct",
+        generator=torch.Generator().manual_seed(0),
+    )
     kept_list = kept.tolist()
     assert [i for i in kept_list if r[i] == 1] == sorted(out["kept_positive_indices"])
     neg_counts = {}
@@ -391,8 +445,9 @@ def h_prof_filter_correct(inp, out, tol):
 
 
 def h_prof_make_step_rewards(inp, out, tol):
-    scores, smask = F.prof_step_scores_from_logits(t32(inp["logits"]), torch.tensor(inp["token_masks"]).bool(),
-                                                   inp["max_steps"], padding_value=-99.0)
+    scores, smask = F.prof_step_scores_from_logits(
+        t32(inp["logits"]), torch.tensor(inp["token_masks"]).bool(), inp["max_steps"], padding_value=-99.0
+    )
     assert_close(scores, out["step_rewards"], tol)
     assert torch.equal(smask, torch.tensor(out["step_rewards"]) != -99.0)
     return {"step_rewards"}

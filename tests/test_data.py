@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+
 pytest.importorskip("reasoning_gym")
 
 from trl_prime import data as D  # noqa: E402
@@ -54,13 +55,15 @@ def test_embedded_arithmetic_columns_and_format():
 def test_few_shot_examples():
     zero = load_reasoning_gym("basic_arithmetic", size=5, task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC})
     assert all(len(p) == 1 for p in zero["prompt"])
-    two = load_reasoning_gym("basic_arithmetic", size=5, few_shot=2, split="test",
-                             task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC})
+    two = load_reasoning_gym(
+        "basic_arithmetic", size=5, few_shot=2, split="test", task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC}
+    )
     assert [m["role"] for m in two["prompt"][0]] == ["user", "assistant", "user", "assistant", "user"]
     assert _questions(zero) != _questions(two)  # different splits
     # the examples come from the train side of the question space: never a test question
-    test = load_reasoning_gym("basic_arithmetic", size=400, split="test",
-                              task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC})
+    test = load_reasoning_gym(
+        "basic_arithmetic", size=400, split="test", task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC}
+    )
     assert not {two["prompt"][0][0]["content"], two["prompt"][0][2]["content"]} & set(_questions(test))
     for shot in (two["prompt"][0][1]["content"], two["prompt"][0][3]["content"]):
         m = re.fullmatch(r"(\d+) ([-+*]) (\d+) = (-?\d+)\. The final answer is \\boxed\{(-?\d+)\}\.", shot)
@@ -85,11 +88,13 @@ def test_embedded_is_deterministic_and_seeded():
 
 
 def test_heldout_split_never_overlaps_train():
-    train = load_reasoning_gym("basic_arithmetic", size=1500, seed=0, split="train",
-                               task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC})
+    train = load_reasoning_gym(
+        "basic_arithmetic", size=1500, seed=0, split="train", task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC}
+    )
     for seed in (0, 1):  # whatever the test seed
-        test = load_reasoning_gym("basic_arithmetic", size=150, seed=seed, split="test",
-                                  task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC})
+        test = load_reasoning_gym(
+            "basic_arithmetic", size=150, seed=seed, split="test", task_configs={"basic_arithmetic": D.DEMO_ARITHMETIC}
+        )
         assert len(test) == 150
         assert not set(_questions(train)) & set(_questions(test))
         assert len(set(_questions(test))) == 150  # no duplicates within a split
@@ -100,10 +105,16 @@ def test_heldout_split_never_overlaps_train():
 def test_mixed_tasks_interleaved_with_gold_answers():
     ds = load_prompt_dataset("embedded:mixed", "test", size=7)
     assert len(ds) == 7
-    assert ds["data_source"][:3] == ["reasoning_gym/basic_arithmetic", "reasoning_gym/chain_sum",
-                                     "reasoning_gym/gsm_symbolic"]
-    assert sorted(set(ds["data_source"])) == ["reasoning_gym/basic_arithmetic", "reasoning_gym/chain_sum",
-                                              "reasoning_gym/gsm_symbolic"]
+    assert ds["data_source"][:3] == [
+        "reasoning_gym/basic_arithmetic",
+        "reasoning_gym/chain_sum",
+        "reasoning_gym/gsm_symbolic",
+    ]
+    assert sorted(set(ds["data_source"])) == [
+        "reasoning_gym/basic_arithmetic",
+        "reasoning_gym/chain_sum",
+        "reasoning_gym/gsm_symbolic",
+    ]
     assert all(s.strip() for s in ds["solution"])
 
 
@@ -118,8 +129,16 @@ def test_gold_answers_are_what_math_reward_accepts():
 
 
 def test_difficulty_is_configurable():
-    cfg = {"basic_arithmetic": {"min_terms": 3, "max_terms": 3, "min_digits": 3, "max_digits": 3,
-                                "operators": ("+",), "allow_parentheses": False}}
+    cfg = {
+        "basic_arithmetic": {
+            "min_terms": 3,
+            "max_terms": 3,
+            "min_digits": 3,
+            "max_digits": 3,
+            "operators": ("+",),
+            "allow_parentheses": False,
+        }
+    }
     ds = load_reasoning_gym("basic_arithmetic", size=5, task_configs=cfg)
     for q, s in zip(_questions(ds), ds["solution"]):
         nums = [int(x) for x in re.findall(r"\d+", q.split("\n")[0])]
@@ -139,13 +158,21 @@ def test_inexact_division_gold_is_rejected():
     # reasoning-gym's defaults include division: every generated row is exact
     ds = load_reasoning_gym("basic_arithmetic", size=60, seed=5)
     for q, s in zip(_questions(ds), ds["solution"]):
-        expr = q.split("\n")[0][len("Calculate "):].rstrip(".")
+        expr = q.split("\n")[0][len("Calculate ") :].rstrip(".")
         assert D._exact_value(expr) == int(s), q
 
 
 def test_small_question_space_warns_and_returns_fewer():
-    cfg = {"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                                "operators": ("+",), "allow_parentheses": False}}
+    cfg = {
+        "basic_arithmetic": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ("+",),
+            "allow_parentheses": False,
+        }
+    }
     with pytest.warns(UserWarning, match="question space is too small"):
         ds = load_reasoning_gym("basic_arithmetic", size=60, split="test", task_configs=cfg)
     assert 0 < len(ds) < 60
@@ -181,19 +208,38 @@ MATH_PROMPT = [
     {"role": "user", "content": "Compute 1/2 + 1/4.\n\nPresent the answer in LaTex format: \\boxed{Your answer}"},
 ]
 CODE_TESTS = {"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]}
-CODE_PROMPT = [{"role": "user", "content": "Read two integers and print their sum.\n\nWrite Python code to solve "
-                                          "the problem. Present the code in \n```python\nYour code\n```\nat the end."}]
+CODE_PROMPT = [
+    {
+        "role": "user",
+        "content": "Read two integers and print their sum.\n\nWrite Python code to solve "
+        "the problem. Present the code in \n```python\nYour code\n```\nat the end.",
+    }
+]
 
 
 def _eurus_rows():
     return [
-        {"data_source": "numina_olympiads", "prompt": MATH_PROMPT, "ability": "math",
-         "reward_model": {"style": "rule", "ground_truth": "\\frac{3}{4}"}, "extra_info": {"split": "train", "index": 0}},
-        {"data_source": "taco", "prompt": CODE_PROMPT, "ability": "code",
-         "reward_model": {"style": "rule", "ground_truth": json.dumps(CODE_TESTS)},
-         "extra_info": {"split": "train", "index": 1}},
-        {"data_source": "numina_cn_k12", "prompt": [{"role": "user", "content": "What is 6 * 7?"}], "ability": "math",
-         "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"split": "train", "index": 2}},
+        {
+            "data_source": "numina_olympiads",
+            "prompt": MATH_PROMPT,
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "\\frac{3}{4}"},
+            "extra_info": {"split": "train", "index": 0},
+        },
+        {
+            "data_source": "taco",
+            "prompt": CODE_PROMPT,
+            "ability": "code",
+            "reward_model": {"style": "rule", "ground_truth": json.dumps(CODE_TESTS)},
+            "extra_info": {"split": "train", "index": 1},
+        },
+        {
+            "data_source": "numina_cn_k12",
+            "prompt": [{"role": "user", "content": "What is 6 * 7?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "42"},
+            "extra_info": {"split": "train", "index": 2},
+        },
     ]
 
 
@@ -263,8 +309,12 @@ def test_simple_rows_are_accepted(tmp_path):
 def test_malformed_rows_are_dropped_with_counts(tmp_path):
     rows = _eurus_rows() * 3 + [
         {"data_source": "numina_olympiads", "prompt": [], "ability": "math", "reward_model": {"ground_truth": "1"}},
-        {"data_source": "numina_olympiads", "prompt": [{"role": "user", "content": "  "}], "ability": "math",
-         "reward_model": {"ground_truth": "1"}},
+        {
+            "data_source": "numina_olympiads",
+            "prompt": [{"role": "user", "content": "  "}],
+            "ability": "math",
+            "reward_model": {"ground_truth": "1"},
+        },
         {"data_source": "numina_olympiads", "prompt": "Q?", "ability": "math", "reward_model": {"ground_truth": ""}},
         {"data_source": "taco", "prompt": "Q?", "ability": "code", "reward_model": {"ground_truth": "not json"}},
         {"data_source": "mystery", "prompt": "Q?", "reward_model": {"ground_truth": "1"}},
@@ -275,8 +325,14 @@ def test_malformed_rows_are_dropped_with_counts(tmp_path):
         ds, report = load_prompt_dataset(path, return_report=True)
     assert len(ds) == 9
     assert report.total == 16 and report.kept == 9
-    assert report.dropped == {"empty_prompt": 2, "missing_gold": 1, "bad_tests": 1, "unknown_ability": 1,
-                              "bad_prompt": 1, "bad_json": 1}
+    assert report.dropped == {
+        "empty_prompt": 2,
+        "missing_gold": 1,
+        "bad_tests": 1,
+        "unknown_ability": 1,
+        "bad_prompt": 1,
+        "bad_json": 1,
+    }
     assert report.examples["empty_prompt"] == [9, 10]
     assert "empty_prompt=2 (rows 9, 10)" in str(record[0].message)
 
@@ -294,7 +350,9 @@ def test_dataset_level_errors_name_the_column_and_fix(tmp_path):
     with pytest.raises(ValueError, match=r"no gold-answer column.*reward_model"):
         load_prompt_dataset(_write_jsonl(tmp_path / "c.jsonl", [{"prompt": "Q?", "ability": "math"}]))
     with pytest.raises(ValueError, match="none of the 2 rows is usable"):
-        load_prompt_dataset(_write_jsonl(tmp_path / "d.jsonl", [{"prompt": "", "solution": "1", "ability": "math"}] * 2))
+        load_prompt_dataset(
+            _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "", "solution": "1", "ability": "math"}] * 2)
+        )
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty"):
         load_prompt_dataset(str(tmp_path / "empty.jsonl"))
@@ -341,9 +399,15 @@ def test_routed_reward_dispatches_and_counts():
 
     reward = make_routed_reward(fake_math, fake_code, name="my_reward")
     logged = []
-    out = reward(["1", "prog", "2", "x"], ability=["math", "code", None, "poetry"],
-                 data_source=["a", "taco", "numina_olympiads", "b"], solution=["1", None, "3", None],
-                 tests=[None, "{}", None, None], log_metric=lambda k, v: logged.append((k, v)), prompts=["p"] * 4)
+    out = reward(
+        ["1", "prog", "2", "x"],
+        ability=["math", "code", None, "poetry"],
+        data_source=["a", "taco", "numina_olympiads", "b"],
+        solution=["1", None, "3", None],
+        tests=[None, "{}", None, None],
+        log_metric=lambda k, v: logged.append((k, v)),
+        prompts=["p"] * 4,
+    )
     assert reward.__name__ == "my_reward"
     assert out == [1.0, 0.5, 0.0, None]
     assert calls["math"][:2] == (["1", "2"], ["1", "3"])

@@ -13,10 +13,17 @@ import yaml
 from tiny import contains_reward, tiny_prompt_dataset
 
 from trl_prime import (
-    ImplicitPRMConfig, PRLConfig, PRLGRPOTrainer, PrimeGRPOConfig, PrimeRLOOConfig, PrimeRLOOTrainer, ProfGRPOConfig,
+    ImplicitPRMConfig,
+    PrimeGRPOConfig,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    PRLConfig,
+    PRLGRPOTrainer,
+    ProfGRPOConfig,
 )
 from trl_prime import functional as F
 from trl_prime.prime.trainer import LORA_RECIPE_LEARNING_RATES, PrimeMixin, warn_full_finetuning_rates
+
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = dict(bf16=False, use_cpu=True, report_to=[])
@@ -25,9 +32,17 @@ RL_CONFIGS = [PrimeRLOOConfig, PrimeGRPOConfig, PRLConfig, ProfGRPOConfig]
 
 def _rl_kwargs(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), gradient_checkpointing=False, disable_tqdm=True,
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=3, logging_steps=1,
-        save_strategy="no", seed=0, **COMMON,
+        output_dir=str(tmp_path / "out"),
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        **COMMON,
     )
     kw.update(overrides)
     return kw
@@ -57,16 +72,20 @@ def test_explicit_schedules_are_kept_and_an_ignored_warmup_is_refused(tmp_path, 
     cfg = cls(output_dir=str(tmp_path), lr_scheduler_type="constant_with_warmup", warmup_steps=5, **COMMON)
     assert (cfg.lr_scheduler_type, cfg.warmup_steps) == ("constant_with_warmup", 5)
     # "constant" takes no warmup (transformers.get_scheduler): a warmup it would silently drop is refused
-    with pytest.raises(ValueError, match=r"`warmup_steps`=0.1 is ignored by `lr_scheduler_type`='constant'.*"
-                                         r"constant_with_warmup"):
+    with pytest.raises(
+        ValueError,
+        match=r"`warmup_steps`=0.1 is ignored by `lr_scheduler_type`='constant'.*"
+        r"constant_with_warmup",
+    ):
         cls(output_dir=str(tmp_path), warmup_steps=0.1, **COMMON)
 
 
 def test_prm_warmup_with_a_constant_prm_schedule_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"`prm_warmup_steps`=3 is ignored by `prm_lr_scheduler`='constant'"):
         PrimeRLOOConfig(output_dir=str(tmp_path), prm_warmup_steps=3, **COMMON)
-    cfg = PrimeRLOOConfig(output_dir=str(tmp_path), prm_warmup_steps=3, prm_lr_scheduler="constant_with_warmup",
-                          **COMMON)
+    cfg = PrimeRLOOConfig(
+        output_dir=str(tmp_path), prm_warmup_steps=3, prm_lr_scheduler="constant_with_warmup", **COMMON
+    )
     assert cfg.prm_warmup_steps == 3
 
 
@@ -77,15 +96,17 @@ def test_recipes_keep_their_explicit_schedules():
         data = yaml.safe_load(path.read_text()) or {}
         if "lr_scheduler_type" in data:
             found[path.stem] = data["lr_scheduler_type"]
-    assert found == {name: "constant" for name in
-                     ("demo", "implicit_prm", "prime_lora", "prime_qwen7b", "prl_grpo", "prof_grpo")}
+    assert found == dict.fromkeys(
+        ("demo", "implicit_prm", "prime_lora", "prime_qwen7b", "prl_grpo", "prof_grpo"), "constant"
+    )
 
 
 def test_three_step_prime_run_keeps_the_policy_learning_rate_constant(tiny_model_path, tmp_path):
     lr = 1e-3
     cfg = PrimeRLOOConfig(**_rl_kwargs(tmp_path, learning_rate=lr, prm_learning_rate=1e-2))
-    tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg,
-                          train_dataset=tiny_prompt_dataset(12))
+    tr = PrimeRLOOTrainer(
+        model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(12)
+    )
     tr.train()
     logged = [h["learning_rate"] for h in tr.state.log_history if "learning_rate" in h]
     assert logged == [lr, lr, lr]  # TRL's "linear" default logged 6.7e-4, 3.3e-4, 0.0
@@ -125,11 +146,19 @@ def test_warning_names_both_fields_and_the_lora_recipe_rates(tmp_path, cls):
 def test_prime_trainer_warns_at_init_for_lora_with_the_default_rates(tiny_model_path, tmp_path):
     def build(**rates):
         cfg = PrimeRLOOConfig(**_rl_kwargs(tmp_path, max_steps=1, **rates))
-        return PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg,
-                                train_dataset=tiny_prompt_dataset(8), peft_config=_lora())
+        return PrimeRLOOTrainer(
+            model=tiny_model_path,
+            reward_funcs=contains_reward("e"),
+            args=cfg,
+            train_dataset=tiny_prompt_dataset(8),
+            peft_config=_lora(),
+        )
 
-    with pytest.warns(UserWarning, match=r"PEFT run with PRIME's full fine-tuning learning rate\(s\) "
-                                         r"`learning_rate`=5e-07, `prm_learning_rate`=1e-06"):
+    with pytest.warns(
+        UserWarning,
+        match=r"PEFT run with PRIME's full fine-tuning learning rate\(s\) "
+        r"`learning_rate`=5e-07, `prm_learning_rate`=1e-06",
+    ):
         build()
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
@@ -138,9 +167,12 @@ def test_prime_trainer_warns_at_init_for_lora_with_the_default_rates(tiny_model_
     # without PEFT the paper's rates are the right ones: no warning
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"),
-                         args=PrimeRLOOConfig(**_rl_kwargs(tmp_path, max_steps=1)),
-                         train_dataset=tiny_prompt_dataset(8))
+        PrimeRLOOTrainer(
+            model=tiny_model_path,
+            reward_funcs=contains_reward("e"),
+            args=PrimeRLOOConfig(**_rl_kwargs(tmp_path, max_steps=1)),
+            train_dataset=tiny_prompt_dataset(8),
+        )
     assert not [w for w in rec if "full fine-tuning" in str(w.message)]
 
 
@@ -149,8 +181,11 @@ def test_prime_trainer_warns_at_init_for_lora_with_the_default_rates(tiny_model_
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [PrimeGRPOConfig, PRLConfig, ProfGRPOConfig])
 def test_normalize_then_sum_is_refused_naming_the_field(tmp_path, cls):
-    with pytest.raises(ValueError, match=r"`multi_objective_aggregation`='normalize_then_sum': .*weighted sum.*"
-                                         r"use 'sum_then_normalize'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`multi_objective_aggregation`='normalize_then_sum': .*weighted sum.*"
+        r"use 'sum_then_normalize'",
+    ):
         cls(output_dir=str(tmp_path), multi_objective_aggregation="normalize_then_sum", **COMMON)
     assert cls(output_dir=str(tmp_path), **COMMON).multi_objective_aggregation == "sum_then_normalize"
 
@@ -186,8 +221,16 @@ def test_prof_paper_position_reproduces_the_released_filter():
         inp = case["inputs"]
         r = torch.tensor(inp["seq_reward"], dtype=torch.float64)
         c = torch.tensor(inp["scores_ic"], dtype=torch.float64) * (2 * r - 1)  # unsigned consistency
-        kept = F.prof_select(inp["uid"], c, torch.tensor(inp["len_segs"]), r, num_remove=inp["n_remove_per_group"],
-                             penalty=inp["len_step_reward_coef"], mode="both", penalty_position="paper")
+        kept = F.prof_select(
+            inp["uid"],
+            c,
+            torch.tensor(inp["len_segs"]),
+            r,
+            num_remove=inp["n_remove_per_group"],
+            penalty=inp["len_step_reward_coef"],
+            mode="both",
+            penalty_position="paper",
+        )
         assert kept.tolist() == sorted(case["outputs"]["kept_indices"]), case["name"]
 
 
@@ -206,8 +249,9 @@ def test_prl_kl_to_go_uses_the_sampling_temperature(tiny_model_path, tmp_path):
     """PRL's reference log-probs are computed at the sampling temperature: its own reference copy carries TRL's fused
     LM head at ``temperature`` (so a reference equal to the policy gives k_t = 0 at any temperature)."""
     cfg = PRLConfig(**_rl_kwargs(tmp_path, max_steps=1, temperature=0.5))
-    tr = PRLGRPOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg,
-                        train_dataset=tiny_prompt_dataset(8))
+    tr = PRLGRPOTrainer(
+        model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(8)
+    )
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     mask = torch.ones_like(ids)
     ref = tr._get_per_token_logps_and_entropies(tr.prl_ref_model, ids, mask, 3)[0]

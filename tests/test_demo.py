@@ -63,8 +63,10 @@ def test_rolling_mean_skips_missing_values(demo):
 
 
 def test_pick_heatmap_rows_balances_right_and_wrong(demo):
-    records = [{"id": f"p{i}", "completions": [f"c{i}"], "rewards": [r]}
-               for i, r in enumerate([0.0, 1.0, None, 0.0, 1.0, 1.0, 0.0])]
+    records = [
+        {"id": f"p{i}", "completions": [f"c{i}"], "rewards": [r]}
+        for i, r in enumerate([0.0, 1.0, None, 0.0, 1.0, 1.0, 0.0])
+    ]
     rows = demo.pick_heatmap_rows(records, 4)
     assert rows == [("p1", "c1", True), ("p4", "c4", True), ("p0", "c0", False), ("p2", "c2", False)]
     # fewer right answers than half: the rest are wrong ones
@@ -72,8 +74,15 @@ def test_pick_heatmap_rows_balances_right_and_wrong(demo):
 
 
 def test_plot_metrics_writes_the_three_plots(demo, tmp_path):
-    records = [{"step": s, "reward": 0.1 * s, "prm/pair_accuracy": 0.5 + 0.01 * s,
-                "filter/kept_fraction": float("nan") if s == 2 else 0.25} for s in range(1, 6)]
+    records = [
+        {
+            "step": s,
+            "reward": 0.1 * s,
+            "prm/pair_accuracy": 0.5 + 0.01 * s,
+            "filter/kept_fraction": float("nan") if s == 2 else 0.25,
+        }
+        for s in range(1, 6)
+    ]
     paths = demo.plot_metrics(records, str(tmp_path))
     assert sorted(os.path.basename(p) for p in paths) == ["kept_fraction.png", "prm_pair_accuracy.png", "reward.png"]
     for p in paths:
@@ -91,26 +100,63 @@ def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monk
     pytest.importorskip("reasoning_gym")
     monkeypatch.delenv("DEMO_STEPS", raising=False)
     out = tmp_path / "demo"
-    args, training = demo.parse([
-        "--model_name_or_path", tiny_model_path, "--output_dir", str(out), "--max_steps", "2",
-        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_completion_length", "8", "--train_problems", "16",
-        "--eval_problems", "4", "--eval_max_new_tokens", "8", "--heatmap_completions", "2", "--num_threads", "1",
-        "--report_to", "none", "--disable_tqdm", "true",
-    ])
+    args, training = demo.parse(
+        [
+            "--model_name_or_path",
+            tiny_model_path,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--gradient_accumulation_steps",
+            "1",
+            "--max_completion_length",
+            "8",
+            "--train_problems",
+            "16",
+            "--eval_problems",
+            "4",
+            "--eval_max_new_tokens",
+            "8",
+            "--heatmap_completions",
+            "2",
+            "--num_threads",
+            "1",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     summary = demo.main(args, training)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     for r in lines:
-        for key in ("reward", "prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "filter/kept_fraction",
-                    "prm/token_reward_mean"):
+        for key in (
+            "reward",
+            "prm/loss",
+            "prm/pair_accuracy",
+            "prm/abs_accuracy",
+            "filter/kept_fraction",
+            "prm/token_reward_mean",
+        ):
             assert key in r, key
         assert r["reward"] == 0.0 and r["filter/kept_fraction"] == 0.0
         assert r["prm/loss"] is None and r["prm/pair_accuracy"] is None  # every group filtered: no PRM update
         assert r["prm/token_reward_mean"] == 0.0 == r["prm/token_reward_max"]  # PRM == reference
     assert summary["heldout_accuracy_before"] == 0.0 == summary["heldout_accuracy_after"]
     assert summary["num_generations"] == 8 and summary["prompts_per_step"] == 1 and summary["max_steps"] == 2
-    for name in ("reward.png", "kept_fraction.png", "token_rewards.png", "token_rewards.html", "summary.json",
-                 "eval_before.json", "eval_after.json"):
+    for name in (
+        "reward.png",
+        "kept_fraction.png",
+        "token_rewards.png",
+        "token_rewards.html",
+        "summary.json",
+        "eval_before.json",
+        "eval_after.json",
+    ):
         assert (out / name).is_file(), name
     assert (out / "policy" / "prm" / "implicit_prm_config.json").is_file()
     html = (out / "token_rewards.html").read_text()

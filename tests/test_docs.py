@@ -62,7 +62,7 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
             i += 1
         if lang == "python":
             skip = SKIP.match(previous)
-            blocks.append((start + 1, "\n".join(lines[start + 1:i]) + "\n", skip.group("reason") if skip else None))
+            blocks.append((start + 1, "\n".join(lines[start + 1 : i]) + "\n", skip.group("reason") if skip else None))
         previous, i = "", i + 1
     return blocks
 
@@ -72,8 +72,10 @@ def _page_id(path: Path) -> str:
 
 
 def test_the_block_parser():
-    text = ("intro\n\n```python\nx = 1\n```\n\n<!-- docs-test: skip needs a GPU -->\n```python\ny = '```'\n```\n"
-            "```bash\nmake test\n```\n")
+    text = (
+        "intro\n\n```python\nx = 1\n```\n\n<!-- docs-test: skip needs a GPU -->\n```python\ny = '```'\n```\n"
+        "```bash\nmake test\n```\n"
+    )
     assert python_blocks(text) == [(3, "x = 1\n", None), (8, "y = '```'\n", "needs a GPU")]
 
 
@@ -85,8 +87,9 @@ def test_every_page_is_checked_and_most_examples_run():
     assert len(run) >= 8 and len(run) > len(blocks) - len(run), (len(run), len(blocks))
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(b[2] is None for b in python_blocks(p.read_text()))],
-                         ids=_page_id)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if any(b[2] is None for b in python_blocks(p.read_text()))], ids=_page_id
+)
 def test_page_examples_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
     namespace = {"__name__": f"docs_example_{page.stem}"}
@@ -125,8 +128,10 @@ def test_skipped_examples_compile_and_match_the_api(page):
 
 def test_a_wrong_config_keyword_in_a_skipped_example_is_caught(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("<!-- docs-test: skip needs a Hub model -->\n```python\nfrom trl_prime import PRLConfig\n"
-                    "PRLConfig('out', prl_etta=200)\n```\n")
+    page.write_text(
+        "<!-- docs-test: skip needs a Hub model -->\n```python\nfrom trl_prime import PRLConfig\n"
+        "PRLConfig('out', prl_etta=200)\n```\n"
+    )
     with pytest.raises(AssertionError, match="prl_etta"):
         test_skipped_examples_compile_and_match_the_api(page)
 

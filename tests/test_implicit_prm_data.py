@@ -19,6 +19,7 @@ from trl_prime.implicit_prm.data import (
     sample_completions,
 )
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -35,13 +36,21 @@ def test_sampler_near_greedy_matches_generate_and_is_seeded(lm):
     texts, trunc = sample_completions(model, tok, prompts, 2, max_new_tokens=6, temperature=1e-5, seed=0)
     # near-greedy: every sample equals HF greedy decoding of the same prompt (cache compaction, positions, EOS)
     for p, row, tr in zip(prompts, texts, trunc):
-        ids = tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] \
-            if not isinstance(p, str) else tok(p, add_special_tokens=False)["input_ids"]
-        out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
-        greedy = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+        ids = (
+            tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+            if not isinstance(p, str)
+            else tok(p, add_special_tokens=False)["input_ids"]
+        )
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        greedy = tok.decode(out[0, len(ids) :], skip_special_tokens=True)
         assert row == [greedy, greedy]
-        hit_eos = tok.eos_token_id in out[0, len(ids):].tolist()
+        hit_eos = tok.eos_token_id in out[0, len(ids) :].tolist()
         assert tr == [not hit_eos] * 2
     a = sample_completions(model, tok, prompts, 3, max_new_tokens=8, temperature=1.0, seed=5, batch_size=4)
     b = sample_completions(model, tok, prompts, 3, max_new_tokens=8, temperature=1.0, seed=5, batch_size=4)
@@ -56,10 +65,13 @@ def test_build_outcome_dataset_labels_drops_unscorable_and_counts(lm):
     from datasets import Dataset
 
     model, tok = lm
-    problems = Dataset.from_dict({
-        "prompt": ["What is 2 + 3?", "Compute 7 * 6.", "Let x be 4."], "solution": ["5", "42", "8"],
-        "id": ["p0", "p1", "p2"],
-    })
+    problems = Dataset.from_dict(
+        {
+            "prompt": ["What is 2 + 3?", "Compute 7 * 6.", "Let x be 4."],
+            "solution": ["5", "42", "8"],
+            "id": ["p0", "p1", "p2"],
+        }
+    )
     seen = {}
 
     def reward(prompts, completions, solution, id, **kw):
@@ -67,11 +79,19 @@ def test_build_outcome_dataset_labels_drops_unscorable_and_counts(lm):
         # prompt p1 is unscorable; otherwise 1.0 when the completion has an even length, else 0.0
         return [None if i == "p1" else float(len(c) % 2 == 0) for c, i in zip(completions, id)]
 
-    data, stats = build_outcome_dataset(model, problems, reward_func=reward, num_generations=4, max_new_tokens=5,
-                                        temperature=1.0, seed=0, tokenizer=tok, return_stats=True)
+    data, stats = build_outcome_dataset(
+        model,
+        problems,
+        reward_func=reward,
+        num_generations=4,
+        max_new_tokens=5,
+        temperature=1.0,
+        seed=0,
+        tokenizer=tok,
+        return_stats=True,
+    )
     assert seen["n"] == 12 and seen["solution"] == ["5"] * 4 + ["42"] * 4 + ["8"] * 4
-    assert set(data.column_names) == {"prompt", "completion", "label", "prompt_id", "reason", "truncated",
-                                      "source_id"}
+    assert set(data.column_names) == {"prompt", "completion", "label", "prompt_id", "reason", "truncated", "source_id"}
     assert len(data) == 8 and stats["n_unscored"] == 4 and stats["n_rows"] == 8 and stats["n_completions"] == 12
     assert data["prompt_id"] == [0] * 4 + [2] * 4 and data["source_id"] == ["p0"] * 4 + ["p2"] * 4
     assert data["label"] == [float(len(c) % 2 == 0) for c in data["completion"]]
@@ -81,16 +101,36 @@ def test_build_outcome_dataset_labels_drops_unscorable_and_counts(lm):
     mixed = sum(1 for p in (0, 2) if len({y for y, i in zip(data["label"], data["prompt_id"]) if i == p}) == 2)
     assert stats["n_mixed_prompts"] == mixed
     # the same seed gives the same data; a conversational prompt gets a conversational completion
-    again = build_outcome_dataset(model, problems, reward_func=reward, num_generations=4, max_new_tokens=5,
-                                  temperature=1.0, seed=0, tokenizer=tok)
+    again = build_outcome_dataset(
+        model,
+        problems,
+        reward_func=reward,
+        num_generations=4,
+        max_new_tokens=5,
+        temperature=1.0,
+        seed=0,
+        tokenizer=tok,
+    )
     assert again["completion"] == data["completion"]
     conv = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 2 + 3?"}]], "solution": ["5"]})
-    d2 = build_outcome_dataset(model, conv, reward_func=lambda completions, **kw: [0.5] * len(completions),
-                               num_generations=2, max_new_tokens=3, tokenizer=tok)
+    d2 = build_outcome_dataset(
+        model,
+        conv,
+        reward_func=lambda completions, **kw: [0.5] * len(completions),
+        num_generations=2,
+        max_new_tokens=3,
+        tokenizer=tok,
+    )
     assert d2[0]["completion"][0]["role"] == "assistant" and d2["label"] == [0.5, 0.5]
     with pytest.raises(ValueError, match=r"outside \[0, 1\]"):
-        build_outcome_dataset(model, conv, reward_func=lambda completions, **kw: [2.0] * len(completions),
-                              num_generations=1, max_new_tokens=2, tokenizer=tok)
+        build_outcome_dataset(
+            model,
+            conv,
+            reward_func=lambda completions, **kw: [2.0] * len(completions),
+            num_generations=1,
+            max_new_tokens=2,
+            tokenizer=tok,
+        )
     with pytest.raises(ValueError, match="no column 'question'"):
         build_outcome_dataset(model, conv, prompt_column="question", tokenizer=tok)
 
@@ -100,12 +140,28 @@ def test_two_calls_train_a_prm_on_built_data(lm, tiny_model_path, tmp_path):
 
     model, tok = lm
     problems = Dataset.from_dict({"prompt": ["What is 2 + 3?", "Compute 7 * 6."], "solution": ["5", "42"]})
-    data = build_outcome_dataset(model, problems, num_generations=4, max_new_tokens=6, tokenizer=tok, seed=1,
-                                 reward_func=lambda completions, **kw: [float("a" in c) for c in completions])
+    data = build_outcome_dataset(
+        model,
+        problems,
+        num_generations=4,
+        max_new_tokens=6,
+        tokenizer=tok,
+        seed=1,
+        reward_func=lambda completions, **kw: [float("a" in c) for c in completions],
+    )
     trainer = ImplicitPRMTrainer(
-        model=tiny_model_path, train_dataset=data,
-        args=ImplicitPRMConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, use_cpu=True,
-                               report_to="none", save_strategy="no", disable_tqdm=True, learning_rate=1e-2),
+        model=tiny_model_path,
+        train_dataset=data,
+        args=ImplicitPRMConfig(
+            output_dir=str(tmp_path),
+            max_steps=2,
+            per_device_train_batch_size=8,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            learning_rate=1e-2,
+        ),
     )
     trainer.train()
     trainer.save_model(str(tmp_path / "prm"))
@@ -120,8 +176,10 @@ def two_model_prm(tiny_model_path, tiny_llama_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     return ImplicitPRM(
-        AutoModelForCausalLM.from_pretrained(tiny_model_path), AutoModelForCausalLM.from_pretrained(tiny_llama_path),
-        tokenizer=AutoTokenizer.from_pretrained(tiny_model_path), beta=0.05,
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+        AutoModelForCausalLM.from_pretrained(tiny_llama_path),
+        tokenizer=AutoTokenizer.from_pretrained(tiny_model_path),
+        beta=0.05,
     )
 
 
@@ -129,8 +187,9 @@ def two_model_prm(tiny_model_path, tiny_llama_path):
 def test_score_candidates_equals_prm_score_for_every_variant(two_model_prm, conversational):
     prompt = "Compute 7 * 6." if not conversational else [{"role": "user", "content": "Compute 7 * 6."}]
     comps = ["7 * 6 = 42.\n\nSo the answer is \\boxed{42}.", "x", "First, add.\n\nThen 40.\n\nDone \\boxed{40}."]
-    out, lp, ref = score_candidates(two_model_prm, prompt, comps, with_reference=(True, False), batch_size=2,
-                                    return_logps=True)
+    out, lp, ref = score_candidates(
+        two_model_prm, prompt, comps, with_reference=(True, False), batch_size=2, return_logps=True
+    )
     for how in ("min", "mean", "sum", "last"):
         want = two_model_prm.score([prompt] * 3, comps, aggregation=how)
         assert out[how] == pytest.approx(want, abs=1e-5), how
@@ -145,8 +204,12 @@ def test_score_candidates_equals_prm_score_for_every_variant(two_model_prm, conv
 
 
 def test_last_turn_prompt_and_argmax_first():
-    conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
-            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    conv = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
     assert last_turn_prompt(conv) == [conv[0], conv[3]]
     assert last_turn_prompt("plain") == "plain"
     assert question_prompt(conv) == "q2" and question_prompt("plain") == "plain"
@@ -194,14 +257,21 @@ def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny
 
     def generate(prompts, n):
         calls.append(len(prompts))
-        texts = [[f"{k} + 1 = {k + 1}.\n\nThe final answer is \\boxed{{{k % 3}}}." for k in range(n)]
-                 for _ in prompts]
+        texts = [[f"{k} + 1 = {k + 1}.\n\nThe final answer is \\boxed{{{k % 3}}}." for k in range(n)] for _ in prompts]
         return texts, [[False] * n for _ in prompts]
 
     args = ebn.BestOfNArguments(
-        model_name_or_path=tiny_model_path, prm_paths=["initial", "pair"], max_problems=2, num_samples=4,
-        ns=[1, 2, 4], aggregations=["min", "last"], prm_prompt="last_turn", prm_batch_size=3,
-        samples_file=str(tmp_path / "s.jsonl"), output_file=str(tmp_path / "bon.json"), reuse_initial_reference=False,
+        model_name_or_path=tiny_model_path,
+        prm_paths=["initial", "pair"],
+        max_problems=2,
+        num_samples=4,
+        ns=[1, 2, 4],
+        aggregations=["min", "last"],
+        prm_prompt="last_turn",
+        prm_batch_size=3,
+        samples_file=str(tmp_path / "s.jsonl"),
+        output_file=str(tmp_path / "bon.json"),
+        reuse_initial_reference=False,
     )
     res = ebn.main(args, generate_fn=generate, prms={"pair": two_model_prm})
     assert calls == [2]
@@ -233,11 +303,22 @@ def test_implicit_prm_recipe_end_to_end(tiny_model_path, tmp_path, prm_prompt):
     from trl_prime.scripts import implicit_prm as recipe
 
     script = recipe.ImplicitPRMScriptArguments(
-        max_train_samples=2, num_generations=2, max_new_tokens=4, rollouts_path=str(tmp_path / "r.jsonl"),
-        prm_prompt=prm_prompt, generation_batch_size=4,
+        max_train_samples=2,
+        num_generations=2,
+        max_new_tokens=4,
+        rollouts_path=str(tmp_path / "r.jsonl"),
+        prm_prompt=prm_prompt,
+        generation_batch_size=4,
     )
-    targs = ImplicitPRMConfig(output_dir=str(tmp_path / "prm"), max_steps=1, per_device_train_batch_size=4,
-                              use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
+    targs = ImplicitPRMConfig(
+        output_dir=str(tmp_path / "prm"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = recipe.main(script, targs, ModelConfig(model_name_or_path=tiny_model_path))
     rows = [json.loads(line) for line in open(tmp_path / "r.jsonl")]
     stats = json.loads((tmp_path / "r.stats.json").read_text())
@@ -257,21 +338,34 @@ def test_implicit_prm_recipe_end_to_end(tiny_model_path, tmp_path, prm_prompt):
     (tmp_path / "r.jsonl").write_text((tmp_path / "r.jsonl").read_text().splitlines()[0] + "\n")  # mark the cache
     assert len(recipe.rollouts(script, tiny_model_path)) == 1  # same settings: the cached file
     script.num_generations = 3
-    assert len(recipe.rollouts(script, tiny_model_path)) == 6 - json.loads(
-        (tmp_path / "r.stats.json").read_text())["n_unscored"]  # other settings: sampled again
+    assert (
+        len(recipe.rollouts(script, tiny_model_path))
+        == 6 - json.loads((tmp_path / "r.stats.json").read_text())["n_unscored"]
+    )  # other settings: sampled again
 
 
 def test_trainable_layers_trains_only_the_top_blocks(tiny_model_path, tmp_path):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    data = Dataset.from_dict({"prompt": ["What is 2 + 3?"] * 4, "completion": ["5", "6", "5.", "7"],
-                              "label": [1.0, 0.0, 1.0, 0.0]})
+    data = Dataset.from_dict(
+        {"prompt": ["What is 2 + 3?"] * 4, "completion": ["5", "6", "5.", "7"], "label": [1.0, 0.0, 1.0, 0.0]}
+    )
     trainer = ImplicitPRMTrainer(
-        model=tiny_model_path, train_dataset=data,
-        args=ImplicitPRMConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, use_cpu=True,
-                               report_to="none", save_strategy="no", disable_tqdm=True, learning_rate=1e-2,
-                               trainable_layers=1, beta=0.5),
+        model=tiny_model_path,
+        train_dataset=data,
+        args=ImplicitPRMConfig(
+            output_dir=str(tmp_path),
+            max_steps=2,
+            per_device_train_batch_size=4,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            learning_rate=1e-2,
+            trainable_layers=1,
+            beta=0.5,
+        ),
     )
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
@@ -287,7 +381,12 @@ def test_trainable_layers_trains_only_the_top_blocks(tiny_model_path, tmp_path):
 def test_pairable_rows_keeps_prompts_with_both_labels():
     from datasets import Dataset
 
-    d = Dataset.from_dict({"prompt": ["a", "b", "a", "c", "b", "c", "d", "d"], "completion": list("12345678"),
-                           "label": [1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.75]})
+    d = Dataset.from_dict(
+        {
+            "prompt": ["a", "b", "a", "c", "b", "c", "d", "d"],
+            "completion": list("12345678"),
+            "label": [1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.75],
+        }
+    )
     out = pairable_rows(d)
     assert out["completion"] == ["1", "3", "7", "8"]  # "b": all correct; "c": 0.5 is neither side

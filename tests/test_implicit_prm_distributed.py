@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "implicit_prm_distributed.py")
 ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
@@ -28,8 +29,13 @@ def _free_port() -> int:
 
 
 def _run(cmd, out):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     with open(os.path.join(out, "summary.json")) as f:
@@ -40,11 +46,33 @@ def _run(cmd, out):
 def test_two_processes_match_one_process_with_accumulation(tiny_model_path, tmp_path, lora):
     extra = ["--lora"] if lora else []
     out2, out1 = str(tmp_path / "ddp"), str(tmp_path / "single")
-    two, w2 = _run([ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-                    SCRIPT, "--model", tiny_model_path, "--out", out2, *extra], out2)
-    one, w1 = _run([sys.executable, SCRIPT, "--model", tiny_model_path, "--out", out1, "--grad_accum", "2", *extra],
-                   out1)
+    two, w2 = _run(
+        [
+            ACCELERATE,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+            SCRIPT,
+            "--model",
+            tiny_model_path,
+            "--out",
+            out2,
+            *extra,
+        ],
+        out2,
+    )
+    one, w1 = _run(
+        [sys.executable, SCRIPT, "--model", tiny_model_path, "--out", out1, "--grad_accum", "2", *extra], out1
+    )
     assert two["num_processes"] == 2 and one["num_processes"] == 1
     assert two["global_step"] == one["global_step"] == 2
     # every batch on every rank holds whole prompt groups (pairs never straddle ranks)

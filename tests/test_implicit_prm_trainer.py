@@ -7,8 +7,9 @@ import torch
 
 from trl_prime import ImplicitPRM, ImplicitPRMConfig, ImplicitPRMTrainer, best_of_n
 from trl_prime import functional as F
-from trl_prime.modeling import completion_logps
 from trl_prime.implicit_prm.trainer import PromptGroupBatchSampler
+from trl_prime.modeling import completion_logps
+
 
 PROMPTS = ["What is 2 + 3?", "Compute 7 * 6.", "Let x be 4."]
 GOOD = ["The answer is 5.", "7 * 6 = 42.\n\nSo the answer is 42.", "x + 4 = 8"]
@@ -33,9 +34,19 @@ def _dataset(conversational: bool = False, with_label: bool = True):
 
 def _args(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=3e-3, max_steps=8, beta=0.5,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
-        max_length=64, max_prompt_length=32,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        max_steps=8,
+        beta=0.5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        max_length=64,
+        max_prompt_length=32,
     )
     base.update(kw)
     return ImplicitPRMConfig(**base)
@@ -49,7 +60,12 @@ def _batch_loss(trainer, batch, loss_type):
         prm = completion_logps(model, batch["input_ids"], batch["attention_mask"], T)
         ref = completion_logps(trainer.ref_model, batch["input_ids"], batch["attention_mask"], T)
     return F.implicit_prm_loss(
-        prm, ref, batch["completion_mask"], batch["labels"], beta=trainer.beta, loss_type=loss_type,
+        prm,
+        ref,
+        batch["completion_mask"],
+        batch["labels"],
+        beta=trainer.beta,
+        loss_type=loss_type,
         group_ids=batch["group_ids"],
     )
 
@@ -81,7 +97,8 @@ def test_each_loss_matches_functional_and_decreases(tiny_model_path, tmp_path, l
 
 def test_batches_hold_whole_prompt_groups_and_pairs_stay_within_prompts(tiny_model_path, tmp_path):
     trainer = ImplicitPRMTrainer(
-        model=tiny_model_path, args=_args(tmp_path, loss_type="dpo", per_device_train_batch_size=8),
+        model=tiny_model_path,
+        args=_args(tmp_path, loss_type="dpo", per_device_train_batch_size=8),
         train_dataset=_dataset(),
     )
     batches = list(trainer.get_train_dataloader())
@@ -113,7 +130,8 @@ def test_batches_hold_whole_prompt_groups_and_pairs_stay_within_prompts(tiny_mod
                         terms.append(-torch.nn.functional.logsigmoid(r[a] - r[b]))
                     else:
                         terms.append(
-                            -torch.nn.functional.logsigmoid(r[a]) - 0.5 * torch.nn.functional.logsigmoid(-r[a])
+                            -torch.nn.functional.logsigmoid(r[a])
+                            - 0.5 * torch.nn.functional.logsigmoid(-r[a])
                             - 0.5 * torch.nn.functional.logsigmoid(-r[b])
                         )
         assert len(terms) == 2 * 4
@@ -161,9 +179,7 @@ def test_collated_rows_match_implicit_prm_encode(tiny_model_path, tmp_path):
 
 
 def test_saved_prm_reloads_and_scores_identically(tiny_model_path, tmp_path):
-    trainer = ImplicitPRMTrainer(
-        model=tiny_model_path, args=_args(tmp_path, max_steps=3), train_dataset=_dataset()
-    )
+    trainer = ImplicitPRMTrainer(model=tiny_model_path, args=_args(tmp_path, max_steps=3), train_dataset=_dataset())
     trainer.train()
     out = tmp_path / "prm"
     trainer.save_model(str(out))
@@ -175,14 +191,18 @@ def test_saved_prm_reloads_and_scores_identically(tiny_model_path, tmp_path):
     after = loaded.score(prompts, comps)
     assert before == pytest.approx(after, abs=1e-6)
     assert any(abs(x) > 0 for x in after)  # trained: rewards moved away from 0
-    assert best_of_n(loaded, [PROMPTS[1]], [[GOOD[1], BAD[1]]]) == best_of_n(trainer.prm, [PROMPTS[1]], [[GOOD[1], BAD[1]]])
+    assert best_of_n(loaded, [PROMPTS[1]], [[GOOD[1], BAD[1]]]) == best_of_n(
+        trainer.prm, [PROMPTS[1]], [[GOOD[1], BAD[1]]]
+    )
 
 
 def test_peft_prm_saves_adapter_and_reloads(tiny_model_path, tmp_path):
     peft = pytest.importorskip("peft")
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = ImplicitPRMTrainer(
-        model=tiny_model_path, args=_args(tmp_path, max_steps=2, learning_rate=1e-2), train_dataset=_dataset(),
+        model=tiny_model_path,
+        args=_args(tmp_path, max_steps=2, learning_rate=1e-2),
+        train_dataset=_dataset(),
         peft_config=cfg,
     )
     assert trainer.ref_model is None and trainer.prm.reference == "adapters_disabled"
@@ -205,8 +225,14 @@ class _FixedScores:
 
 def test_best_of_n_argmax_first_wins_ties():
     prm = _FixedScores([0.1, 0.7, 0.7, -1.0, float("nan"), -2.0, 3.0])
-    idx = best_of_n(prm, ["p", "q", "r"], [["a", "b", "c"], ["d", "e", "f"], ["g"]], aggregation="mean",
-                    with_reference=False, delimiter="\n")
+    idx = best_of_n(
+        prm,
+        ["p", "q", "r"],
+        [["a", "b", "c"], ["d", "e", "f"], ["g"]],
+        aggregation="mean",
+        with_reference=False,
+        delimiter="\n",
+    )
     assert idx == [1, 0, 0]
     prompts, comps, kw = prm.calls[0]
     assert prompts == ["p"] * 3 + ["q"] * 3 + ["r"] and comps == list("abcdefg")
@@ -220,7 +246,10 @@ def test_best_of_n_argmax_first_wins_ties():
 def test_best_of_n_with_real_prm_is_argmax_of_score(tiny_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m, ref = AutoModelForCausalLM.from_pretrained(tiny_model_path), AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    m, ref = (
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+    )
     _perturb_(m)
     prm = ImplicitPRM(m, ref, beta=0.05, tokenizer=AutoTokenizer.from_pretrained(tiny_model_path))
     cands = [GOOD[1], BAD[1], GOOD[0], GOOD[1]]
@@ -240,7 +269,10 @@ def test_min_aggregation_ignores_padded_steps(tiny_model_path):
     # end to end: scoring a 1-step and a 3-step completion in one batch == scoring each alone
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    m, ref = AutoModelForCausalLM.from_pretrained(tiny_model_path), AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    m, ref = (
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+    )
     _perturb_(m)
     prm = ImplicitPRM(m, ref, beta=0.05, tokenizer=AutoTokenizer.from_pretrained(tiny_model_path))
     comps = ["x + 4 = 9", "First, add.\n\nThen, divide by two.\n\nThe result is 3."]
@@ -263,9 +295,13 @@ def test_missing_label_column_raises(tiny_model_path, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kw, field", [({"loss_type": "ipo"}, "loss_type"), ({"beta": 0.0}, "beta"),
-                  ({"max_length": 16, "max_prompt_length": 16}, "max_prompt_length"),
-                  ({"loss_type": "dpo", "group_by_prompt": False}, "group_by_prompt")],
+    "kw, field",
+    [
+        ({"loss_type": "ipo"}, "loss_type"),
+        ({"beta": 0.0}, "beta"),
+        ({"max_length": 16, "max_prompt_length": 16}, "max_prompt_length"),
+        ({"loss_type": "dpo", "group_by_prompt": False}, "group_by_prompt"),
+    ],
 )
 def test_config_validation_names_the_field(tmp_path, kw, field):
     with pytest.raises(ValueError, match=field):

@@ -38,7 +38,11 @@ print(json.dumps(sorted(m for m in sys.modules if "trainer" in m)))
 def test_config_module_imports_no_trainer(module):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE.format(module=module)], capture_output=True, text=True, env=env, cwd=ROOT,
+        [sys.executable, "-c", PROBE.format(module=module)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 STEPS = 30
@@ -37,9 +38,8 @@ FLIP_SLACK = 0.0  # ... and the sign-flipped run must not end above its start
 
 @pytest.fixture(scope="session")
 def warm_start():
-    import torch
-
     import learning_task as lt
+    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -50,16 +50,25 @@ def warm_start():
 
 
 def _run(method: str, warm: str, flip: bool) -> dict:
-    import torch
-
     import learning
     import learning_task as lt
+    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return learning.run_one(method, 0, warm=warm, spec=lt.TaskSpec(), steps=STEPS, eval_every=STEPS, lr=LR,
-                                prm_lr=PRM_LR, eval_samples=2, flip_sign=flip)
+        return learning.run_one(
+            method,
+            0,
+            warm=warm,
+            spec=lt.TaskSpec(),
+            steps=STEPS,
+            eval_every=STEPS,
+            lr=LR,
+            prm_lr=PRM_LR,
+            eval_samples=2,
+            flip_sign=flip,
+        )
     finally:
         torch.set_num_threads(threads)
 

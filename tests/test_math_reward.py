@@ -14,6 +14,7 @@ import pytest
 
 from trl_prime.rewards import math_verifier as mv
 
+
 TOWER = "So the result is $\\boxed{9^{9^{9^{9}}}}$."
 
 
@@ -147,10 +148,15 @@ def test_repeated_pairs_are_consistent():
     completions = [f"\\boxed{{{n}}}", f"\\boxed{{{n + 1}}}"] * 8
     first = mv.verify_math(completions, [str(n)] * 16)
     second = mv.verify_math(completions, [str(n)] * 16)  # served from the memo
-    assert [(r.reward, r.reason) for r in first] == [(r.reward, r.reason) for r in second] == [
-        (1.0, "correct"),
-        (0.0, "wrong"),
-    ] * 8
+    assert (
+        [(r.reward, r.reason) for r in first]
+        == [(r.reward, r.reason) for r in second]
+        == [
+            (1.0, "correct"),
+            (0.0, "wrong"),
+        ]
+        * 8
+    )
 
 
 # ------------------------------------------------------------------------------------------------ deadlines
@@ -349,8 +355,9 @@ def test_numeric_golds_are_written_without_exponent():
     results = mv.verify_math([c for c, *_ in cases], [g for _, g, *_ in cases])
     for (completion, gold, reward, reason), r in zip(cases, results):
         assert (r.reward, r.reason) == (reward, reason), (completion, gold, r)
-    for r in mv.verify_math(["\\boxed{5}", "\\boxed{nan}", "\\boxed{\\infty}"],
-                            [float("nan"), float("nan"), np.float64("inf")]):
+    for r in mv.verify_math(
+        ["\\boxed{5}", "\\boxed{nan}", "\\boxed{\\infty}"], [float("nan"), float("nan"), np.float64("inf")]
+    ):
         _check(r, None, "gold_unparseable")
         assert "not a finite number" in r.detail
     (r,) = mv.verify_math(["\\boxed{\\infty}"], ["\\infty"])  # a string gold "\infty" is still an answer
@@ -439,8 +446,9 @@ def test_last_counts_and_results_are_per_thread():
     assert [r.reason for r in mv.math_reward.last_results] == ["correct"]  # the main thread's own last call
     assert mv.math_reward.last_counts["correct"] == 1 and mv.math_reward.last_counts["wrong"] == 0
     fresh: dict = {}
-    t = threading.Thread(target=lambda: fresh.update(counts=dict(mv.math_reward.last_counts),
-                                                     results=list(mv.math_reward.last_results)))
+    t = threading.Thread(
+        target=lambda: fresh.update(counts=dict(mv.math_reward.last_counts), results=list(mv.math_reward.last_results))
+    )
     t.start()
     t.join(30)
     assert fresh == {"counts": dict.fromkeys(mv.REASONS, 0), "results": []}  # a thread that made no call

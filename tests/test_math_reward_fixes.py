@@ -17,7 +17,7 @@ def warm_pool():
 
 def _verdicts(pairs, **options):
     """(reward, reason) of each (answer, gold) pair, the answer boxed."""
-    results = mv.verify_math(["\\boxed{%s}" % a for a, _ in pairs], [g for _, g in pairs], **options)
+    results = mv.verify_math([f"\\boxed{{{a}}}" for a, _ in pairs], [g for _, g in pairs], **options)
     return [(r.reward, r.reason) for r in results]
 
 
@@ -156,11 +156,11 @@ def test_half_unit_of_written_decimals():
 def test_numeric_hook_falls_back_when_math_verify_changed():
     import types
 
-    from math_verify import parse, verify
     from math_verify import grader as real_grader
+    from math_verify import parse, verify
 
     def same(gold, answer):
-        return verify(parse("\\boxed{%s}" % gold), parse("\\boxed{%s}" % answer))
+        return verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{answer}}}"))
 
     def accept(a, b):
         return not mv._relatively_different(a, b, 1e-4)
@@ -324,6 +324,9 @@ def test_full_stop_after_a_whole_number_and_options_through_make_math_reward():
     from trl_prime.rewards import make_math_reward
 
     assert mv.math_reward(completions=["\\boxed{5}", "\\boxed{5.}", "\\boxed{5.5}"], solution=["5.", "5", "5"]) == [
-        1.0, 1.0, 0.0]
+        1.0,
+        1.0,
+        0.0,
+    ]
     reward = make_math_reward("solution", extraction="boxed_or_answer_phrase")
     assert reward(completions=["Final Answer: **73**.", "The answer is 72."], solution=["73", "73"]) == [1.0, 0.0]

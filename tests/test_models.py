@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from trl_prime.models import EMBEDDED_MODELS, is_embedded, resolve_model_path
+from trl_prime.models import is_embedded, resolve_model_path
 
 
 def test_plain_names_pass_through():

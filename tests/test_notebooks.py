@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+
 nbformat = pytest.importorskip("nbformat", reason="the `dev` extra installs nbformat/nbclient/ipykernel")
 from nbclient import NotebookClient  # noqa: E402
+
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,7 +35,9 @@ def test_notebooks_are_saved_with_outputs():
         assert all(c.get("execution_count") for c in code), f"{name}.ipynb has unexecuted code cells: re-execute it"
         assert not [o for c in code for o in c.outputs if o.output_type == "error"], name
     quickstart = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
-    images = [o for c in quickstart.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    images = [
+        o for c in quickstart.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
+    ]
     assert len(images) >= 2, "the token-reward heatmap and the metric plots"
 
 

@@ -21,6 +21,7 @@ import torch
 
 from trl_prime import functional as F
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "prime_distributed.py")
 ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
@@ -34,12 +35,35 @@ def _free_port() -> int:
 
 def _launch(mode: str, model: str, out: str, *extra: str, timeout: int = 420) -> dict:
     cmd = [
-        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        SCRIPT, "--mode", mode, "--model", model, "--out", out, *extra,
+        ACCELERATE,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        SCRIPT,
+        "--mode",
+        mode,
+        "--model",
+        model,
+        "--out",
+        out,
+        *extra,
     ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"{mode} launch failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     with open(os.path.join(out, "summary.json")) as f:
@@ -59,16 +83,20 @@ def _check_baselines_single_process(out: str, num_generations: int = 2) -> None:
     for step in range(n_steps):
         parts = [r["steps"][step] for r in ranks]
         T = max(p["completion_mask"].size(1) for p in parts)
-        cat = lambda k: torch.cat([_pad(p[k], T) if p[k].dim() == 2 else p[k] for p in parts])  # noqa: E731
-        rewards, mask, outcome, kept, adv = map(cat, ("token_rewards", "completion_mask", "outcome_rewards",
-                                                     "kept_mask", "advantages"))
+        rewards, mask, outcome, kept, adv = (
+            torch.cat([_pad(p[k], T) if p[k].dim() == 2 else p[k] for p in parts])
+            for k in ("token_rewards", "completion_mask", "outcome_rewards", "kept_mask", "advantages")
+        )
         B = outcome.numel()
         assert B == 6 and B % num_generations == 0
         # group 1 = global rows 2 and 3: one row on each rank, with different outcomes
         assert outcome[2] != outcome[3]
         expected = F.prime_advantages(
-            process_rewards=rewards, outcome_rewards=torch.where(kept, outcome, torch.nan), mask=mask,
-            group_ids=torch.arange(B) // num_generations, **options,
+            process_rewards=rewards,
+            outcome_rewards=torch.where(kept, outcome, torch.nan),
+            mask=mask,
+            group_ids=torch.arange(B) // num_generations,
+            **options,
         )
         torch.testing.assert_close(adv, expected * mask, atol=1e-6, rtol=1e-5)
         if step == 0:
@@ -77,8 +105,11 @@ def _check_baselines_single_process(out: str, num_generations: int = 2) -> None:
             assert rewards.abs().max() > 0
             # the split group's advantages depend on both ranks' rows only: recomputed from that group alone
             local_only = F.prime_advantages(
-                process_rewards=rewards[2:4], outcome_rewards=outcome[2:4], mask=mask[2:4],
-                group_ids=torch.zeros(2, dtype=torch.long), **options,
+                process_rewards=rewards[2:4],
+                outcome_rewards=outcome[2:4],
+                mask=mask[2:4],
+                group_ids=torch.zeros(2, dtype=torch.long),
+                **options,
             )
             torch.testing.assert_close(adv[2:4], local_only * mask[2:4], atol=1e-6, rtol=1e-5)
 
@@ -165,8 +196,13 @@ def test_ddp_two_processes_pairwise_prm_loss_pairs_within_prompts(tiny_model_pat
         seqs.append((lp * s["completion_mask"]).sum(-1, keepdim=True))
     seq = torch.cat(seqs)
     loss = F.implicit_prm_loss(
-        prm_logps=seq, ref_logps=seq.detach(), mask=torch.ones_like(seq, dtype=torch.bool), labels=outcome,
-        beta=0.05, loss_type="dpo", group_ids=torch.arange(6) // 2,
+        prm_logps=seq,
+        ref_logps=seq.detach(),
+        mask=torch.ones_like(seq, dtype=torch.bool),
+        labels=outcome,
+        beta=0.05,
+        loss_type="dpo",
+        group_ids=torch.arange(6) // 2,
     )
     assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
     loss.backward()

@@ -18,6 +18,7 @@ from test_prime_distributed import ACCELERATE, _free_port  # the same launcher p
 
 from trl_prime import functional as F
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "prl_prof_distributed.py")
 
@@ -26,12 +27,36 @@ def _launch(model: str, prm: str, out: str, timeout: int = 600) -> dict:
     import subprocess
 
     cmd = [
-        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        SCRIPT, "--model", model, "--prm", prm, "--out", out, "--steps", "10",
+        ACCELERATE,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        SCRIPT,
+        "--model",
+        model,
+        "--prm",
+        prm,
+        "--out",
+        out,
+        "--steps",
+        "10",
     ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     with open(os.path.join(out, "summary.json")) as f:
@@ -82,14 +107,15 @@ def test_prl_two_processes(launched):
         adv = _cat(parts, "advantages")
         torch.testing.assert_close(adv, expected, atol=1e-6, rtol=1e-6)
         # the split group (global rows 4..7, two on each rank) depends on both ranks' rows only
-        alone = F.prl_advantages(outcome[4:8], old[4:8], ref[4:8], mask[4:8], torch.zeros(4, dtype=torch.long),
-                                 eta=2.0, step_ends=ends[4:8])
+        alone = F.prl_advantages(
+            outcome[4:8], old[4:8], ref[4:8], mask[4:8], torch.zeros(4, dtype=torch.long), eta=2.0, step_ends=ends[4:8]
+        )
         torch.testing.assert_close(adv[4:8], alone, atol=1e-6, rtol=1e-6)
         assert parts[0]["num_items"].item() == mask.sum().item()
 
 
 def _check_prof_rounds(parts_per_round, *, prime: bool):
-    for rnd, parts in enumerate(parts_per_round):
+    for parts in parts_per_round:
         kept = parts[0]["kept"]
         assert torch.equal(kept, parts[1]["kept"]) and kept.numel() == 24
         assert kept.view(3, 8).sum(1).tolist() == [4, 4, 4]  # group 1 (rows 8..15) is split across the ranks
@@ -100,8 +126,11 @@ def _check_prof_rounds(parts_per_round, *, prime: bool):
             loss_mask = _cat(parts, "loss_mask")
             assert torch.equal(loss_mask, mask * kept[:, None])
             expected = F.prime_advantages(
-                process_rewards=_cat(parts, "token_rewards"), outcome_rewards=torch.where(kept, outcome, torch.nan),
-                mask=mask, group_ids=gid, **parts[0]["options"],
+                process_rewards=_cat(parts, "token_rewards"),
+                outcome_rewards=torch.where(kept, outcome, torch.nan),
+                mask=mask,
+                group_ids=gid,
+                **parts[0]["options"],
             )
             torch.testing.assert_close(_cat(parts, "advantages"), expected, atol=1e-6, rtol=1e-5)
         else:
@@ -119,7 +148,9 @@ def test_prof_two_processes(launched):
     out, summary = launched
     logs = summary["logs"]["prof"]
     assert [h["step"] for h in logs] == list(range(1, 11))
-    assert all(h["prof/kept_fraction"] == 0.5 and h["prof/kept_correct"] + h["prof/kept_incorrect"] == 12 for h in logs)
+    assert all(
+        h["prof/kept_fraction"] == 0.5 and h["prof/kept_correct"] + h["prof/kept_incorrect"] == 12 for h in logs
+    )
     ranks = _load(out, "prof")
     _check_prof_rounds([[r[i] for r in ranks] for i in range(10)], prime=False)
     for name in ("prime_grpo", "prime_rloo"):

@@ -53,50 +53,127 @@ def math_jsonl(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     with open(path, "w") as f:
         for i in range(8):
-            f.write(json.dumps({
-                "data_source": "numina_synthetic_math", "ability": "math",
-                "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
-                "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "data_source": "numina_synthetic_math",
+                        "ability": "math",
+                        "prompt": [{"role": "user", "content": f"What is {i} + 1? Put the answer in \\boxed{{}}."}],
+                        "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+                    }
+                )
+                + "\n"
+            )
     return str(path)
 
 
 def test_yaml_configs_parse_with_overrides(tmp_path):
-    data, args, model = _parse("prl_grpo", [
-        "--config", os.path.join(RECIPES, "configs", "prl_grpo.yaml"), "--output_dir", str(tmp_path), "--prl_eta", "150",
-    ])
+    data, args, model = _parse(
+        "prl_grpo",
+        [
+            "--config",
+            os.path.join(RECIPES, "configs", "prl_grpo.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--prl_eta",
+            "150",
+        ],
+    )
     assert (args.prl_eta, args.prl_step_split, args.prl_step_len, args.num_generations) == (150.0, "length", 256, 5)
-    assert model.model_name_or_path == "embedded:smollm2-135m-instruct" and data.dataset_name == ["embedded:arithmetic"]
-    data, args, model = _parse("prof_grpo", [
-        "--config", os.path.join(RECIPES, "configs", "prof_grpo.yaml"), "--output_dir", str(tmp_path), "--bf16", "false",
-        "--gradient_checkpointing", "false", "--model_name_or_path", "some/model",
-    ])
+    assert model.model_name_or_path == "embedded:smollm2-135m-instruct" and data.dataset_name == [
+        "embedded:arithmetic"
+    ]
+    data, args, model = _parse(
+        "prof_grpo",
+        [
+            "--config",
+            os.path.join(RECIPES, "configs", "prof_grpo.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--bf16",
+            "false",
+            "--gradient_checkpointing",
+            "false",
+            "--model_name_or_path",
+            "some/model",
+        ],
+    )
     assert (args.prof_mode, args.prof_prm, args.prof_keep_count(), args.num_generations) == (
-        "both", "Qwen/Qwen2.5-Math-PRM-7B", 4, 8)
+        "both",
+        "Qwen/Qwen2.5-Math-PRM-7B",
+        4,
+        8,
+    )
     assert (args.beta, args.entropy_coef, args.prof_step_delimiter, model.model_name_or_path) == (
-        0.001, 0.001, "\n\n", "some/model")
-    data, args, model = _parse("prof_prime", [
-        "--config", os.path.join(RECIPES, "configs", "prof_prime.yaml"), "--output_dir", str(tmp_path),
-    ])
-    assert (args.prof_mode, args.prof_prm, args.prof_keep_count(), args.prime_estimator) == ("both", "implicit", 4, "grpo")
+        0.001,
+        0.001,
+        "\n\n",
+        "some/model",
+    )
+    data, args, model = _parse(
+        "prof_prime",
+        [
+            "--config",
+            os.path.join(RECIPES, "configs", "prof_prime.yaml"),
+            "--output_dir",
+            str(tmp_path),
+        ],
+    )
+    assert (args.prof_mode, args.prof_prm, args.prof_keep_count(), args.prime_estimator) == (
+        "both",
+        "implicit",
+        4,
+        "grpo",
+    )
 
 
 @pytest.mark.parametrize("name", ["prl_grpo", "prof_grpo", "prof_prime"])
 def test_recipe_trains_one_step(name, tiny_model_path, math_jsonl, tmp_path):
     argv = [
-        "--config", os.path.join(RECIPES, "configs", f"{name}.yaml"), "--output_dir", str(tmp_path / "out"),
-        "--model_name_or_path", tiny_model_path, "--dataset_name", math_jsonl, "--use_cpu", "true", "--bf16", "false",
-        "--gradient_checkpointing", "false", "--dtype", "float32", "--max_steps", "1", "--max_completion_length", "8",
-        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--save_strategy", "no",
-        "--trust_remote_code", "false",
+        "--config",
+        os.path.join(RECIPES, "configs", f"{name}.yaml"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--model_name_or_path",
+        tiny_model_path,
+        "--dataset_name",
+        math_jsonl,
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--dtype",
+        "float32",
+        "--max_steps",
+        "1",
+        "--max_completion_length",
+        "8",
+        "--per_device_train_batch_size",
+        "8",
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "no",
+        "--trust_remote_code",
+        "false",
     ]
     if name == "prl_grpo":
         argv += ["--num_generations", "4", "--prl_step_len", "3"]
     if name == "prof_grpo":
         from tiny_prm import build_tiny_step_prm
 
-        argv += ["--prof_prm", build_tiny_step_prm(tmp_path / "prm"), "--num_generations", "8",
-                 "--gradient_accumulation_steps", "1", "--beta", "0.0"]
+        argv += [
+            "--prof_prm",
+            build_tiny_step_prm(tmp_path / "prm"),
+            "--num_generations",
+            "8",
+            "--gradient_accumulation_steps",
+            "1",
+            "--beta",
+            "0.0",
+        ]
     if name == "prof_prime":  # the tiny model answers nothing right: keep its all-wrong groups for PROF to filter
         argv += ["--filter_lower", "0.0", "--filter_upper", "1.0"]
     trainer = _main(name, _parse(name, argv))
@@ -119,8 +196,18 @@ def test_cli_prompt_column_delimiter_escapes_and_missing_prof_prm(tmp_path):
     with open(path, "w") as f:
         for i in range(3):
             f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1), "ability": "math"}) + "\n")
-    base = ["--config", os.path.join(RECIPES, "configs", "prof_grpo.yaml"), "--output_dir", str(tmp_path / "o"),
-            "--bf16", "false", "--gradient_checkpointing", "false", "--dataset_name", str(path)]
+    base = [
+        "--config",
+        os.path.join(RECIPES, "configs", "prof_grpo.yaml"),
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--dataset_name",
+        str(path),
+    ]
     data, _, _ = _parse("prof_grpo", base)
     with pytest.raises(ValueError, match=r"--prompt_column question"):
         utils.load_train_dataset(data)

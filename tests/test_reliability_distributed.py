@@ -13,26 +13,60 @@ import pytest
 import torch
 from test_prime_distributed import ACCELERATE, _free_port
 
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "reliability_equivalence.py")
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
-                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
 
 
 @pytest.fixture(scope="module")
 def launched(tiny_model_path, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("equivalence"))
-    one = subprocess.run([sys.executable, SCRIPT, "--model", tiny_model_path, "--out", out], capture_output=True,
-                         text=True, timeout=600, env=_env(), cwd=ROOT)
+    one = subprocess.run(
+        [sys.executable, SCRIPT, "--model", tiny_model_path, "--out", out],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+        cwd=ROOT,
+    )
     assert one.returncode == 0, one.stderr[-6000:]
-    two = subprocess.run([
-        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(_free_port()), SCRIPT, "--model", tiny_model_path,
-        "--out", out,
-    ], capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)
+    two = subprocess.run(
+        [
+            ACCELERATE,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+            SCRIPT,
+            "--model",
+            tiny_model_path,
+            "--out",
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+        cwd=ROOT,
+    )
     assert two.returncode == 0, two.stderr[-6000:]
     return out
 
@@ -47,7 +81,7 @@ def test_two_processes_equal_one_process_on_the_same_batch(launched, name):
     load = lambda n, r: torch.load(os.path.join(launched, f"{name}_np{n}_rank{r}.pt"), weights_only=False)  # noqa
     one, r0, r1 = load(1, 0), load(2, 0), load(2, 1)
     assert len(one["records"]) == len(r0["records"]) == len(r1["records"]) == 2
-    for step, (a, b0, b1) in enumerate(zip(one["records"], r0["records"], r1["records"])):
+    for a, b0, b1 in zip(one["records"], r0["records"], r1["records"]):
         T = a["completion_ids"].size(1)
         assert b0["completion_ids"].size(1) == 6 and b1["completion_ids"].size(1) == 4  # uneven lengths per rank
         for key in ("completion_ids", "loss_mask", "advantages"):

@@ -20,6 +20,7 @@ from trl_prime import ImplicitPRM
 from trl_prime import functional as F
 from trl_prime.implicit_prm.model import tokenize_prompt_completion
 
+
 PLAIN = ["What is 2 + 3?", "Let x be 4."]
 CONVERSATIONAL = [
     [{"role": "user", "content": "Compute 7 * 6."}],
@@ -55,9 +56,17 @@ def bos_model_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_bos")
     tok = build_bos_tokenizer()
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -70,9 +79,19 @@ def bos_model_path(tmp_path_factory):
 
 def _trl_kwargs(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, save_strategy="no",
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=4, max_steps=1, seed=0, beta=0.0,
+        output_dir=str(tmp_path),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=1,
+        seed=0,
+        beta=0.0,
     )
     kw.update(overrides)
     return kw
@@ -87,8 +106,10 @@ def trl_trainers(bos_model_path, tmp_path_factory):
     out = {}
     for name, trainer_cls, cfg_cls in (("grpo", GRPOTrainer, GRPOConfig), ("rloo", RLOOTrainer, RLOOConfig)):
         out[name] = trainer_cls(
-            model=bos_model_path, reward_funcs=contains_reward("e"),
-            args=cfg_cls(**_trl_kwargs(tmp_path_factory.mktemp(name))), train_dataset=tiny_prompt_dataset(4),
+            model=bos_model_path,
+            reward_funcs=contains_reward("e"),
+            args=cfg_cls(**_trl_kwargs(tmp_path_factory.mktemp(name))),
+            train_dataset=tiny_prompt_dataset(4),
             processing_class=build_bos_tokenizer(),
         )
     return out
@@ -147,8 +168,11 @@ def test_offline_prompt_ids_equal_a_trl_grpo_step(bos_model_path, tmp_path, kind
     prompts = (PLAIN if kind == "plain" else CONVERSATIONAL) * 2
     tok = build_bos_tokenizer()
     Capture(
-        model=bos_model_path, reward_funcs=contains_reward("e"), args=GRPOConfig(**_trl_kwargs(tmp_path)),
-        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok,
+        model=bos_model_path,
+        reward_funcs=contains_reward("e"),
+        args=GRPOConfig(**_trl_kwargs(tmp_path)),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tok,
     ).train()
     rows, ids, mask = captured[0]
     assert len(rows) == 4
@@ -161,6 +185,7 @@ def test_offline_prompt_ids_equal_a_trl_grpo_step(bos_model_path, tmp_path, kind
 def test_implicit_prm_trainer_dataset_uses_trl_ids(trl_trainers, tmp_path):
     """``ImplicitPRMTrainer`` trains on the same prompt ids (its dataset goes through the shared tokenisation)."""
     from datasets import Dataset
+
     from trl_prime import ImplicitPRMConfig, ImplicitPRMTrainer
 
     trainer = trl_trainers["grpo"]
@@ -272,8 +297,9 @@ def test_best_of_n_prl_and_prof_split_alike(step_prm):
     assert PRLGRPOTrainer._prl_step_ends(fake, ids, mask).tolist() == expected.tolist()
 
     # PROF with the implicit PRM as step PRM: the same steps, scored sigmoid(step reward)
-    batch = StepBatch(prompts=[prompt] * 4, completions=STEP_TEXTS, completion_ids=ids, completion_mask=mask,
-                      token_rewards=rewards)
+    batch = StepBatch(
+        prompts=[prompt] * 4, completions=STEP_TEXTS, completion_ids=ids, completion_mask=mask, token_rewards=rewards
+    )
     scores, prof_smask = ImplicitStepPRM(tok, delimiter="\n\n").step_scores(batch)
     assert torch.equal(prof_smask, want_smask)
     torch.testing.assert_close(scores, F.prof_step_scores_from_implicit(want_values, want_smask))

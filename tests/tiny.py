@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -145,4 +146,4 @@ def exit_launched_process(accelerator=None) -> None:
 if __name__ == "__main__":  # pragma: no cover - manual helper
     import sys
 
-    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trl_prime_tiny"))
+    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/trl_prime_tiny"))  # noqa: T201

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+
 STEP_CORPUS = [
     "First, add the numbers.\n\nThen, divide by two.\n\nThe result is 3.",
     "Step one: x = 2.\n\nStep two: y = 3.\nSo x + y = 5.\n\nThe answer is 5.",
@@ -32,8 +33,15 @@ def build_tiny_step_prm(path: str | os.PathLike, *, seed: int = 3, separator: st
     tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": [separator]})
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, num_labels=2, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
         max_position_embeddings=1024,
     )
     torch.manual_seed(seed)
@@ -54,15 +62,18 @@ def llama_style_tokenizer():
     tok.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<unk>", "<s>", "</s>", *bytes_], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=420, special_tokens=["<unk>", "<s>", "</s>", *bytes_], show_progress=False
+    )
     # no newline in the training text: "\n" has no token of its own and falls back to the byte <0x0A>
     tok.train_from_iterator([t.replace("\n", " ") for t in STEP_CORPUS] * 4, trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
 
 
 def qwen_style_tokenizer():
@@ -74,7 +85,9 @@ def qwen_style_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=330, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=330,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(STEP_CORPUS * 20, trainer=trainer)

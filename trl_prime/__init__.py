@@ -9,6 +9,7 @@ Heavy submodules (trainers, models) are imported lazily, so ``import trl_prime.f
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+
 __version__ = "0.1.0.dev0"
 
 # public name -> submodule that defines it

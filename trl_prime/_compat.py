@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+
 # The single source of truth of the tested TRL range (PEP 440 specifiers, joined with ",").
 TESTED_TRL: tuple[str, ...] = (">=1.16", "<1.17")
 

@@ -95,8 +95,9 @@ class CheckpointMixin:
             self._guard_save_generation_state(os.path.join(staging_root, name))
             if self.args.should_save:
                 with open(os.path.join(staging_root, name, GUARD_STATE_NAME), "w") as f:
-                    json.dump({"consecutive_skips": self._guard_consecutive_skips,
-                               "total_skips": self._guard_total_skips}, f)
+                    json.dump(
+                        {"consecutive_skips": self._guard_consecutive_skips, "total_skips": self._guard_total_skips}, f
+                    )
         finally:
             self._guard_saving, self._guard_staging_root = False, None
             self.args.save_total_limit = limit
@@ -106,7 +107,7 @@ class CheckpointMixin:
         if best and best.startswith(staging_prefix):
             # on every rank (each loads the best model at the end), and in the checkpoint's own trainer_state.json
             # (a resumed run must protect and load the published folder, not the vanished staging one)
-            self.state.best_model_checkpoint = os.path.join(run_dir, best[len(staging_prefix):])
+            self.state.best_model_checkpoint = os.path.join(run_dir, best[len(staging_prefix) :])
             state_file = os.path.join(staging_root, name, "trainer_state.json")
             if self.args.should_save and os.path.isfile(state_file):
                 self.state.save_to_json(state_file)
@@ -126,8 +127,12 @@ class CheckpointMixin:
                 shutil.rmtree(old, ignore_errors=True)
             from transformers.trainer_utils import rotate_checkpoints
 
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
         acc.wait_for_everyone()
 
     def _save_checkpoint(self, model, trial):
@@ -155,8 +160,9 @@ class CheckpointMixin:
         self._guard_train_sampler = sampler
         return sampler
 
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
-                             trial):
+    def _init_training_state(
+        self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+    ):
         epochs_trained, steps_in_epoch = super()._init_training_state(
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
@@ -172,10 +178,14 @@ class CheckpointMixin:
     def _guard_generation_layout(self) -> dict:
         """What fixes the meaning of ``_step`` and the shape of the buffer: a resumed run must match it."""
         a = self.args
-        return {"steps_per_generation": a.steps_per_generation, "num_iterations": self.num_iterations,
-                "gradient_accumulation_steps": a.gradient_accumulation_steps,
-                "per_device_train_batch_size": a.per_device_train_batch_size,
-                "num_generations": self.num_generations, "num_processes": self.accelerator.num_processes}
+        return {
+            "steps_per_generation": a.steps_per_generation,
+            "num_iterations": self.num_iterations,
+            "gradient_accumulation_steps": a.gradient_accumulation_steps,
+            "per_device_train_batch_size": a.per_device_train_batch_size,
+            "num_generations": self.num_generations,
+            "num_processes": self.accelerator.num_processes,
+        }
 
     def _guard_generate_every(self) -> int:
         return self.args.steps_per_generation * self.num_iterations
@@ -215,8 +225,12 @@ class CheckpointMixin:
                     "%s has no %s (written by an older trl-prime): the checkpoint lies inside a generation window "
                     "(steps_per_generation=%d, num_iterations=%d), so the resumed run generates a new batch from the "
                     "next prompts at step %d instead of reusing the buffered one, and differs from an uninterrupted "
-                    "run.", checkpoint, GENERATION_STATE_NAME.format(self.accelerator.process_index),
-                    self.args.steps_per_generation, self.num_iterations, self.state.global_step + 1,
+                    "run.",
+                    checkpoint,
+                    GENERATION_STATE_NAME.format(self.accelerator.process_index),
+                    self.args.steps_per_generation,
+                    self.num_iterations,
+                    self.state.global_step + 1,
                 )
             return
         from accelerate.utils import send_to_device
@@ -229,7 +243,9 @@ class CheckpointMixin:
             changed = {k: (v, layout.get(k)) for k, v in (state.get("layout") or {}).items() if layout.get(k) != v}
             logger.warning(
                 "The buffered generation batch in %s was written with another batch layout (checkpoint -> now: %s): "
-                "it is dropped and the resumed run generates a new batch at step %d.", path, changed,
+                "it is dropped and the resumed run generates a new batch at step %d.",
+                path,
+                changed,
                 self.state.global_step + 1,
             )
             return

@@ -63,11 +63,13 @@ def make_parser() -> ArgumentParser:
     from trl_prime import __version__
 
     parser = ArgumentParser(
-        prog="trl-prime", allow_abbrev=False, formatter_class=RawDescriptionHelpFormatter,
+        prog="trl-prime",
+        allow_abbrev=False,
+        formatter_class=RawDescriptionHelpFormatter,
         description="Process rewards without process labels for TRL: PRIME, Implicit PRM, PRL and PROF.",
         epilog="Run `trl-prime <command> --help` for the flags of a command (every one is also a key of --config). "
-               "prime, prl, prof and implicit-prm run through `accelerate launch`: the flags a command does not "
-               "know go to accelerate (--num_processes 2, --accelerate_config zero3, ...).",
+        "prime, prl, prof and implicit-prm run through `accelerate launch`: the flags a command does not "
+        "know go to accelerate (--num_processes 2, --accelerate_config zero3, ...).",
     )
     parser.add_argument("--version", action="version", version=f"trl-prime {__version__}")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")

@@ -72,6 +72,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -79,7 +80,7 @@ __all__ = [
     "COLUMNS",
     "EMBEDDED_DATASETS",
     "EMBEDDED_PREFIX",
-    "FEATURES",
+    "FEATURES",  # noqa: F822 (built on first access by the module __getattr__)
     "EmbeddedDataset",
     "LoadReport",
     "load_prompt_dataset",
@@ -129,14 +130,32 @@ def __getattr__(name):
 
 #: data sources of Eurus-2-RL-Data (and a few common ones) whose ability is known
 _MATH_SOURCES = {
-    "numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
-    "numina_olympiads", "openai/gsm8k", "gsm8k", "lighteval/math", "digitallearninggmbh/math-lighteval",
-    "huggingfaceh4/math-500", "math", "math_dapo",
+    "numina_aops_forum",
+    "numina_synthetic_math",
+    "numina_amc_aime",
+    "numina_synthetic_amc",
+    "numina_cn_k12",
+    "numina_olympiads",
+    "openai/gsm8k",
+    "gsm8k",
+    "lighteval/math",
+    "digitallearninggmbh/math-lighteval",
+    "huggingfaceh4/math-500",
+    "math",
+    "math_dapo",
 }
 _MATH_PREFIXES = ("numina_", "reasoning_gym/")
 _CODE_SOURCES = {
-    "taco", "apps", "codecontests", "codeforces", "leetcode", "humaneval", "openai_humaneval", "mbpp",
-    "livecodebench", "code",
+    "taco",
+    "apps",
+    "codecontests",
+    "codeforces",
+    "leetcode",
+    "humaneval",
+    "openai_humaneval",
+    "mbpp",
+    "livecodebench",
+    "code",
 }
 _ABILITIES = ("math", "code")
 
@@ -189,12 +208,18 @@ def make_routed_reward(
 
     def reward(completions, ability=None, data_source=None, solution=None, tests=None, **kwargs):
         n = len(completions)
-        for col, values in (("ability", ability), ("data_source", data_source), ("solution", solution),
-                            ("tests", tests)):
+        for col, values in (
+            ("ability", ability),
+            ("data_source", data_source),
+            ("solution", solution),
+            ("tests", tests),
+        ):
             if values is not None and len(values) != n:
                 raise ValueError(f"{reward.__name__}: column {col!r} has {len(values)} values for {n} completions")
-        routes = [route_of(ability[i] if ability is not None else None,
-                           data_source[i] if data_source is not None else None) for i in range(n)]
+        routes = [
+            route_of(ability[i] if ability is not None else None, data_source[i] if data_source is not None else None)
+            for i in range(n)
+        ]
         out: list[float | None] = [None] * n
         extra = {"log_metric": kwargs["log_metric"]} if callable(kwargs.get("log_metric")) else {}
         counts = {"math": 0, "code": 0, "unrouted": 0}
@@ -225,9 +250,14 @@ def make_routed_reward(
             first = next(i for i, r in enumerate(routes) if r is None)
             logger.warning(
                 "%s: %d of %d rows have no route (ability %r, data_source %r for row %d); they get reward None. "
-                "Set the 'ability' column to 'math' or 'code'.", reward.__name__, counts["unrouted"], n,
+                "Set the 'ability' column to 'math' or 'code'.",
+                reward.__name__,
+                counts["unrouted"],
+                n,
                 ability[first] if ability is not None else None,
-                data_source[first] if data_source is not None else None, first)
+                data_source[first] if data_source is not None else None,
+                first,
+            )
         reward.last_counts = counts
         if extra:
             for key, value in counts.items():
@@ -263,8 +293,13 @@ class EmbeddedDataset:
 #: ``recipes/evaluate.py``: SmolLM2-135M-Instruct is right 13.0% of the time sampled at temperature 1
 #: (pass@4 29%; additions 31%, subtractions 8%, multiplications 11%) and 27% greedy.
 DEMO_ARITHMETIC = {
-    "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-    "operators": ("+", "-", "-", "*", "*"), "allow_parentheses": False, "allow_negation": False,
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 2,
+    "operators": ("+", "-", "-", "*", "*"),
+    "allow_parentheses": False,
+    "allow_negation": False,
 }
 
 _CHAIN_SUM_EASY = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
@@ -272,15 +307,19 @@ _CHAIN_SUM_EASY = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits"
 #: names accepted as ``embedded:<name>`` by :func:`load_prompt_dataset`
 EMBEDDED_DATASETS: dict[str, EmbeddedDataset] = {
     "arithmetic": EmbeddedDataset(
-        ("basic_arithmetic",), {"basic_arithmetic": DEMO_ARITHMETIC},
-        "a + b, a - b or a * b with 1-2 digit operands; the offline demo's problems (one-shot)"),
+        ("basic_arithmetic",),
+        {"basic_arithmetic": DEMO_ARITHMETIC},
+        "a + b, a - b or a * b with 1-2 digit operands; the offline demo's problems (one-shot)",
+    ),
     "chain_sum": EmbeddedDataset(
-        ("chain_sum",), {"chain_sum": _CHAIN_SUM_EASY}, "sums/differences of 2-3 numbers of 1-2 digits"),
+        ("chain_sum",), {"chain_sum": _CHAIN_SUM_EASY}, "sums/differences of 2-3 numbers of 1-2 digits"
+    ),
     "gsm_symbolic": EmbeddedDataset(("gsm_symbolic",), {}, "GSM8K-style word problems from GSM-Symbolic templates"),
     "mixed": EmbeddedDataset(
         ("basic_arithmetic", "chain_sum", "gsm_symbolic"),
         {"basic_arithmetic": DEMO_ARITHMETIC, "chain_sum": _CHAIN_SUM_EASY},
-        "the three above, interleaved"),
+        "the three above, interleaved",
+    ),
 }
 
 
@@ -289,8 +328,12 @@ def _question_hash(task: str, question: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-_ALLOWED_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-                   ast.Div: lambda a, b: a / b}
+_ALLOWED_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def _exact_value(expression: str) -> Fraction | None:
@@ -358,8 +401,9 @@ def _user_content(question: str, instruction: str) -> str:
     return f"{question}\n\n{instruction}" if instruction else question
 
 
-def _shots(rg, task: str, config: Mapping[str, Any], k: int, test_fraction: float,
-           instruction: str) -> tuple[list[dict[str, str]], set[str]]:
+def _shots(
+    rg, task: str, config: Mapping[str, Any], k: int, test_fraction: float, instruction: str
+) -> tuple[list[dict[str, str]], set[str]]:
     """``k`` solved train-partition examples as alternating user/assistant messages, and their questions."""
     if k <= 0:
         return [], set()
@@ -371,18 +415,26 @@ def _shots(rg, task: str, config: Mapping[str, Any], k: int, test_fraction: floa
         question = str(item["question"]).strip()
         key = " ".join(question.split())
         answer = str(item["answer"]).strip()
-        if (_question_hash(task, question) < test_fraction or key in questions or not answer
-                or not _gold_is_exact(item)):
+        if (
+            _question_hash(task, question) < test_fraction
+            or key in questions
+            or not answer
+            or not _gold_is_exact(item)
+        ):
             continue
         if answer in re.findall(r"-?\d+(?:\.\d+)?", question):
             continue  # a degenerate example (0 * 7 = 0, 9 - 0 = 9) teaches copying a number
         questions.add(key)
-        messages += [{"role": "user", "content": _user_content(question, instruction)},
-                     {"role": "assistant", "content": _demonstration(item)}]
+        messages += [
+            {"role": "user", "content": _user_content(question, instruction)},
+            {"role": "assistant", "content": _demonstration(item)},
+        ]
         if len(questions) == k:
             return messages, questions
-    raise ValueError(f"reasoning-gym task {task!r}: could not find {k} distinct solved examples for the few-shot "
-                     "prompt; lower few_shot")
+    raise ValueError(
+        f"reasoning-gym task {task!r}: could not find {k} distinct solved examples for the few-shot "
+        "prompt; lower few_shot"
+    )
 
 
 def _require_reasoning_gym():
@@ -396,8 +448,17 @@ def _require_reasoning_gym():
     return reasoning_gym
 
 
-def _task_rows(rg, task: str, config: Mapping[str, Any], size: int, seed: int, split: str,
-               test_fraction: float, instruction: str, few_shot: int) -> tuple[list[dict], Counter]:
+def _task_rows(
+    rg,
+    task: str,
+    config: Mapping[str, Any],
+    size: int,
+    seed: int,
+    split: str,
+    test_fraction: float,
+    instruction: str,
+    few_shot: int,
+) -> tuple[list[dict], Counter]:
     shots, shot_questions = _shots(rg, task, config, few_shot, test_fraction, instruction)
     base_seed = seed if split == "train" else seed + _TEST_SEED_OFFSET
     budget = 50 * size + 1000
@@ -430,20 +491,24 @@ def _task_rows(rg, task: str, config: Mapping[str, Any], size: int, seed: int, s
             skipped["inexact_gold"] += 1
             continue
         seen.add(key)
-        rows.append({
-            "id": f"{task}/{split}/{seed}/{idx}",
-            "data_source": f"reasoning_gym/{task}",
-            "ability": "math",
-            "prompt": shots + [{"role": "user", "content": _user_content(question, instruction)}],
-            "solution": answer,
-            "tests": None,
-        })
+        rows.append(
+            {
+                "id": f"{task}/{split}/{seed}/{idx}",
+                "data_source": f"reasoning_gym/{task}",
+                "ability": "math",
+                "prompt": shots + [{"role": "user", "content": _user_content(question, instruction)}],
+                "solution": answer,
+                "tests": None,
+            }
+        )
     if len(rows) < size:
         warnings.warn(
             f"reasoning-gym task {task!r} ({split} split) yielded only {len(rows)} distinct questions of the "
             f"{size} requested in {budget} draws; its question space is too small for this size (widen "
             f"task_configs[{task!r}], e.g. more digits or terms, or ask for fewer rows)",
-            UserWarning, stacklevel=3)
+            UserWarning,
+            stacklevel=3,
+        )
     return rows, skipped
 
 
@@ -516,8 +581,7 @@ def load_reasoning_gym(
 
     unknown = [t for t in tasks if t not in DATASETS]
     if unknown:
-        raise ValueError(f"unknown reasoning-gym task(s) {unknown}; known tasks include "
-                         f"{sorted(DATASETS)[:40]}...")
+        raise ValueError(f"unknown reasoning-gym task(s) {unknown}; known tasks include {sorted(DATASETS)[:40]}...")
     task_configs = dict(task_configs or {})
     extra = sorted(set(task_configs) - set(tasks))
     if extra:
@@ -528,8 +592,9 @@ def load_reasoning_gym(
         if share == 0:
             per_task.append([])
             continue
-        rows, skipped = _task_rows(rg, task, task_configs.get(task, {}), share, seed, split, test_fraction,
-                                   instruction, few_shot)
+        rows, skipped = _task_rows(
+            rg, task, task_configs.get(task, {}), share, seed, split, test_fraction, instruction, few_shot
+        )
         if skipped:
             logger.info("reasoning-gym %s (%s): skipped %s", task, split, dict(skipped))
         per_task.append(rows)
@@ -581,9 +646,11 @@ def _prompt_messages(value: Any) -> list[dict[str, str]]:
     if isinstance(value, Mapping):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value:
-        raise _BadRow("bad_prompt" if value not in (None, [], ()) else "empty_prompt",
-                      f"the prompt must be a string or a non-empty list of {{'role', 'content'}} messages, "
-                      f"got {type(value).__name__}")
+        raise _BadRow(
+            "bad_prompt" if value not in (None, [], ()) else "empty_prompt",
+            f"the prompt must be a string or a non-empty list of {{'role', 'content'}} messages, "
+            f"got {type(value).__name__}",
+        )
     messages = []
     for j, m in enumerate(value):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
@@ -592,8 +659,9 @@ def _prompt_messages(value: Any) -> list[dict[str, str]]:
         if isinstance(content, (list, tuple)):  # content parts
             content = "".join(p.get("text", "") if isinstance(p, Mapping) else str(p) for p in content)
         if not isinstance(content, str):
-            raise _BadRow("bad_prompt", f"prompt message {j} has content of type {type(content).__name__}; "
-                                        "use a string")
+            raise _BadRow(
+                "bad_prompt", f"prompt message {j} has content of type {type(content).__name__}; use a string"
+            )
         messages.append({"role": m["role"], "content": content})
     if not any(m["role"] != "system" and m["content"].strip() for m in messages):
         raise _BadRow("empty_prompt", "the prompt has no non-empty user message")
@@ -622,14 +690,20 @@ def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prom
     data_source = data_source.strip() if isinstance(data_source, str) and data_source.strip() else source
     route = route_of(row.get("ability"), data_source)
     if route is None:
-        raise _BadRow("unknown_ability", f"ability {row.get('ability')!r} and data_source {data_source!r} do not say "
-                                         "whether the row is math or code; set 'ability' to 'math' or 'code'")
+        raise _BadRow(
+            "unknown_ability",
+            f"ability {row.get('ability')!r} and data_source {data_source!r} do not say "
+            "whether the row is math or code; set 'ability' to 'math' or 'code'",
+        )
     gold = _gold_of(row, route)
     solution = tests = None
     if route == "math":
         if gold is None or isinstance(gold, bool) or not isinstance(gold, (str, int, float)) or not str(gold).strip():
-            raise _BadRow("missing_gold", "math row without a gold answer (reward_model.ground_truth, 'solution' "
-                                          "or 'answer' must be a non-empty string or number)")
+            raise _BadRow(
+                "missing_gold",
+                "math row without a gold answer (reward_model.ground_truth, 'solution' "
+                "or 'answer' must be a non-empty string or number)",
+            )
         solution = str(gold).strip()
     else:
         if isinstance(gold, (bytes, bytearray)):
@@ -638,8 +712,11 @@ def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prom
             try:
                 parsed = json.loads(gold)
             except ValueError:
-                raise _BadRow("bad_tests", "code tests are a string but not JSON; store them as a JSON object "
-                                           "such as {\"inputs\": [...], \"outputs\": [...]}") from None
+                raise _BadRow(
+                    "bad_tests",
+                    "code tests are a string but not JSON; store them as a JSON object "
+                    'such as {"inputs": [...], "outputs": [...]}',
+                ) from None
         else:
             parsed = gold
         if gold is None:
@@ -651,24 +728,37 @@ def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prom
     if not isinstance(rid, (str, int)) or isinstance(rid, bool) or str(rid) == "":
         extra = row.get("extra_info")
         index = extra.get("index") if isinstance(extra, Mapping) else None
-        rid = f"{data_source}/{index}" if isinstance(index, (int, str)) and not isinstance(index, bool) \
+        rid = (
+            f"{data_source}/{index}"
+            if isinstance(index, (int, str)) and not isinstance(index, bool)
             else f"{source}/{split}/{i}"
-    return {"id": str(rid), "data_source": data_source, "ability": route, "prompt": prompt,
-            "solution": solution, "tests": tests}
+        )
+    return {
+        "id": str(rid),
+        "data_source": data_source,
+        "ability": route,
+        "prompt": prompt,
+        "solution": solution,
+        "tests": tests,
+    }
 
 
 def _check_columns(columns: Iterable[str], source: str, prompt_column: str) -> None:
     columns = list(columns)
     if prompt_column not in columns:
         hint = next((c for c in ("prompt", "problem", "question", "messages", "query") if c in columns), None)
-        fix = (f"pass prompt_column={hint!r} (recipes: --prompt_column {hint})" if hint else
-               f"add a {prompt_column!r} column (a string or a list of {{'role', 'content'}} chat messages)")
+        fix = (
+            f"pass prompt_column={hint!r} (recipes: --prompt_column {hint})"
+            if hint
+            else f"add a {prompt_column!r} column (a string or a list of {{'role', 'content'}} chat messages)"
+        )
         raise ValueError(f"{source}: no prompt column {prompt_column!r} (columns: {columns}); {fix}")
     if not any(c in columns for c in _GOLD_COLUMNS):
         raise ValueError(
             f"{source}: no gold-answer column (columns: {columns}); add 'reward_model' "
             "({'style': 'rule', 'ground_truth': ...}, the Eurus-2-RL-Data format), 'solution' or 'answer' "
-            "(math gold answers) or 'tests' (code test cases)")
+            "(math gold answers) or 'tests' (code test cases)"
+        )
 
 
 def normalize_rows(
@@ -724,8 +814,10 @@ def normalize_rows(
             out.append(_normalize_row(row, i, source, split, prompt_column))
         except _BadRow as e:
             if on_bad_rows == "error":
-                raise ValueError(f"{source}: row {i} is malformed ({e.reason}): {e}; fix the row, or pass "
-                                 "on_bad_rows='drop' to skip malformed rows") from None
+                raise ValueError(
+                    f"{source}: row {i} is malformed ({e.reason}): {e}; fix the row, or pass "
+                    "on_bad_rows='drop' to skip malformed rows"
+                ) from None
             report.dropped[e.reason] = report.dropped.get(e.reason, 0) + 1
             ex = report.examples.setdefault(e.reason, [])
             if len(ex) < 5:
@@ -735,14 +827,19 @@ def normalize_rows(
         raise ValueError(f"{source}: the dataset is empty")
     bad = report.total - report.kept
     if not out:
-        raise ValueError(f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
-                         "not look like the Eurus-2-RL-Data format (see trl_prime.data)")
+        raise ValueError(
+            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
+            "not look like the Eurus-2-RL-Data format (see trl_prime.data)"
+        )
     if bad > max_bad_fraction * report.total:
-        raise ValueError(f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
-                         f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction")
+        raise ValueError(
+            f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
+            f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
+        )
     if bad:
-        warnings.warn(f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}",
-                      UserWarning, stacklevel=2)
+        warnings.warn(
+            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=2
+        )
     ids = [r["id"] for r in out]
     if len(set(ids)) != len(ids):  # ids from the data collide: fall back to positions, which are stable
         for r, i in zip(out, range(len(out))):
@@ -775,8 +872,10 @@ def _read_json_items(path: Path) -> tuple[list, None]:
             if isinstance(data, Mapping):
                 lists = [v for v in data.values() if isinstance(v, list)]
                 if len(lists) != 1:
-                    raise ValueError(f"{path}: a JSON object must hold exactly one list of rows; store a JSON array "
-                                     "of row objects or JSON Lines")
+                    raise ValueError(
+                        f"{path}: a JSON object must hold exactly one list of rows; store a JSON array "
+                        "of row objects or JSON Lines"
+                    )
                 data = lists[0]
             if not isinstance(data, list):
                 raise ValueError(f"{path}: expected a JSON array of row objects, got {type(data).__name__}")
@@ -801,8 +900,10 @@ def _split_file(folder: Path, split: str) -> Path:
         for ext in _EXTENSIONS:
             for candidate in sorted(folder.glob(f"{name}{ext}")) + sorted(folder.glob(f"{name}-*{ext}")):
                 return candidate
-    raise ValueError(f"{folder}: no file for split {split!r}; name it {split}.jsonl / {split}.json / "
-                     f"{split}.parquet (found {sorted(p.name for p in folder.iterdir())})")
+    raise ValueError(
+        f"{folder}: no file for split {split!r}; name it {split}.jsonl / {split}.json / "
+        f"{split}.parquet (found {sorted(p.name for p in folder.iterdir())})"
+    )
 
 
 def load_prompt_dataset(
@@ -843,19 +944,25 @@ def load_prompt_dataset(
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ValueError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
     if name_or_path.startswith(EMBEDDED_PREFIX):
-        key = name_or_path[len(EMBEDDED_PREFIX):]
+        key = name_or_path[len(EMBEDDED_PREFIX) :]
         if key not in EMBEDDED_DATASETS:
             known = ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_DATASETS)
             raise ValueError(f"unknown embedded dataset {name_or_path!r}; known: {known}")
         spec = EMBEDDED_DATASETS[key]
         kwargs.setdefault("task_configs", spec.task_configs)
         kwargs.setdefault("few_shot", spec.few_shot)
-        ds = load_reasoning_gym(spec.tasks, size=size or (1000 if split == "train" else 200), seed=seed,
-                                split=split, **kwargs)
+        ds = load_reasoning_gym(
+            spec.tasks, size=size or (1000 if split == "train" else 200), seed=seed, split=split, **kwargs
+        )
         return (ds, None) if return_report else ds
 
-    common = dict(split=split, prompt_column=prompt_column, on_bad_rows=on_bad_rows,
-                  max_bad_fraction=max_bad_fraction, return_report=True)
+    common = dict(
+        split=split,
+        prompt_column=prompt_column,
+        on_bad_rows=on_bad_rows,
+        max_bad_fraction=max_bad_fraction,
+        return_report=True,
+    )
     path = Path(os.path.expanduser(name_or_path))
     looks_local = path.exists() or path.suffix in _EXTENSIONS or name_or_path.startswith((".", "/", "~"))
     if looks_local:
@@ -875,16 +982,19 @@ def load_prompt_dataset(
         else:
             rows, columns = _read_json_rows(path)
             rows = rows[:size] if size is not None else rows
-        ds, report = normalize_rows(rows, source=path.stem if path.stem not in ("train", "test") else str(path),
-                                    columns=columns, **common)
+        ds, report = normalize_rows(
+            rows, source=path.stem if path.stem not in ("train", "test") else str(path), columns=columns, **common
+        )
     else:
         from datasets import load_dataset
 
         try:
             dd = load_dataset(name_or_path, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with what to do
-            raise ValueError(f"could not load {name_or_path!r} as a local file or a Hub dataset ({type(e).__name__}: "
-                             f"{e}); pass an existing .json/.jsonl/.parquet path or a Hub dataset id") from e
+            raise ValueError(
+                f"could not load {name_or_path!r} as a local file or a Hub dataset ({type(e).__name__}: "
+                f"{e}); pass an existing .json/.jsonl/.parquet path or a Hub dataset id"
+            ) from e
         chosen = split if split in dd else ("validation" if split == "test" and "validation" in dd else None)
         if chosen is None:
             raise ValueError(f"{name_or_path}: no split {split!r} (splits: {list(dd)})")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+
 __all__ = [
     "aggregate",
     "dataset_metrics",
@@ -127,14 +128,16 @@ def dataset_metrics(
     if n < 1:
         raise ValueError("each problem needs at least one completion")
     if any(len(r) != n for r in rewards):
-        raise ValueError(f"every problem must have the same number of completions; got {sorted({len(r) for r in rewards})}")
+        raise ValueError(
+            f"every problem must have the same number of completions; got {sorted({len(r) for r in rewards})}"
+        )
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
     ks = sorted(set(default_ks(n) if ks is None else ks))
     bad = [k for k in ks if not (isinstance(k, int) and 1 <= k <= n)]
     if bad:
         raise ValueError(f"pass@k needs 1 <= k <= n = {n} samples per problem; got k = {bad}")
-    sums = {k: 0.0 for k in ks}
+    sums = dict.fromkeys(ks, 0.0)
     avg_sum = 0.0
     n_correct = n_unscored = 0
     for problem in rewards:
@@ -195,17 +198,27 @@ def _metric_order(key: str) -> tuple[int, int]:
     return (0 if kind == "pass" else 1, int(k) if k.isdigit() else 0)
 
 
-def format_table(per_dataset: Mapping[str, Mapping], averages: Mapping[str, Mapping] | None = None,
-                 keys: Sequence[str] | None = None) -> str:
+def format_table(
+    per_dataset: Mapping[str, Mapping],
+    averages: Mapping[str, Mapping] | None = None,
+    keys: Sequence[str] | None = None,
+) -> str:
     """A plain-text table: one row per dataset (metrics in %, problems, unscored) and the micro/macro rows."""
     if keys is None:
-        keys = sorted({k for m in per_dataset.values() for k in m if k.startswith(("pass@", "avg@"))},
-                      key=_metric_order)
+        keys = sorted(
+            {k for m in per_dataset.values() for k in m if k.startswith(("pass@", "avg@"))}, key=_metric_order
+        )
     header = ["dataset", "problems", *keys, "unscored"]
     rows = []
     for name, m in per_dataset.items():
-        rows.append([name, str(m.get("n_problems", "")),
-                     *[f"{100 * m[k]:.1f}" if k in m else "-" for k in keys], str(m.get("n_unscored", ""))])
+        rows.append(
+            [
+                name,
+                str(m.get("n_problems", "")),
+                *[f"{100 * m[k]:.1f}" if k in m else "-" for k in keys],
+                str(m.get("n_unscored", "")),
+            ]
+        )
     for label, m in (averages or {}).items():
         size = m.get("n_problems", m.get("n_datasets", ""))
         rows.append([f"{label} avg", str(size), *[f"{100 * m[k]:.1f}" if k in m else "-" for k in keys], ""])
@@ -217,5 +230,5 @@ def format_table(per_dataset: Mapping[str, Mapping], averages: Mapping[str, Mapp
     sep = "  ".join("-" * w for w in widths)
     out = [line(header), sep, *[line(r) for r in rows[: len(per_dataset)]]]
     if averages:
-        out += [sep, *[line(r) for r in rows[len(per_dataset):]]]
+        out += [sep, *[line(r) for r in rows[len(per_dataset) :]]]
     return "\n".join(out)

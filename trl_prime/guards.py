@@ -117,8 +117,10 @@ def constant_lr_schedule(source: str):
     TRL's default ``"linear"`` would decay the rate to 0 over ``max_steps``."""
     return field(
         default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": f"Policy learning-rate schedule ({source}; TRL's default 'linear' decays to 0). With "
-                          "warmup_steps > 0 use 'constant_with_warmup'."},
+        metadata={
+            "help": f"Policy learning-rate schedule ({source}; TRL's default 'linear' decays to 0). With "
+            "warmup_steps > 0 use 'constant_with_warmup'."
+        },
     )
 
 
@@ -211,8 +213,9 @@ def _is_causal_architecture(name: str) -> bool:
     return name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
 
 
-def check_causal_lm_source(source, field_name: str, *, trust_remote_code: bool = False,
-                           revision: str | None = None) -> None:
+def check_causal_lm_source(
+    source, field_name: str, *, trust_remote_code: bool = False, revision: str | None = None
+) -> None:
     """``source`` (a path / Hub id or a module) must be a causal LM; raise a ValueError naming ``field_name``.
 
     ``trust_remote_code`` / ``revision``: as the model itself is loaded (``model_init_kwargs``), so a custom-code
@@ -223,8 +226,9 @@ def check_causal_lm_source(source, field_name: str, *, trust_remote_code: bool =
         from transformers import AutoConfig
 
         try:
-            cfg = AutoConfig.from_pretrained(source, trust_remote_code=bool(trust_remote_code),
-                                             **({"revision": revision} if revision else {}))
+            cfg = AutoConfig.from_pretrained(
+                source, trust_remote_code=bool(trust_remote_code), **({"revision": revision} if revision else {})
+            )
         except Exception as e:  # noqa: BLE001 - transformers' message alone does not say which option failed
             raise ValueError(
                 f"`{field_name}`={source!r} could not be loaded ({type(e).__name__}: {e}). Give the folder or Hub id of "
@@ -318,8 +322,7 @@ def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> 
 # ----------------------------------------------------------------------------------------------------------------
 # Trainer mixin
 # ----------------------------------------------------------------------------------------------------------------
-def group_reward_spread(outcome: torch.Tensor, num_generations: int,
-                        kept: torch.Tensor | None = None) -> torch.Tensor:
+def group_reward_spread(outcome: torch.Tensor, num_generations: int, kept: torch.Tensor | None = None) -> torch.Tensor:
     """``(G,)`` bool: whether group ``g`` (rows ``g*K .. g*K+K-1`` of ``outcome``, ``(B_g,)`` float) has at least two
     scorable (finite) rows (kept ones, when ``kept`` ``(B_g,)`` bool is given) whose rewards differ. A group without
     spread gives every row outcome advantage 0 (RLOO / GRPO baselines equal the rewards), one with a single such row
@@ -334,8 +337,9 @@ def group_reward_spread(outcome: torch.Tensor, num_generations: int,
     return (ok.sum(-1) >= 2) & (hi > lo)
 
 
-def _nonfinite_rows(x: torch.Tensor | None, mask: torch.Tensor | None = None,
-                    bound: float | None = None) -> torch.Tensor | None:
+def _nonfinite_rows(
+    x: torch.Tensor | None, mask: torch.Tensor | None = None, bound: float | None = None
+) -> torch.Tensor | None:
     """``(B,)`` bool: rows of ``x`` (``(B,)`` or ``(B, T)``) holding inf or NaN, or (with ``bound``) a value with
     ``|x| > bound`` (on ``mask`` when given)."""
     if x is None:
@@ -463,9 +467,10 @@ class GuardsMixin:
         if bool(bad_g.any()):
             rows = bad_g.nonzero().flatten().tolist()
             what = [k for k, r in reasons.items() if bool(r.any())]
-            nonfinite = sorted(k[len("non-finite "):] for k in what if k.startswith("non-finite "))
+            nonfinite = sorted(k[len("non-finite ") :] for k in what if k.startswith("non-finite "))
             parts = ([f"non-finite {', '.join(nonfinite)}"] if nonfinite else []) + [
-                k for k in what if not k.startswith("non-finite ")]
+                k for k in what if not k.startswith("non-finite ")
+            ]
             self._guard_poison_batch(mode, "; ".join(parts), rows)
         return bad_g
 
@@ -480,11 +485,21 @@ class GuardsMixin:
             if rows:
                 logger.warning(
                     "%s at step %d (%s): skipping the optimizer step. Offending rows of the global generation batch: "
-                    "%s; sample ids: %s", kind, self.state.global_step + 1, reason, rows, ids,
+                    "%s; sample ids: %s",
+                    kind,
+                    self.state.global_step + 1,
+                    reason,
+                    rows,
+                    ids,
                 )
             else:
-                logger.warning("%s at step %d (%s): skipping the optimizer step. Offending rows: none, gradient "
-                               "overflow (no single row).", kind, self.state.global_step + 1, reason)
+                logger.warning(
+                    "%s at step %d (%s): skipping the optimizer step. Offending rows: none, gradient "
+                    "overflow (no single row).",
+                    kind,
+                    self.state.global_step + 1,
+                    reason,
+                )
         if mode != "train":
             return
         # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
@@ -514,9 +529,16 @@ class GuardsMixin:
     # --------------------------------------------------------------------------------------------------------
     # Degenerate batches
     # --------------------------------------------------------------------------------------------------------
-    def _guard_degenerate_metrics(self, mode: str, *, outcome: torch.Tensor, completion_mask_g: torch.Tensor,
-                                  num_generations: int, kept: torch.Tensor | None = None,
-                                  completion_lengths: torch.Tensor | None = None) -> None:
+    def _guard_degenerate_metrics(
+        self,
+        mode: str,
+        *,
+        outcome: torch.Tensor,
+        completion_mask_g: torch.Tensor,
+        num_generations: int,
+        kept: torch.Tensor | None = None,
+        completion_lengths: torch.Tensor | None = None,
+    ) -> None:
         """Warning metrics of a degenerate generation batch (global tensors; every process the same)."""
         m = self._metrics[mode]
         scorable = torch.isfinite(outcome)
@@ -536,12 +558,21 @@ class GuardsMixin:
         # every group's rewards equal within the group: no outcome advantage anywhere (the batch may still differ)
         zero_spread_only = zero_spread and not (all_equal or all_filtered)
         if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal or zero_spread_only):
-            which = [n for n, v in (("every group filtered out", all_filtered), ("every completion truncated",
-                                    all_trunc), ("every reward equal", all_equal),
-                                    ("every group's rewards equal within the group (zero spread)", zero_spread_only))
-                     if v]
-            logger.warning("Degenerate batch at step %d: %s (no outcome signal from it).",
-                           self.state.global_step + 1, ", ".join(which))
+            which = [
+                n
+                for n, v in (
+                    ("every group filtered out", all_filtered),
+                    ("every completion truncated", all_trunc),
+                    ("every reward equal", all_equal),
+                    ("every group's rewards equal within the group (zero spread)", zero_spread_only),
+                )
+                if v
+            ]
+            logger.warning(
+                "Degenerate batch at step %d: %s (no outcome signal from it).",
+                self.state.global_step + 1,
+                ", ".join(which),
+            )
 
     # --------------------------------------------------------------------------------------------------------
     # Verifier infrastructure failures
@@ -649,8 +680,12 @@ class GuardsMixin:
         self._guard_total_skips += 1
         self._metrics["train"]["guard/skipped_steps"].append(1.0)
         if self.accelerator.is_main_process:
-            logger.warning("Skipped optimizer step %d (%s); %d consecutive.", self.state.global_step + 1, reason,
-                           self._guard_consecutive_skips)
+            logger.warning(
+                "Skipped optimizer step %d (%s); %d consecutive.",
+                self.state.global_step + 1,
+                reason,
+                self._guard_consecutive_skips,
+            )
         limit = self._guard_args("max_nonfinite_skips", 3)
         if self._guard_consecutive_skips >= limit:
             raise RuntimeError(

@@ -218,8 +218,9 @@ def copy_adapter_weights(peft_model: nn.Module, src: str, dst: str) -> None:
             q.copy_(p)
 
 
-def check_peft_adapter_supported(peft_model: nn.Module, adapter_name: str = "default",
-                                 field_name: str = "peft_config") -> None:
+def check_peft_adapter_supported(
+    peft_model: nn.Module, adapter_name: str = "default", field_name: str = "peft_config"
+) -> None:
     """Refuse a PEFT method whose adapter weights are not in tuner layers (prompt learning: prefix, prompt tuning).
 
     Raises:
@@ -237,8 +238,6 @@ def check_peft_adapter_supported(peft_model: nn.Module, adapter_name: str = "def
             "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
             "way. task_type='CAUSAL_LM'."
         )
-
-
 
 
 def model_init_kwargs(args) -> dict:

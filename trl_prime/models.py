@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
 EMBEDDED_PREFIX = "embedded:"
 
 

@@ -12,6 +12,7 @@ import html
 import importlib
 import re
 
+
 MARKER = re.compile(r"^<!-- config-fields: ([\w.]+) -->$", re.M)
 
 
@@ -46,8 +47,11 @@ def config_fields(cls) -> tuple[list[dataclasses.Field], list[tuple[dataclasses.
     """``(added, changed)``: the fields trl-prime adds, and ``(field, upstream default)`` of those it re-defaults."""
     base = {f.name: f for f in dataclasses.fields(upstream_base(cls))}
     added = [f for f in dataclasses.fields(cls) if f.name not in base]
-    changed = [(f, _default(base[f.name])) for f in dataclasses.fields(cls)
-               if f.name in base and _default(f) != _default(base[f.name])]
+    changed = [
+        (f, _default(base[f.name]))
+        for f in dataclasses.fields(cls)
+        if f.name in base and _default(f) != _default(base[f.name])
+    ]
     return added, changed
 
 
@@ -55,14 +59,24 @@ def config_table(path: str) -> str:
     cls = _load(path)
     added, changed = config_fields(cls)
     base = upstream_base(cls)
-    lines = [f"Fields `{cls.__name__}` adds to TRL's `{base.__name__}` (generated from the dataclass):", "",
-             "| field | default | meaning |", "|---|---|---|"]
+    lines = [
+        f"Fields `{cls.__name__}` adds to TRL's `{base.__name__}` (generated from the dataclass):",
+        "",
+        "| field | default | meaning |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{f.name}` | `{_default(f)!r}` | {_cell(f.metadata.get('help', ''))} |" for f in added]
     if changed:
-        lines += ["", f"Fields of `{base.__name__}` whose default `{cls.__name__}` changes:", "",
-                  f"| field | default | `{base.__name__}`'s default | meaning |", "|---|---|---|---|"]
-        lines += [f"| `{f.name}` | `{_default(f)!r}` | `{up!r}` | {_cell(f.metadata.get('help', ''))} |"
-                  for f, up in changed]
+        lines += [
+            "",
+            f"Fields of `{base.__name__}` whose default `{cls.__name__}` changes:",
+            "",
+            f"| field | default | `{base.__name__}`'s default | meaning |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{f.name}` | `{_default(f)!r}` | `{up!r}` | {_cell(f.metadata.get('help', ''))} |" for f, up in changed
+        ]
     return "\n".join(lines)
 
 

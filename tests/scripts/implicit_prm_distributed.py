@@ -45,10 +45,23 @@ def main():
 
     torch.manual_seed(0)
     args = ImplicitPRMConfig(
-        output_dir=a.out, per_device_train_batch_size=8, gradient_accumulation_steps=a.grad_accum,
-        learning_rate=5e-3, max_steps=2, beta=0.5, loss_type=a.loss_type, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, seed=0, disable_tqdm=True, max_length=64, max_prompt_length=32,
-        lr_scheduler_type="constant", optim="sgd",
+        output_dir=a.out,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=a.grad_accum,
+        learning_rate=5e-3,
+        max_steps=2,
+        beta=0.5,
+        loss_type=a.loss_type,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        max_length=64,
+        max_prompt_length=32,
+        lr_scheduler_type="constant",
+        optim="sgd",
     )
     peft_config = None
     if a.lora:
@@ -76,14 +89,26 @@ def main():
         group_sizes = {}
         for g in trainer.train_dataset["group_id"]:
             group_sizes[g] = group_sizes.get(g, 0) + 1
-        state = {k: v.detach().cpu().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
+        state = {
+            k: v.detach().cpu().clone()
+            for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
+        }
         torch.save(state, os.path.join(a.out, "weights.pt"))
         prm = ImplicitPRM.from_pretrained(os.path.join(a.out, "prm"))
         scores = prm.score(["Question 1: what is 1 + 1?"] * 2, ["1 + 1 = 2.", "1 + 1 = 3."])
         with open(os.path.join(a.out, "summary.json"), "w") as f:
-            json.dump({"num_processes": acc.num_processes, "losses": losses, "pair_accuracy": pair,
-                       "batches": all_seen, "group_sizes": group_sizes, "scores": scores,
-                       "global_step": trainer.state.global_step}, f)
+            json.dump(
+                {
+                    "num_processes": acc.num_processes,
+                    "losses": losses,
+                    "pair_accuracy": pair,
+                    "batches": all_seen,
+                    "group_sizes": group_sizes,
+                    "scores": scores,
+                    "global_step": trainer.state.global_step,
+                },
+                f,
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""Configuration of offline implicit PRM training (Implicit PRM arXiv 2412.01981 Sec. 3).
-"""
+"""Configuration of offline implicit PRM training (Implicit PRM arXiv 2412.01981 Sec. 3)."""
 
 from __future__ import annotations
 
@@ -34,7 +33,8 @@ class ImplicitPRMConfig(TrainingArguments):
         metadata={"help": "'ce' (BCE on sigmoid(r(y)), default), 'dpo', 'nca' (pairs within a prompt) or 'kto'."},
     )
     max_length: int | None = field(
-        default=1024, metadata={"help": "Maximum prompt + completion tokens (the completion is truncated). None: no limit."}
+        default=1024,
+        metadata={"help": "Maximum prompt + completion tokens (the completion is truncated). None: no limit."},
     )
     max_prompt_length: int | None = field(
         default=512, metadata={"help": "Maximum prompt tokens (the prompt's start is dropped). None: no limit."}
@@ -53,8 +53,10 @@ class ImplicitPRMConfig(TrainingArguments):
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (PRIME's PRM: 1e-6)."})
     lr_scheduler_type: str = field(
         default=DEFAULT_LR_SCHEDULER,
-        metadata={"help": "Learning-rate schedule ('constant', as PRIME's PRM; transformers' default 'linear' decays "
-                          "to 0). With warmup_steps > 0 use 'constant_with_warmup'."},
+        metadata={
+            "help": "Learning-rate schedule ('constant', as PRIME's PRM; transformers' default 'linear' decays "
+            "to 0). With warmup_steps > 0 use 'constant_with_warmup'."
+        },
     )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the trainer tokenises and collates its own columns."}

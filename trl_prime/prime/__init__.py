@@ -6,6 +6,7 @@
 
 from trl_prime._lazy import attach
 
+
 __getattr__, __dir__, __all__ = attach(
     __name__,
     {

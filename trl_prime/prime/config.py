@@ -67,7 +67,9 @@ class PrimeOptions(GuardOptions, ProfOptions):
     # --- Implicit PRM -------------------------------------------------------------------------------------------
     prm_beta: float = field(
         default=0.05,
-        metadata={"help": "Implicit PRM reward scale beta: r_t = beta * (log pi_phi - log pi_ref) (PRIME Eq. 3). > 0."},
+        metadata={
+            "help": "Implicit PRM reward scale beta: r_t = beta * (log pi_phi - log pi_ref) (PRIME Eq. 3). > 0."
+        },
     )
     prm_learning_rate: float = field(
         default=1e-6, metadata={"help": "Learning rate of the PRM's own AdamW optimizer (paper: 1e-6)."}

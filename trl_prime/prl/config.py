@@ -1,5 +1,4 @@
-"""PRL's configuration (PRL arXiv 2601.10201 Sec. 4): :class:`PRLConfig`.
-"""
+"""PRL's configuration (PRL arXiv 2601.10201 Sec. 4): :class:`PRLConfig`."""
 
 from __future__ import annotations
 
@@ -36,7 +35,9 @@ class PRLConfig(GuardOptions, GRPOConfig):
 
     prl_eta: float = field(
         default=200.0,
-        metadata={"help": "eta > 0 of rho_t = A - S_t / eta: the KL coefficient is 1/eta (paper: 200, range 100-300)."},
+        metadata={
+            "help": "eta > 0 of rho_t = A - S_t / eta: the KL coefficient is 1/eta (paper: 200, range 100-300)."
+        },
     )
     prl_step_split: str = field(
         default="length",

@@ -8,6 +8,7 @@
 
 from trl_prime._lazy import attach
 
+
 __getattr__, __dir__, __all__ = attach(
     __name__,
     {

@@ -98,8 +98,10 @@ class ProfOptions:
     )
     prof_num_keep: int | None = field(
         default=None,
-        metadata={"help": "m, completions kept per prompt (2..num_generations: a single kept row has no GRPO "
-                          "baseline, so its advantage would be 0). Default: num_generations // 2."},
+        metadata={
+            "help": "m, completions kept per prompt (2..num_generations: a single kept row has no GRPO "
+            "baseline, so its advantage would be 0). Default: num_generations // 2."
+        },
     )
     prof_num_remove: int | None = field(
         default=None,
@@ -141,24 +143,31 @@ class ProfOptions:
     )
     prof_center: str = field(
         default="none",
-        metadata={"help": "Consistency: 'none' (paper: mean step score) or 'batch' (released: 2*(mean - batch mean))."},
+        metadata={
+            "help": "Consistency: 'none' (paper: mean step score) or 'batch' (released: 2*(mean - batch mean))."
+        },
     )
     prof_correct_threshold: float = field(
         default=1.0, metadata={"help": "A completion is correct when its outcome reward is >= this."}
     )
     prof_step_delimiter: str = field(
         default="\n\n",
-        metadata={"help": "Delimiter of reasoning steps. Escape sequences are decoded, so '\\n\\n' typed on the "
-                          "command line means two newlines."},
+        metadata={
+            "help": "Delimiter of reasoning steps. Escape sequences are decoded, so '\\n\\n' typed on the "
+            "command line means two newlines."
+        },
     )
     prof_implicit_temperature: float = field(
         default=1.0,
-        metadata={"help": "Implicit PRM step scores: sigmoid(step reward / temperature) (> 0; monotone, keeps ranks)."},
+        metadata={
+            "help": "Implicit PRM step scores: sigmoid(step reward / temperature) (> 0; monotone, keeps ranks)."
+        },
     )
     prof_prm_separator: str = field(
         default="<extra_0>",
-        metadata={"help": "External PRM: the step-separator token placed after every step (escape sequences are "
-                          "decoded)."},
+        metadata={
+            "help": "External PRM: the step-separator token placed after every step (escape sequences are decoded)."
+        },
     )
     prof_prm_system_prompt: str | None = field(
         default=QWEN_PRM_SYSTEM_PROMPT,
@@ -166,9 +175,11 @@ class ProfOptions:
     )
     prof_prm_max_length: int = field(
         default=4096,
-        metadata={"help": "External PRM: max tokens per input. A completion whose trailing steps are cut off by right "
-                          "truncation still counts all its steps (H) but is unscored: its consistency is NaN, the "
-                          "least consistent of its class (logged as prof/prm_truncated_fraction)."},
+        metadata={
+            "help": "External PRM: max tokens per input. A completion whose trailing steps are cut off by right "
+            "truncation still counts all its steps (H) but is unscored: its consistency is NaN, the "
+            "least consistent of its class (logged as prof/prm_truncated_fraction)."
+        },
     )
     prof_prm_micro_batch_size: int | None = field(
         default=None, metadata={"help": "External PRM: rows per forward. Default: per_device_train_batch_size."}
@@ -235,11 +246,15 @@ class ProfOptions:
         if self.prof_num_keep is not None:
             why, fix = f"`prof_num_keep`={self.prof_num_keep}", "set prof_num_keep >= 2"
         elif self.prof_num_remove is not None:
-            why, fix = (f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
-                        f"set prof_num_remove <= {K - 2}")
+            why, fix = (
+                f"`prof_num_remove`={self.prof_num_remove} with num_generations={K}",
+                f"set prof_num_remove <= {K - 2}",
+            )
         else:
-            why, fix = (f"the default m = num_generations // 2 with `num_generations`={K}",
-                        "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)")
+            why, fix = (
+                f"the default m = num_generations // 2 with `num_generations`={K}",
+                "set num_generations >= 4 (or prof_num_keep=2 with num_generations >= 2)",
+            )
         raise ValueError(
             f"PROF would keep one completion per prompt ({why}): a group of one row has no GRPO baseline, so "
             f"every kept row would get advantage 0 and the policy would learn nothing. {fix[0].upper() + fix[1:]} "

@@ -176,7 +176,8 @@ class TokenClassificationStepPRM:
         S = PRM_MAX_SCORED_STEPS
         num_steps = torch.tensor(  # the true number of steps (a truncated input holds fewer separators)
             [min(len(F.split_steps(_text(c), delimiter=self.delimiter)), S) for c in batch.completions],
-            dtype=torch.long, device=device,
+            dtype=torch.long,
+            device=device,
         )
         scores = torch.zeros(B, S, dtype=torch.float32, device=device)
         smask = torch.zeros(B, S, dtype=torch.bool, device=device)
@@ -184,8 +185,12 @@ class TokenClassificationStepPRM:
         with eval_mode(self.model):
             for start in range(0, B, mb):
                 enc = self.tokenizer(
-                    texts[start : start + mb], return_tensors="pt", padding=True, truncation=True,
-                    max_length=self.max_length, add_special_tokens=False,
+                    texts[start : start + mb],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    add_special_tokens=False,
                 ).to(device)
                 ids, am = enc["input_ids"], enc["attention_mask"]
                 out = self.model(input_ids=ids, attention_mask=am, position_ids=position_ids_from_mask(am))
@@ -215,8 +220,9 @@ class ImplicitStepPRM:
         delimiter, temperature: see :class:`ProfOptions` (``prof_step_delimiter``, ``prof_implicit_temperature``).
     """
 
-    def __init__(self, tokenizer, implicit_prm: ImplicitPRM | None = None, *, delimiter: str = "\n\n",
-                 temperature: float = 1.0):
+    def __init__(
+        self, tokenizer, implicit_prm: ImplicitPRM | None = None, *, delimiter: str = "\n\n", temperature: float = 1.0
+    ):
         self.tokenizer = tokenizer
         self.implicit_prm = implicit_prm
         self.delimiter = delimiter
@@ -228,7 +234,9 @@ class ImplicitStepPRM:
         rewards = batch.token_rewards
         if rewards is None:
             if self.implicit_prm is None:
-                raise ValueError("ImplicitStepPRM needs token rewards in the batch or an `implicit_prm` to compute them.")
+                raise ValueError(
+                    "ImplicitStepPRM needs token rewards in the batch or an `implicit_prm` to compute them."
+                )
             rewards = self.implicit_prm.token_rewards(batch.input_ids, batch.attention_mask, mask)
         ends = F.step_end_mask(
             batch.completion_ids, mask, self.tokenizer, split="double_newline", delimiter=self.delimiter
@@ -270,7 +278,11 @@ def load_step_prm(path: str, args, tokenizer=None) -> StepPRM:
         model = AutoModelForTokenClassification.from_pretrained(path, trust_remote_code=trust, **kwargs)
     prm_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     return TokenClassificationStepPRM(
-        model, prm_tokenizer, separator=args.prof_prm_separator, delimiter=args.prof_step_delimiter,
-        system_prompt=args.prof_prm_system_prompt, max_length=args.prof_prm_max_length,
+        model,
+        prm_tokenizer,
+        separator=args.prof_prm_separator,
+        delimiter=args.prof_step_delimiter,
+        system_prompt=args.prof_prm_system_prompt,
+        max_length=args.prof_prm_max_length,
         micro_batch_size=args.prof_prm_micro_batch_size or args.per_device_train_batch_size,
     )

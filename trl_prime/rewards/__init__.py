@@ -10,4 +10,5 @@ into NaN and excludes from every mean and baseline), and report how many results
 from trl_prime.rewards.code_verifier import CodeResult, code_reward, verify_code  # noqa: F401
 from trl_prime.rewards.math_verifier import MathResult, make_math_reward, math_reward, verify_math  # noqa: F401
 
+
 __all__ = ["math_reward", "make_math_reward", "verify_math", "MathResult", "code_reward", "verify_code", "CodeResult"]

@@ -72,37 +72,63 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from trl_prime.rewards.sandbox import SandboxConfig, SandboxRun, run_program
 
-__all__ = ["CodeResult", "REASONS", "code_reward", "make_code_reward", "verify_code", "extract_code",
-           "default_deadline", "DEADLINE_SLACK"]
+
+__all__ = [
+    "CodeResult",
+    "REASONS",
+    "code_reward",
+    "make_code_reward",
+    "verify_code",
+    "extract_code",
+    "default_deadline",
+    "DEADLINE_SLACK",
+]
 
 #: reason -> (meaning, reward). Every :class:`CodeResult` has exactly one of these reasons.
 REASONS: dict[str, tuple[str, str]] = {
     "passed": ("every test case passed", "1.0"),
     "partial": ("some but not all test cases passed", "passed/total"),
-    "failed": ("no case passed: wrong output / return value, check() failed, the program exited "
-               "before check() completed, or it returned something that is not plain data", "0.0"),
+    "failed": (
+        "no case passed: wrong output / return value, check() failed, the program exited "
+        "before check() completed, or it returned something that is not plain data",
+        "0.0",
+    ),
     "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
-    "memory": ("no case passed; the first failing case ran out of memory (RLIMIT_AS, or the sandbox's "
-               "memory cgroup OOM-killed one of its processes)", "0.0"),
-    "output_limit": ("no case passed; the first failing case wrote more than the output cap, the file-size "
-                     "limit or the work dir's disk quota allows", "0.0"),
+    "memory": (
+        "no case passed; the first failing case ran out of memory (RLIMIT_AS, or the sandbox's "
+        "memory cgroup OOM-killed one of its processes)",
+        "0.0",
+    ),
+    "output_limit": (
+        "no case passed; the first failing case wrote more than the output cap, the file-size "
+        "limit or the work dir's disk quota allows",
+        "0.0",
+    ),
     "process_limit": ("no case passed and the program hit the process-count limit (fork bomb)", "0.0"),
-    "runtime_error": ("no case passed; the first failing case raised, exited non-zero or was killed "
-                      "(incl. blocked network / file / signal operations)", "0.0"),
+    "runtime_error": (
+        "no case passed; the first failing case raised, exited non-zero or was killed "
+        "(incl. blocked network / file / signal operations)",
+        "0.0",
+    ),
     "syntax_error": ("the program does not compile", "0.0"),
     "no_code": ("the completion holds no program", "0.0"),
-    "bad_tests": ("the tests entry is malformed or its check/prompt source does not compile (a warning "
-                  "names the field); not scored", "None"),
-    "sandbox_error": ("infrastructure failure: the sandbox could not run (interpreter missing, set-up "
-                      "failed, a required isolation layer missing), was stopped or frozen from outside while "
-                      "a time limit ran, or the backend did not return within the outer deadline; not scored",
-                      "None"),
+    "bad_tests": (
+        "the tests entry is malformed or its check/prompt source does not compile (a warning "
+        "names the field); not scored",
+        "None",
+    ),
+    "sandbox_error": (
+        "infrastructure failure: the sandbox could not run (interpreter missing, set-up "
+        "failed, a required isolation layer missing), was stopped or frozen from outside while "
+        "a time limit ran, or the backend did not return within the outer deadline; not scored",
+        "None",
+    ),
 }
 
 _PER_CASE_FAILURES = ("failed", "timeout", "memory", "output_limit", "runtime_error")
@@ -234,13 +260,17 @@ def _as_text(value: Any, where: str) -> str:
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         text = "\n".join(value)
     else:
-        raise ValueError(f"{where} must be a string (or a list of lines), got {type(value).__name__}; "
-                         f"store stdin/stdout test data as text")
+        raise ValueError(
+            f"{where} must be a string (or a list of lines), got {type(value).__name__}; "
+            f"store stdin/stdout test data as text"
+        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{where} is not valid Unicode text: lone surrogate {text[e.start]!r} at index {e.start} "
-                         "(it cannot be written to stdin or printed); fix the dataset's encoding") from None
+        raise ValueError(
+            f"{where} is not valid Unicode text: lone surrogate {text[e.start]!r} at index {e.start} "
+            "(it cannot be written to stdin or printed); fix the dataset's encoding"
+        ) from None
     return text
 
 
@@ -253,10 +283,14 @@ def _parse_tests(entry: Any, idx: int) -> _Spec:
         try:
             entry = json.loads(entry)
         except ValueError as e:
-            raise ValueError(f"{where} is a string but not valid JSON ({e}); pass a dict or json.dumps(dict)") from None
+            raise ValueError(
+                f"{where} is a string but not valid JSON ({e}); pass a dict or json.dumps(dict)"
+            ) from None
     if not isinstance(entry, Mapping):
-        raise ValueError(f"{where} must be a dict (or its JSON string), got {type(entry).__name__}; use "
-                         "{'stdin_stdout': [...]}, {'fn_name', 'inputs', 'outputs'} or {'check', 'entry_point'}")
+        raise ValueError(
+            f"{where} must be a dict (or its JSON string), got {type(entry).__name__}; use "
+            "{'stdin_stdout': [...]}, {'fn_name', 'inputs', 'outputs'} or {'check', 'entry_point'}"
+        )
     # `datasets` stores a dict column as a struct with the union of all keys: absent keys arrive as None
     entry = {k: v for k, v in entry.items() if v is not None}
     if "stdin_stdout" in entry:
@@ -276,8 +310,9 @@ def _parse_tests(entry: Any, idx: int) -> _Spec:
         if not isinstance(check, str) or "def check" not in check:
             raise ValueError(f"{where}['check'] must be Python source defining check(candidate)")
         if not isinstance(ep, str) or not ep.isidentifier():
-            raise ValueError(f"{where}['entry_point'] must be the name of the function under test (an identifier), "
-                             f"got {ep!r}")
+            raise ValueError(
+                f"{where}['entry_point'] must be the name of the function under test (an identifier), got {ep!r}"
+            )
         prompt = entry.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError(f"{where}['prompt'] must be a string (the HumanEval prompt) or absent")
@@ -287,8 +322,10 @@ def _parse_tests(entry: Any, idx: int) -> _Spec:
         if not isinstance(ins, (list, tuple)) or not isinstance(outs, (list, tuple)):
             raise ValueError(f"{where}['inputs'] and ['outputs'] must be lists (one entry per test case)")
         if len(ins) != len(outs):
-            raise ValueError(f"{where}: 'inputs' has {len(ins)} entries but 'outputs' has {len(outs)}; give one "
-                             "expected output per input")
+            raise ValueError(
+                f"{where}: 'inputs' has {len(ins)} entries but 'outputs' has {len(outs)}; give one "
+                "expected output per input"
+            )
         if not ins:
             raise ValueError(f"{where}['inputs'] is empty; give at least one test case")
         fn = entry.get("fn_name")
@@ -302,11 +339,16 @@ def _parse_tests(entry: Any, idx: int) -> _Spec:
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{where}: 'inputs'/'outputs' must be JSON values ({e})") from None
             return _Spec("fn", args, tuple(outs), fn_name=fn)
-        return _Spec("stdin", tuple(_as_text(x, f"{where}['inputs'][{j}]") for j, x in enumerate(ins)),
-                     tuple(_as_text(x, f"{where}['outputs'][{j}]") for j, x in enumerate(outs)))
-    raise ValueError(f"{where} has keys {sorted(map(str, entry))}; expected one of "
-                     "{'stdin_stdout': [{'input', 'output'}, ...]}, {'fn_name', 'inputs', 'outputs'}, "
-                     "{'inputs', 'outputs'} (stdin) or {'check', 'entry_point'} (HumanEval)")
+        return _Spec(
+            "stdin",
+            tuple(_as_text(x, f"{where}['inputs'][{j}]") for j, x in enumerate(ins)),
+            tuple(_as_text(x, f"{where}['outputs'][{j}]") for j, x in enumerate(outs)),
+        )
+    raise ValueError(
+        f"{where} has keys {sorted(map(str, entry))}; expected one of "
+        "{'stdin_stdout': [{'input', 'output'}, ...]}, {'fn_name', 'inputs', 'outputs'}, "
+        "{'inputs', 'outputs'} (stdin) or {'check', 'entry_point'} (HumanEval)"
+    )
 
 
 # ------------------------------------------------------------------ comparison (parent side)
@@ -398,16 +440,17 @@ def default_deadline(config: SandboxConfig, n_cases: int) -> float:
     teardown on a loaded machine. With the default :class:`~trl_prime.rewards.sandbox.SandboxConfig`
     that is 48 s for one case and 74 s for 8 or more.
     """
-    return (config.startup_grace + min(config.total_timeout, n_cases * config.timeout) + config.timeout
-            + DEADLINE_SLACK)
+    return config.startup_grace + min(config.total_timeout, n_cases * config.timeout) + config.timeout + DEADLINE_SLACK
 
 
 def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
     program = extract_code(completion)
     if not program.strip():
         return CodeResult(0.0, "no_code", total=0, detail="no program found in the completion")
-    if spec.mode == "check" and spec.prompt and not re.search(
-        _ENTRY_DEF.format(re.escape(spec.entry_point)), program, re.MULTILINE
+    if (
+        spec.mode == "check"
+        and spec.prompt
+        and not re.search(_ENTRY_DEF.format(re.escape(spec.entry_point)), program, re.MULTILINE)
     ):
         program = spec.prompt + extract_code(completion, dedent=False)  # a body-only HumanEval completion
     if spec.mode == "stdin":
@@ -415,11 +458,23 @@ def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
         run = run_program(program, mode="stdin", inputs=list(spec.inputs), output_caps=caps, config=cfg)
     elif spec.mode == "fn":
         caps = [max(cfg.output_limit, 2 * len(json.dumps(o)) + 1024) for o in spec.outputs]
-        run = run_program(program, mode="fn", inputs=[list(a) for a in spec.inputs], fn_name=spec.fn_name,
-                          output_caps=caps, config=cfg)
+        run = run_program(
+            program,
+            mode="fn",
+            inputs=[list(a) for a in spec.inputs],
+            fn_name=spec.fn_name,
+            output_caps=caps,
+            config=cfg,
+        )
     else:
-        run = run_program(program, mode="check", check=spec.check, entry_point=spec.entry_point,
-                          check_prelude=spec.prompt, config=cfg)
+        run = run_program(
+            program,
+            mode="check",
+            check=spec.check,
+            entry_point=spec.entry_point,
+            check_prelude=spec.prompt,
+            config=cfg,
+        )
     return _judge(run, spec)
 
 
@@ -429,8 +484,13 @@ def _judge(run: SandboxRun, spec: _Spec) -> CodeResult:
     if run.compile_error is not None:
         return CodeResult(0.0, "syntax_error", layers=run.layers, detail=run.compile_error, elapsed=run.elapsed)
     if run.check_error is not None:
-        return CodeResult(None, "bad_tests", layers=run.layers, detail=f"check source does not compile: "
-                          f"{run.check_error}", elapsed=run.elapsed)
+        return CodeResult(
+            None,
+            "bad_tests",
+            layers=run.layers,
+            detail=f"check source does not compile: {run.check_error}",
+            elapsed=run.elapsed,
+        )
     reasons, details = [], []
     for i, case in enumerate(run.cases):
         if case.status == "ok":
@@ -540,10 +600,13 @@ def verify_code(
     ``startup_grace + total_timeout + timeout`` (see :mod:`trl_prime.rewards.sandbox`).
     """
     if len(completions) != len(tests):
-        raise ValueError(f"got {len(completions)} completions but {len(tests)} tests entries; pass one tests "
-                         "entry per completion (TRL repeats dataset columns per generation)")
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not deadline > 0):
+        raise ValueError(
+            f"got {len(completions)} completions but {len(tests)} tests entries; pass one tests "
+            "entry per completion (TRL repeats dataset columns per generation)"
+        )
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0
+    ):
         raise ValueError(f"deadline must be a positive number of seconds (or None for the default), got {deadline!r}")
     cfg = config or SandboxConfig()
     if overrides:
@@ -556,15 +619,19 @@ def verify_code(
         except ValueError as e:
             if strict:
                 raise
-            warnings.warn(f"code_reward: {e}; this completion is not scored (reward None, reason bad_tests)",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"code_reward: {e}; this completion is not scored (reward None, reason bad_tests)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             results[i] = CodeResult(None, "bad_tests", detail=str(e))
             continue
         jobs.append((i, c, spec))
     if jobs:
         workers = max(1, min(max_workers or _default_workers(), len(jobs)))
-        limits = {i: deadline if deadline is not None else default_deadline(cfg, _n_cases(spec))
-                  for i, _, spec in jobs}
+        limits = {
+            i: deadline if deadline is not None else default_deadline(cfg, _n_cases(spec)) for i, _, spec in jobs
+        }
         cap = MAX_ABANDONED_PER_WORKER * (max_workers or _default_workers())
         for i, r in _run_with_deadlines(jobs, cfg, workers, limits, cap).items():
             results[i] = r
@@ -578,8 +645,9 @@ _ABANDONED_LOCK = threading.Lock()
 _ABANDONED = [0]  # abandoned runs still going, over all calls in this process
 
 
-def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float],
-                        cap: int) -> dict[int, CodeResult]:
+def _run_with_deadlines(
+    jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float], cap: int
+) -> dict[int, CodeResult]:
     """Run the jobs on at most ``workers`` daemon threads; a job past its limit is scored ``sandbox_error``.
 
     Python cannot stop a thread: a job past its deadline is abandoned (its late result is dropped) and
@@ -614,7 +682,8 @@ def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int
                 stuck = _ABANDONED[0]
             if stuck >= cap:
                 out[i] = CodeResult(
-                    None, "sandbox_error",
+                    None,
+                    "sandbox_error",
                     detail=f"not run: {stuck} earlier sandbox runs abandoned past their outer deadline are still "
                     f"going (cap MAX_ABANDONED_PER_WORKER * max_workers = {cap}); the sandbox backend hangs",
                 )
@@ -640,7 +709,9 @@ def _run_with_deadlines(jobs, cfg: SandboxConfig, workers: int, limits: dict[int
                     _ABANDONED[0] += 1
                 del running[i]
                 out[i] = CodeResult(
-                    None, "sandbox_error", elapsed=limits[i],
+                    None,
+                    "sandbox_error",
+                    elapsed=limits[i],
                     detail=f"the sandbox backend did not return within the outer deadline of {limits[i]:g} s "
                     "(verify_code(deadline=...)); the run was abandoned",
                 )
@@ -677,16 +748,20 @@ def make_code_reward(
     cfg = config or SandboxConfig()
     if overrides:
         cfg = replace(cfg, **overrides)
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not deadline > 0):
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0
+    ):
         raise ValueError(f"deadline must be a positive number of seconds (or None for the default), got {deadline!r}")
 
     def code_reward(completions, **kwargs):  # noqa: D401 - TRL reward function
         if tests_column not in kwargs:
-            raise ValueError(f"code_reward needs the dataset column {tests_column!r} (one tests entry per row); "
-                             f"got columns {sorted(k for k in kwargs if k not in ('log_metric', 'log_extra'))}")
-        results = verify_code(completions, kwargs[tests_column], config=cfg, max_workers=max_workers,
-                              deadline=deadline)
+            raise ValueError(
+                f"code_reward needs the dataset column {tests_column!r} (one tests entry per row); "
+                f"got columns {sorted(k for k in kwargs if k not in ('log_metric', 'log_extra'))}"
+            )
+        results = verify_code(
+            completions, kwargs[tests_column], config=cfg, max_workers=max_workers, deadline=deadline
+        )
         _report(code_reward, results, kwargs.get("log_metric"))
         return [r.reward for r in results]
 

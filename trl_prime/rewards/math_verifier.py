@@ -110,11 +110,12 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Sequence
+from typing import Any
+
 
 __all__ = [
     "MathResult",
@@ -834,7 +835,7 @@ class _Pool:
         chunks: deque[_Chunk],
         timeout: float,
         memory_limit_mb: int,
-        out: "_Outcomes",
+        out: _Outcomes,
         ready_by: float = 0.0,
         rel_tol: float | None = DEFAULT_REL_TOL,
     ) -> None:
@@ -852,7 +853,7 @@ class _Pool:
         chunks: deque[_Chunk],
         timeout: float,
         memory_limit_mb: int,
-        out: "_Outcomes",
+        out: _Outcomes,
         ready_by: float,
         rel_tol: float | None,
     ) -> None:
@@ -884,7 +885,10 @@ class _Pool:
             c = w.chunk
             if c.pos < 0:
                 out.gold_failed(
-                    c.gold, "gold_unparseable", f"parsing the gold answer took longer than {timeout:g}s", timed_out=True
+                    c.gold,
+                    "gold_unparseable",
+                    f"parsing the gold answer took longer than {timeout:g}s",
+                    timed_out=True,
                 )
             else:
                 out.answer(c.gold, c.answers[c.pos], "timeout", None, f"parse/verify exceeded {timeout:g}s")
@@ -1032,7 +1036,9 @@ class _Pool:
                         crashed(w)
                     else:
                         failures += 1
-                        last_failure = f"math worker {w.proc.pid} exited (code {w.proc.returncode}) while idle/starting"
+                        last_failure = (
+                            f"math worker {w.proc.pid} exited (code {w.proc.returncode}) while idle/starting"
+                        )
                 # deadlines
                 now = time.monotonic()
                 for w in list(self.workers):
@@ -1411,7 +1417,7 @@ class LastCounts(_PerThread, Mapping):
     __slots__ = ()
 
     def __init__(self):
-        super().__init__(lambda: {reason: 0 for reason in REASONS})
+        super().__init__(lambda: dict.fromkeys(REASONS, 0))
 
     def __getitem__(self, key):
         return self._get()[key]
@@ -1486,7 +1492,7 @@ def _score(
             "must hold exactly one gold answer per completion"
         )
     results = verify_math(completions, golds, **options)
-    counts = {reason: 0 for reason in REASONS}
+    counts = dict.fromkeys(REASONS, 0)
     for r in results:
         counts[r.reason] += 1
     _remember_last_call(fn, counts, list(results))

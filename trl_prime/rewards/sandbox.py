@@ -179,6 +179,7 @@ import sys
 import time
 import types
 
+
 __all__ = [
     "LAYERS",
     "SandboxConfig",
@@ -222,9 +223,24 @@ LAYERS: dict[str, str] = {
 
 # Layers that can be switched off with SandboxConfig(disable=...) (for debugging and fallback tests).
 _DISABLEABLE = frozenset(
-    {"cgroup_pids", "cgroup_memory", "userns", "netns", "pidns", "mountns", "proc_fresh", "hide_paths",
-     "landlock", "landlock_fs", "landlock_net", "landlock_signal", "caps_dropped", "uid_drop",
-     "rlimit_nproc", "seccomp"}
+    {
+        "cgroup_pids",
+        "cgroup_memory",
+        "userns",
+        "netns",
+        "pidns",
+        "mountns",
+        "proc_fresh",
+        "hide_paths",
+        "landlock",
+        "landlock_fs",
+        "landlock_net",
+        "landlock_signal",
+        "caps_dropped",
+        "uid_drop",
+        "rlimit_nproc",
+        "seccomp",
+    }
 )
 
 _MODES = ("stdin", "fn", "check")
@@ -260,8 +276,15 @@ _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MS_RELATIME = 1 << 21
 _MS_STRICTATIME = 1 << 24
-_MNT_OPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-                  "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+_MNT_OPT_FLAGS = {
+    "nosuid": _MS_NOSUID,
+    "nodev": _MS_NODEV,
+    "noexec": _MS_NOEXEC,
+    "noatime": _MS_NOATIME,
+    "nodiratime": _MS_NODIRATIME,
+    "relatime": _MS_RELATIME,
+    "strictatime": _MS_STRICTATIME,
+}
 _SYS_MOUNT_SETATTR = 442  # unified syscall table (>= 424): the same number on every architecture
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
@@ -321,8 +344,12 @@ class _CapData(ctypes.Structure):
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 class _SockFilter(ctypes.Structure):
@@ -376,15 +403,23 @@ def _syscall(nr: int, *args) -> int:
 
 
 def _mount(source, target: str, fstype, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else os.fsencode(s))
+    def enc(s):
+        return None if s is None else os.fsencode(s)
+
     if _libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
         raise _oserror(f"mount({source!r} on {target!r}, {fstype!r})")
 
 
 def _landlock_abi() -> int:
     try:
-        return int(_syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                            ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)))
+        return int(
+            _syscall(
+                _SYS_LANDLOCK_CREATE_RULESET,
+                None,
+                ctypes.c_size_t(0),
+                ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
+            )
+        )
     except (OSError, AttributeError):
         return 0
 
@@ -414,8 +449,13 @@ def _landlock_restrict(abi: int, writable_dirs, writable_files, fs: bool, net: b
                 pfd = os.open(path, os.O_PATH | os.O_CLOEXEC | extra)
                 try:
                     rule = _PathBeneathAttr(rights, pfd)
-                    _syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(rfd), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
-                             ctypes.byref(rule), ctypes.c_uint32(0))
+                    _syscall(
+                        _SYS_LANDLOCK_ADD_RULE,
+                        ctypes.c_int(rfd),
+                        ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
+                        ctypes.byref(rule),
+                        ctypes.c_uint32(0),
+                    )
                 finally:
                     os.close(pfd)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
@@ -483,59 +523,254 @@ _NS_CLONE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWU
 
 # Syscalls shared by every architecture (unified numbers >= 424).
 _SYSCALLS_UNIFIED = {
-    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
-    "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442, "quotactl_fd": 443,
-    "process_mrelease": 448, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466,
-    "open_tree_attr": 467, "file_setattr": 469,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "clone3": 435,
+    "pidfd_getfd": 438,
+    "process_madvise": 440,
+    "mount_setattr": 442,
+    "quotactl_fd": 443,
+    "process_mrelease": 448,
+    "fchmodat2": 452,
+    "setxattrat": 463,
+    "removexattrat": 466,
+    "open_tree_attr": 467,
+    "file_setattr": 469,
 }
 _SYSCALLS = {
-    "x86_64": dict(_SYSCALLS_UNIFIED, **{
-        "ioctl": 16, "socket": 41, "socketpair": 53, "clone": 56, "chmod": 90, "fchmod": 91, "chown": 92,
-        "fchown": 93, "lchown": 94, "ptrace": 101, "syslog": 103, "utime": 132, "uselib": 134,
-        "sched_setparam": 142, "sched_setscheduler": 144, "setpriority": 141, "vhangup": 153,
-        "pivot_root": 155, "adjtimex": 159, "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165,
-        "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "sethostname": 170,
-        "setdomainname": 171, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
-        "quotactl": 179, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197,
-        "lremovexattr": 198, "fremovexattr": 199, "sched_setaffinity": 203, "lookup_dcookie": 212,
-        "clock_settime": 227, "utimes": 235, "kexec_load": 246, "add_key": 248, "request_key": 249,
-        "keyctl": 250, "ioprio_set": 251, "migrate_pages": 256, "fchownat": 260, "futimesat": 261,
-        "fchmodat": 268, "unshare": 272, "move_pages": 279, "utimensat": 280, "fanotify_init": 300,
-        "prlimit64": 302, "name_to_handle_at": 303, "open_by_handle_at": 304, "clock_adjtime": 305,
-        "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
-        "sched_setattr": 314, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "perf_event_open": 298,
-    }),
+    "x86_64": dict(
+        _SYSCALLS_UNIFIED,
+        **{
+            "ioctl": 16,
+            "socket": 41,
+            "socketpair": 53,
+            "clone": 56,
+            "chmod": 90,
+            "fchmod": 91,
+            "chown": 92,
+            "fchown": 93,
+            "lchown": 94,
+            "ptrace": 101,
+            "syslog": 103,
+            "utime": 132,
+            "uselib": 134,
+            "sched_setparam": 142,
+            "sched_setscheduler": 144,
+            "setpriority": 141,
+            "vhangup": 153,
+            "pivot_root": 155,
+            "adjtimex": 159,
+            "chroot": 161,
+            "acct": 163,
+            "settimeofday": 164,
+            "mount": 165,
+            "umount2": 166,
+            "swapon": 167,
+            "swapoff": 168,
+            "reboot": 169,
+            "sethostname": 170,
+            "setdomainname": 171,
+            "iopl": 172,
+            "ioperm": 173,
+            "init_module": 175,
+            "delete_module": 176,
+            "quotactl": 179,
+            "setxattr": 188,
+            "lsetxattr": 189,
+            "fsetxattr": 190,
+            "removexattr": 197,
+            "lremovexattr": 198,
+            "fremovexattr": 199,
+            "sched_setaffinity": 203,
+            "lookup_dcookie": 212,
+            "clock_settime": 227,
+            "utimes": 235,
+            "kexec_load": 246,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+            "ioprio_set": 251,
+            "migrate_pages": 256,
+            "fchownat": 260,
+            "futimesat": 261,
+            "fchmodat": 268,
+            "unshare": 272,
+            "move_pages": 279,
+            "utimensat": 280,
+            "fanotify_init": 300,
+            "prlimit64": 302,
+            "name_to_handle_at": 303,
+            "open_by_handle_at": 304,
+            "clock_adjtime": 305,
+            "setns": 308,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "kcmp": 312,
+            "finit_module": 313,
+            "sched_setattr": 314,
+            "kexec_file_load": 320,
+            "bpf": 321,
+            "userfaultfd": 323,
+            "perf_event_open": 298,
+        },
+    ),
     # asm-generic table (aarch64): no chmod/chown/utime(s)/futimesat/lchown/iopl/ioperm/uselib
-    "aarch64": dict(_SYSCALLS_UNIFIED, **{
-        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
-        "fremovexattr": 16, "lookup_dcookie": 18, "ioctl": 29, "ioprio_set": 30, "umount2": 39, "mount": 40,
-        "pivot_root": 41, "chroot": 51, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55,
-        "vhangup": 58, "quotactl": 60, "utimensat": 88, "acct": 89, "unshare": 97, "kexec_load": 104,
-        "init_module": 105, "delete_module": 106, "clock_settime": 112, "syslog": 116, "ptrace": 117,
-        "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "setpriority": 140,
-        "reboot": 142, "sethostname": 161, "setdomainname": 162, "settimeofday": 170, "adjtimex": 171,
-        "socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220,
-        "swapon": 224, "swapoff": 225, "migrate_pages": 238, "move_pages": 239, "perf_event_open": 241,
-        "prlimit64": 261, "fanotify_init": 262, "name_to_handle_at": 264, "open_by_handle_at": 265,
-        "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
-        "finit_module": 273, "sched_setattr": 274, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294,
-    }),
+    "aarch64": dict(
+        _SYSCALLS_UNIFIED,
+        **{
+            "setxattr": 5,
+            "lsetxattr": 6,
+            "fsetxattr": 7,
+            "removexattr": 14,
+            "lremovexattr": 15,
+            "fremovexattr": 16,
+            "lookup_dcookie": 18,
+            "ioctl": 29,
+            "ioprio_set": 30,
+            "umount2": 39,
+            "mount": 40,
+            "pivot_root": 41,
+            "chroot": 51,
+            "fchmod": 52,
+            "fchmodat": 53,
+            "fchownat": 54,
+            "fchown": 55,
+            "vhangup": 58,
+            "quotactl": 60,
+            "utimensat": 88,
+            "acct": 89,
+            "unshare": 97,
+            "kexec_load": 104,
+            "init_module": 105,
+            "delete_module": 106,
+            "clock_settime": 112,
+            "syslog": 116,
+            "ptrace": 117,
+            "sched_setparam": 118,
+            "sched_setscheduler": 119,
+            "sched_setaffinity": 122,
+            "setpriority": 140,
+            "reboot": 142,
+            "sethostname": 161,
+            "setdomainname": 162,
+            "settimeofday": 170,
+            "adjtimex": 171,
+            "socket": 198,
+            "socketpair": 199,
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+            "clone": 220,
+            "swapon": 224,
+            "swapoff": 225,
+            "migrate_pages": 238,
+            "move_pages": 239,
+            "perf_event_open": 241,
+            "prlimit64": 261,
+            "fanotify_init": 262,
+            "name_to_handle_at": 264,
+            "open_by_handle_at": 265,
+            "clock_adjtime": 266,
+            "setns": 268,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "kcmp": 272,
+            "finit_module": 273,
+            "sched_setattr": 274,
+            "bpf": 280,
+            "userfaultfd": 282,
+            "kexec_file_load": 294,
+        },
+    ),
 }
 _SECCOMP_ARCH = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}
 # denied outright with EPERM
 _SECCOMP_DENY = (
-    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime", "utimes",
-    "utimensat", "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
-    "fremovexattr", "setxattrat", "removexattrat", "file_setattr", "mount", "umount2", "pivot_root",
-    "chroot", "mount_setattr", "open_tree", "open_tree_attr", "move_mount", "fsopen", "fsconfig",
-    "fsmount", "fspick", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
-    "process_madvise", "process_mrelease", "move_pages", "migrate_pages", "unshare", "setns", "bpf",
-    "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
-    "open_by_handle_at", "name_to_handle_at", "fanotify_init", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "quotactl", "quotactl_fd", "settimeofday", "clock_settime", "clock_adjtime",
-    "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "vhangup", "uselib", "syslog",
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "setxattrat",
+    "removexattrat",
+    "file_setattr",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "mount_setattr",
+    "open_tree",
+    "open_tree_attr",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "kcmp",
+    "process_madvise",
+    "process_mrelease",
+    "move_pages",
+    "migrate_pages",
+    "unshare",
+    "setns",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "quotactl",
+    "quotactl_fd",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "iopl",
+    "ioperm",
+    "vhangup",
+    "uselib",
+    "syslog",
     "lookup_dcookie",
 )
 _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
@@ -551,10 +786,19 @@ def _arg(i: int) -> int:
 # Argument checks: (syscall, body, default). Body ops: ("ld", offset), ("and", k), ("allow_if", k),
 # ("deny_if", k), ("deny_unless", k), ("deny_if_any", mask). Falling off the body gives `default`.
 _SECCOMP_ARG_RULES = (
-    ("socket", [("ld", _arg(0)), ("allow_if", _AF_INET), ("allow_if", _AF_INET6), ("allow_if", _AF_NETLINK)],
-     "deny"),
-    ("socketpair", [("ld", _arg(0)), ("deny_unless", _AF_UNIX), ("ld", _arg(1)), ("and", 0xF),
-                    ("allow_if", _SOCK_STREAM), ("allow_if", _SOCK_SEQPACKET)], "deny"),
+    ("socket", [("ld", _arg(0)), ("allow_if", _AF_INET), ("allow_if", _AF_INET6), ("allow_if", _AF_NETLINK)], "deny"),
+    (
+        "socketpair",
+        [
+            ("ld", _arg(0)),
+            ("deny_unless", _AF_UNIX),
+            ("ld", _arg(1)),
+            ("and", 0xF),
+            ("allow_if", _SOCK_STREAM),
+            ("allow_if", _SOCK_SEQPACKET),
+        ],
+        "deny",
+    ),
     ("prlimit64", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
     ("setpriority", [("ld", _arg(0)), ("deny_unless", 0), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
     ("ioprio_set", [("ld", _arg(0)), ("deny_unless", 1), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
@@ -655,8 +899,14 @@ _PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 def _needed_paths() -> set[str]:
     """Paths the interpreter needs at run time (never hidden): its executable, prefixes and sys.path."""
     out = set()
-    for p in (sys.executable, sys.prefix, sys.exec_prefix, getattr(sys, "base_prefix", None),
-              getattr(sys, "base_exec_prefix", None), *sys.path):
+    for p in (
+        sys.executable,
+        sys.prefix,
+        sys.exec_prefix,
+        getattr(sys, "base_prefix", None),
+        getattr(sys, "base_exec_prefix", None),
+        *sys.path,
+    ):
         if isinstance(p, str) and os.path.isabs(p):
             out.add(os.path.normpath(p))
             out.add(os.path.realpath(p))
@@ -666,8 +916,8 @@ def _needed_paths() -> set[str]:
 def _mountinfo_unescape(s: str) -> str:
     out, i = [], 0
     while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
-            out.append(chr(int(s[i + 1:i + 4], 8)))
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
+            out.append(chr(int(s[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(s[i])
@@ -679,8 +929,14 @@ def _make_tree_readonly() -> None:
     """Every mount of this (private) namespace read-only: mount_setattr(AT_RECURSIVE), else remounts."""
     attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
     try:
-        _syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE),
-                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+        _syscall(
+            _SYS_MOUNT_SETATTR,
+            ctypes.c_int(_AT_FDCWD),
+            b"/",
+            ctypes.c_uint(_AT_RECURSIVE),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        )
         return
     except OSError:
         pass
@@ -739,8 +995,9 @@ def _hide_paths(job: dict, needed: set[str], notes: list[str]) -> int:
                 if empty is not None and not work.startswith(p.rstrip("/") + "/"):
                     _mount(empty, p, None, _MS_BIND)
                 else:
-                    _mount("tmpfs", p, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                           "size=64k,nr_inodes=256,mode=0755")
+                    _mount(
+                        "tmpfs", p, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=64k,nr_inodes=256,mode=0755"
+                    )
                     if not work.startswith(p.rstrip("/") + "/"):
                         empty = p
             elif stat.S_ISREG(st.st_mode):
@@ -769,8 +1026,14 @@ def _make_mount_writable(path: str, extra_flags: int) -> None:
     """Clear the read-only flag of the single mount at ``path`` (one this namespace created)."""
     attr = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
     try:
-        _syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(_AT_FDCWD), os.fsencode(path), ctypes.c_uint(0),
-                 ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+        _syscall(
+            _SYS_MOUNT_SETATTR,
+            ctypes.c_int(_AT_FDCWD),
+            os.fsencode(path),
+            ctypes.c_uint(0),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        )
     except OSError:
         _mount(None, path, None, _MS_BIND | _MS_REMOUNT | extra_flags)
 
@@ -798,17 +1061,31 @@ def _setup_mounts(job: dict, layers: list[str], notes: list[str]) -> None:
         os.makedirs(work, 0o755)
     writable = []
     try:
-        _mount("tmpfs", work, "tmpfs", _MS_NOSUID | _MS_NODEV,
-               f"size={job['disk_bytes']},nr_inodes={job['max_files'] + 16},mode=0700")
+        _mount(
+            "tmpfs",
+            work,
+            "tmpfs",
+            _MS_NOSUID | _MS_NODEV,
+            f"size={job['disk_bytes']},nr_inodes={job['max_files'] + 16},mode=0700",
+        )
         writable.append((work, _MS_NOSUID | _MS_NODEV))
         layers.append("tmpfs_work")
     except OSError as e:
         notes.append(f"work dir tmpfs failed (tree left writable, disk guard used): {e}")
-    if (writable and os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm")
-            and not (work + "/").startswith("/dev/shm/")):
+    if (
+        writable
+        and os.path.isdir("/dev/shm")
+        and not os.path.islink("/dev/shm")
+        and not (work + "/").startswith("/dev/shm/")
+    ):
         try:
-            _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                   f"size={job['shm_bytes']},nr_inodes=1024,mode=1777")
+            _mount(
+                "tmpfs",
+                "/dev/shm",
+                "tmpfs",
+                _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                f"size={job['shm_bytes']},nr_inodes=1024,mode=1777",
+            )
             writable.append(("/dev/shm", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC))
             job["shm_dir"] = "/dev/shm"  # private: writable for the program (multiprocessing semaphores)
         except OSError as e:
@@ -1028,9 +1305,30 @@ def _recv_frame(fd: int, limit: int = _FRAME_LIMIT):
     return data
 
 
-_SIGNAL_NAMES = {getattr(signal, n): n for n in (
-    "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-    "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGXCPU", "SIGXFSZ", "SIGSYS") if hasattr(signal, n)}
+_SIGNAL_NAMES = {
+    getattr(signal, n): n
+    for n in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGSYS",
+    )
+    if hasattr(signal, n)
+}
 _enc_str = _json.encode_basestring_ascii
 
 
@@ -1073,7 +1371,7 @@ def _format_exception(e: BaseException, skip: int = 1, keep: int = 30) -> str:
         frames.append(f'  File "{co.co_filename}", line {tb.tb_lineno}, in {co.co_name}')
         tb = tb.tb_next
     if len(frames) > keep:
-        frames = frames[: keep // 2] + [f"  [... {len(frames) - keep} more frames ...]"] + frames[-keep // 2:]
+        frames = frames[: keep // 2] + [f"  [... {len(frames) - keep} more frames ...]"] + frames[-keep // 2 :]
     try:
         msg = str(e)
     except BaseException:  # noqa: BLE001
@@ -1100,7 +1398,7 @@ def _proc_children_map() -> dict[int, list[int]]:
         except OSError:
             continue
         try:
-            rest = data[data.rindex(b")") + 2:].split()
+            rest = data[data.rindex(b")") + 2 :].split()
             ppid = int(rest[1])
         except (ValueError, IndexError):
             continue
@@ -1212,8 +1510,10 @@ def _bootstrap_main(job_path: str) -> None:
         if job.get("memcg") and "cgroup_memory" in layers:
             path, ver = job["memcg"]
             try:
-                job["oom_fd"] = os.open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"),
-                                        os.O_RDONLY | os.O_CLOEXEC)
+                job["oom_fd"] = os.open(
+                    os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"),
+                    os.O_RDONLY | os.O_CLOEXEC,
+                )
             except OSError as e:
                 notes.append(f"memory cgroup events unreadable: {e}")
         layers += _enter_namespaces(disable, notes, job)
@@ -1361,9 +1661,12 @@ def _plan_layers(job: dict, layers: list[str]) -> dict:
         "landlock_net": abi >= 4 and "landlock_net" not in disable and not ll_off,
         "landlock_signal": abi >= 6 and "landlock_signal" not in disable and not ll_off,
         "caps_dropped": "caps_dropped" not in disable,
-        "uid_drop": (root and not in_userns and "uid_drop" not in disable
-                     and _readable_by_others([sys.executable, *sys.path,
-                                              os.path.dirname(os.path.dirname(job["work_dir"]))])),
+        "uid_drop": (
+            root
+            and not in_userns
+            and "uid_drop" not in disable
+            and _readable_by_others([sys.executable, *sys.path, os.path.dirname(os.path.dirname(job["work_dir"]))])
+        ),
         "seccomp": "seccomp" not in disable and _seccomp_supported() is not None,
         "oom_adj": True,
         "nproc": None,
@@ -1438,27 +1741,34 @@ def _apply_case_layers(plan: dict, job: dict, strict: bool, writable: bool = Tru
         n = int(plan["nproc"])
         step("rlimit_nproc", lambda: resource.setrlimit(resource.RLIMIT_NPROC, (n, n)))
     if plan.get("oom_adj"):
+
         def oom_adj():  # any OOM killer (the sandbox's memory cgroup, or the host's) takes case processes first
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")
+
         step("_oom_adj", oom_adj)
     if plan["caps_dropped"]:
         step("_bounding", _drop_bounding_caps)  # needs CAP_SETPCAP: before the uid drop
     if plan["uid_drop"]:
+
         def drop():
             os.setgroups([])
             os.setresgid(_NOBODY, _NOBODY, _NOBODY)
             os.setresuid(_NOBODY, _NOBODY, _NOBODY)
+
         step("uid_drop", drop)
     if plan["caps_dropped"] and "_bounding" in applied:
         step("caps_dropped", _clear_caps)
     elif plan["caps_dropped"] and strict:
         raise OSError("could not drop the capability bounding set")
     if plan["landlock_fs"] or plan["landlock_net"] or plan["landlock_signal"]:
+
         def ll():
             dirs = [job["work_dir"]] + ([job["shm_dir"]] if job.get("shm_dir") else []) if writable else []
-            _landlock_restrict(plan["abi"], dirs, ["/dev/null"],
-                               plan["landlock_fs"], plan["landlock_net"], plan["landlock_signal"])
+            _landlock_restrict(
+                plan["abi"], dirs, ["/dev/null"], plan["landlock_fs"], plan["landlock_net"], plan["landlock_signal"]
+            )
+
         before = len(applied)
         step("_landlock", ll)
         if len(applied) > before:
@@ -1494,8 +1804,11 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
         layers += ["rlimit_cpu", "rlimit_fsize", "rlimit_nofile", "rlimit_core"]
         if job["memory_bytes"]:
             layers.append("rlimit_as")
-        layers += [k for k in ("caps_dropped", "uid_drop", "landlock_fs", "landlock_net", "landlock_signal",
-                               "seccomp") if plan[k]]
+        layers += [
+            k
+            for k in ("caps_dropped", "uid_drop", "landlock_fs", "landlock_net", "landlock_signal", "seccomp")
+            if plan[k]
+        ]
         if plan["nproc"]:
             layers.append("rlimit_nproc")
         plan["disk_guard"] = "tmpfs_work" not in layers
@@ -1507,8 +1820,14 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             os.chown(job["work_dir"], _NOBODY, _NOBODY)
         missing = [r for r in job["require"] if r not in layers]
         if missing:
-            send({"event": "fatal", "layers": layers, "notes": notes,
-                  "error": f"required sandbox layers unavailable: {missing} (active: {layers}; notes: {notes})"})
+            send(
+                {
+                    "event": "fatal",
+                    "layers": layers,
+                    "notes": notes,
+                    "error": f"required sandbox layers unavailable: {missing} (active: {layers}; notes: {notes})",
+                }
+            )
             os._exit(0)
         send({"event": "ready", "layers": layers, "notes": notes, "probe": plan["probe"]})
     except BaseException:  # noqa: BLE001
@@ -1549,8 +1868,12 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             else:
                 rec = _run_case(job, plan, i, code, total_deadline, pidns)
         except Exception:  # noqa: BLE001 - a harness failure is an infrastructure error, never the program's
-            rec = {"event": "case", "i": i, "status": "sandbox_error",
-                   "detail": "harness failed on this case: " + _format_exc_short()[-1500:]}
+            rec = {
+                "event": "case",
+                "i": i,
+                "status": "sandbox_error",
+                "detail": "harness failed on this case: " + _format_exc_short()[-1500:],
+            }
         send(rec)
         last = time.monotonic()
     send({"event": "done"})
@@ -1740,10 +2063,12 @@ def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
     run = _limit_reached(_RUN_START[0], end, _HARNESS_STALLED[0], job["total_timeout"])
     if not (case or run):
         lost = max(stalled, _HARNESS_STALLED[0])
-        return {"status": "sandbox_error",
-                "detail": f"the sandbox was suspended for {lost:.1f} s while the wall-clock limit ran (its "
-                          "processes stopped or frozen from outside, or the machine stalled); not the program's "
-                          "timeout"}
+        return {
+            "status": "sandbox_error",
+            "detail": f"the sandbox was suspended for {lost:.1f} s while the wall-clock limit ran (its "
+            "processes stopped or frozen from outside, or the machine stalled); not the program's "
+            "timeout",
+        }
     return {"status": "timeout", "detail": f"wall-clock limit ({job['timeout']} s) exceeded"}
 
 
@@ -1864,8 +2189,17 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
             os.close(setup_r)
             stdin_fd = files["in"] if mode == "stdin" else None
             extra = {"diag": files["diag"], "res": files["res"]}
-            _case_child(job, plan, stdin_fd, files["out"], files["err"], extra, setup_w, cap,
-                        lambda: _execute_candidate(job, i, code, extra))  # never returns
+            _case_child(
+                job,
+                plan,
+                stdin_fd,
+                files["out"],
+                files["err"],
+                extra,
+                setup_w,
+                cap,
+                lambda: _execute_candidate(job, i, code, extra),
+            )  # never returns
         os.close(setup_w)
         status, ru, timed_out, guard_hit, stalled = _wait_case(pid, deadline, _disk_guard(job, plan), start, latest)
         end = time.monotonic()
@@ -1886,12 +2220,21 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
     _clear_dir(work)
 
     cpu = ru.ru_utime + ru.ru_stime
-    rec = {"event": "case", "i": i, "time": round(elapsed, 4), "cpu": round(cpu, 4),
-           "stderr": stderr.decode("utf-8", "replace"), "oom": oom}
+    rec = {
+        "event": "case",
+        "i": i,
+        "time": round(elapsed, 4),
+        "cpu": round(cpu, 4),
+        "stderr": stderr.decode("utf-8", "replace"),
+        "oom": oom,
+    }
     if setup[:1] != b"K":
-        rec.update(status="sandbox_error",
-                   detail=("case set-up failed: " + setup[1:].decode("utf-8", "replace")) if setup
-                   else f"case process died during set-up (wait status {status})")
+        rec.update(
+            status="sandbox_error",
+            detail=("case set-up failed: " + setup[1:].decode("utf-8", "replace"))
+            if setup
+            else f"case process died during set-up (wait status {status})",
+        )
         return rec
     exc, diag_errno, detail = _parse_diag(diag_raw)
     text = stdout.decode("utf-8", "replace")
@@ -1899,8 +2242,10 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
     if timed_out:
         rec.update(_wall_timeout(job, start, end, stalled))
     elif guard_hit:
-        rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
-                                                 f"{job['max_files']} files) exceeded")
+        rec.update(
+            status="output_limit",
+            detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / {job['max_files']} files) exceeded",
+        )
     elif out_size >= cap or diag_errno == errno.EFBIG:
         rec.update(status="output_limit", detail=f"output exceeded {cap} bytes")
     else:
@@ -1940,10 +2285,26 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         # the judge first: a program that forks up to the process limit cannot keep it from starting
         jpid = os.fork()
         if jpid == 0:
-            extra = {"diag": files["jdiag"], "res": files["res"], "chan_r": resp_r, "chan_w": req_w,
-                     "nonce": job["nonce_fd"], "check": job["check_fd"]}
-            _case_child(job, plan, None, files["jout"], files["jout"], extra, setup_j_w, 1 << 20,
-                        lambda: _judge_main(job, extra), judge=True)  # never returns
+            extra = {
+                "diag": files["jdiag"],
+                "res": files["res"],
+                "chan_r": resp_r,
+                "chan_w": req_w,
+                "nonce": job["nonce_fd"],
+                "check": job["check_fd"],
+            }
+            _case_child(
+                job,
+                plan,
+                None,
+                files["jout"],
+                files["jout"],
+                extra,
+                setup_j_w,
+                1 << 20,
+                lambda: _judge_main(job, extra),
+                judge=True,
+            )  # never returns
         try:
             cpid = os.fork()
         except BaseException:
@@ -1952,14 +2313,22 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             raise
         if cpid == 0:
             extra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
-            _case_child(job, plan, None, files["out"], files["err"], extra, setup_c_w, int(job["caps"][i]),
-                        lambda: _serve_candidate(job, code, extra))  # never returns
+            _case_child(
+                job,
+                plan,
+                None,
+                files["out"],
+                files["err"],
+                extra,
+                setup_c_w,
+                int(job["caps"][i]),
+                lambda: _serve_candidate(job, code, extra),
+            )  # never returns
         for fd in pipes:
             if fd not in (setup_c_r, setup_j_r):
                 os.close(fd)
         pipes = [setup_c_r, setup_j_r]
-        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start,
-                                                                 latest)
+        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start, latest)
         end = time.monotonic()
         elapsed = end - start
         cand_done = _exited_already(cpid)
@@ -1993,13 +2362,23 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
     _clear_dir(work)
 
     ccpu = cru.ru_utime + cru.ru_stime
-    rec = {"event": "case", "i": i, "time": round(elapsed, 4), "cpu": round(ccpu, 4),
-           "stderr": stderr.decode("utf-8", "replace"), "stdout": stdout.decode("utf-8", "replace"), "oom": oom}
+    rec = {
+        "event": "case",
+        "i": i,
+        "time": round(elapsed, 4),
+        "cpu": round(ccpu, 4),
+        "stderr": stderr.decode("utf-8", "replace"),
+        "stdout": stdout.decode("utf-8", "replace"),
+        "oom": oom,
+    }
     for who, setup, st in (("candidate", setup_c, cstatus), ("judge", setup_j, jstatus)):
         if setup[:1] != b"K":
-            rec.update(status="sandbox_error",
-                       detail=(f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace")) if setup
-                       else f"{who} process died during set-up (wait status {st})")
+            rec.update(
+                status="sandbox_error",
+                detail=(f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace"))
+                if setup
+                else f"{who} process died during set-up (wait status {st})",
+            )
             return rec
     jexc, _, jdetail = _parse_diag(jdiag)
     cexc, _, cdetail = _parse_diag(cdiag)
@@ -2010,8 +2389,10 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         rec.update(_wall_timeout(job, start, end, stalled))
         return rec
     if guard_hit:
-        rec.update(status="output_limit", detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / "
-                                                 f"{job['max_files']} files) exceeded")
+        rec.update(
+            status="output_limit",
+            detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / {job['max_files']} files) exceeded",
+        )
         return rec
     if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and res:
         rec.update(status="ok", detail="", res=res.decode("ascii", "replace"))
@@ -2163,13 +2544,18 @@ def _candidate_main_module():
     main.__dict__["__file__"] = "solution.py"
     sys.modules["__main__"] = main
     sys.argv = ["solution.py"]
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                                  encoding="utf-8", errors="replace")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-                                                    encoding="utf-8", errors="backslashreplace")
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                                                    encoding="utf-8", errors="backslashreplace",
-                                                    line_buffering=True)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="backslashreplace"
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
     return main.__dict__
 
 
@@ -2188,7 +2574,7 @@ def _run_user_code(body, diag_fd: int) -> int:
             rc = c & 0xFF
         else:
             try:
-                print(c, file=sys.stderr)
+                print(c, file=sys.stderr)  # noqa: T201 (sys.exit's message, as Python prints it)
             except Exception:  # noqa: BLE001
                 pass
             rc = 1
@@ -2306,8 +2692,7 @@ def _judge_main(job, extra) -> int:
     rfd, wfd = extra["chan_r"], extra["chan_w"]
     state = {"bad": None}
     g = {"__name__": "__main__", "__builtins__": builtins}
-    safe_exceptions = {n: c for n, c in vars(builtins).items()
-                       if isinstance(c, type) and issubclass(c, Exception)}
+    safe_exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
 
     def fail(cls, msg):
         if state["bad"] is None:
@@ -2337,8 +2722,9 @@ def _judge_main(job, extra) -> int:
         if state["bad"] is not None:
             raise state["bad"][0](state["bad"][1])
         try:
-            payload = _wire_dumps(["c", name, _wire_encode(list(args)),
-                                   [[k, _wire_encode(v)] for k, v in kwargs.items()]])
+            payload = _wire_dumps(
+                ["c", name, _wire_encode(list(args)), [[k, _wire_encode(v)] for k, v in kwargs.items()]]
+            )
         except (TypeError, ValueError, RecursionError, OverflowError) as e:
             fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
         try:
@@ -2410,9 +2796,12 @@ def _judge_main(job, extra) -> int:
     try:
         body()
     except BaseException as e:  # noqa: BLE001
-        name = {_CandidateExited: "CandidateExited", _CandidateBadValue: "CandidateBadValue",
-                _UnsupportedArgument: "UnsupportedArgument", _CheckSourceError: "CheckSourceError",
-                }.get(type(e), type(e).__name__)
+        name = {
+            _CandidateExited: "CandidateExited",
+            _CandidateBadValue: "CandidateBadValue",
+            _UnsupportedArgument: "UnsupportedArgument",
+            _CheckSourceError: "CheckSourceError",
+        }.get(type(e), type(e).__name__)
         try:
             msg = str(e)[:500].replace("\n", " ")
         except BaseException:  # noqa: BLE001
@@ -2462,6 +2851,7 @@ import warnings  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
+
 _SCRIPT = os.path.abspath(__file__)
 # Start the bootstrap from this file's cached bytecode: running it as a script would recompile the
 # whole module in every sandbox (~25-90 ms of CPU, the largest start-up cost).
@@ -2478,9 +2868,21 @@ _WARN_LOCK = threading.Lock()
 _STALE_CGROUPS: list[str] = []
 _PROBE_CACHE: dict = {}  # configuration -> per-case layers that a probe process could apply
 # environment variables naming cache / credential directories hidden from the program (hide_paths)
-_HIDE_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
-             "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TORCH_HOME", "PIP_CACHE_DIR",
-             "WANDB_DIR", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+_HIDE_ENV = (
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_DATASETS_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "TRANSFORMERS_CACHE",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "TORCH_HOME",
+    "PIP_CACHE_DIR",
+    "WANDB_DIR",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
 
 
 @dataclass(frozen=True)
@@ -2545,10 +2947,12 @@ class SandboxConfig:
                 raise ValueError(f"SandboxConfig.{name} must be a positive integer, got {v!r}")
         if not isinstance(self.memory_mb, int) or self.memory_mb < 0:
             raise ValueError(f"SandboxConfig.memory_mb must be an integer >= 0, got {self.memory_mb!r}")
-        if self.sandbox_memory_mb is not None and (not isinstance(self.sandbox_memory_mb, int)
-                                                   or self.sandbox_memory_mb < 0):
-            raise ValueError("SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got "
-                             f"{self.sandbox_memory_mb!r}")
+        if self.sandbox_memory_mb is not None and (
+            not isinstance(self.sandbox_memory_mb, int) or self.sandbox_memory_mb < 0
+        ):
+            raise ValueError(
+                f"SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got {self.sandbox_memory_mb!r}"
+            )
         if self.max_processes < 5:
             raise ValueError("SandboxConfig.max_processes must be >= 5 (bootstrap, init, harness and judge count)")
         object.__setattr__(self, "require", tuple(self.require))
@@ -2653,7 +3057,7 @@ def _cgroup_base(controller: str) -> tuple[str, int] | None:
             continue
         fstype, opts, root, point = m[sep + 1], m[-1], m[3], m[4]
         if fstype == "cgroup" and controller in opts.split(",") and own_v1 is not None:
-            rel = own_v1[len(root):] if own_v1.startswith(root) and root != "/" else own_v1
+            rel = own_v1[len(root) :] if own_v1.startswith(root) and root != "/" else own_v1
             return os.path.join(point, rel.lstrip("/")), 1
     for m in mounts:
         try:
@@ -2662,7 +3066,7 @@ def _cgroup_base(controller: str) -> tuple[str, int] | None:
             continue
         if m[sep + 1] == "cgroup2" and own_v2 is not None:
             root, point = m[3], m[4]
-            rel = own_v2[len(root):] if own_v2.startswith(root) and root != "/" else own_v2
+            rel = own_v2[len(root) :] if own_v2.startswith(root) and root != "/" else own_v2
             base = os.path.join(point, rel.lstrip("/"))
             try:
                 with open(os.path.join(base, "cgroup.subtree_control")) as f:
@@ -2932,8 +3336,10 @@ def _check_stdin_inputs(inputs) -> None:
         try:
             x.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"inputs[{j}] is not valid Unicode text (lone surrogate {x[e.start]!r} at index "
-                             f"{e.start}); it cannot be fed to a program's stdin") from None
+            raise ValueError(
+                f"inputs[{j}] is not valid Unicode text (lone surrogate {x[e.start]!r} at index "
+                f"{e.start}); it cannot be fed to a program's stdin"
+            ) from None
 
 
 def run_program(
@@ -3057,8 +3463,14 @@ def run_program(
         pass_fds = tuple(x for x in (w, nonce_r, check_fd) if x is not None)
         proc = subprocess.Popen(
             [cfg.python_executable or sys.executable, "-I", "-c", _BOOT, _SCRIPT, job_path],
-            stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, pass_fds=pass_fds,
-            start_new_session=True, env=_env(work), cwd=base, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=errf,
+            stderr=errf,
+            pass_fds=pass_fds,
+            start_new_session=True,
+            env=_env(work),
+            cwd=base,
+            close_fds=True,
         )
         for _, path in cgroups:
             try:
@@ -3133,10 +3545,12 @@ def run_program(
 
     run = _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text)
     if not run.ok and timed_out and run.error == _SILENT:
-        run.error = (f"the sandbox did not report within its time limits ({limit:g} s = startup_grace + "
-                     "total_timeout + timeout): its harness, which enforces every limit itself and reports a "
-                     "program's timeout, stopped answering (processes stopped or frozen from outside, or the "
-                     f"machine stalled); not the program's timeout. Process states at that moment: {states}")
+        run.error = (
+            f"the sandbox did not report within its time limits ({limit:g} s = startup_grace + "
+            "total_timeout + timeout): its harness, which enforces every limit itself and reports a "
+            "program's timeout, stopped answering (processes stopped or frozen from outside, or the "
+            f"machine stalled); not the program's timeout. Process states at that moment: {states}"
+        )
     ready = next((e for e in events if e.get("event") == "ready"), None)
     if run.ok and ready is not None and isinstance(ready.get("probe"), list):
         _PROBE_CACHE[probe_key] = [str(x) for x in ready["probe"]]
@@ -3152,8 +3566,17 @@ def run_program(
 
 
 _SILENT = "harness silent"
-_STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible", "T": "stopped", "t": "traced",
-                "Z": "zombie", "X": "dead", "I": "idle", "P": "parked"}
+_STATE_NAMES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+    "P": "parked",
+}
 
 
 def _process_states(sid: int, cg: str | None) -> str:
@@ -3236,8 +3659,14 @@ def _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text) -> S
         if not isinstance(i, int) or not 0 <= i < n:
             continue
         st = str(e.get("status", "runtime_error"))
-        c = CaseOutcome(status=st, stdout=str(e.get("stdout", "")), detail=str(e.get("detail", "")),
-                        stderr=str(e.get("stderr", "")), time=float(e.get("time", 0.0)), oom=e.get("oom") is True)
+        c = CaseOutcome(
+            status=st,
+            stdout=str(e.get("stdout", "")),
+            detail=str(e.get("detail", "")),
+            stderr=str(e.get("stderr", "")),
+            time=float(e.get("time", 0.0)),
+            oom=e.get("oom") is True,
+        )
         if st == "sandbox_error":
             return SandboxRun(ok=False, error=c.detail, layers=layers, notes=notes)
         if st == "ok" and mode == "fn":

@@ -47,11 +47,14 @@ class BestOfNArguments:
     )
     prm_paths: list[str] = field(
         default_factory=list,
-        metadata={"help": "Implicit PRM folders (ImplicitPRM.from_pretrained), or 'initial' (the untrained PRM: the "
-                          "policy against itself). Empty: baselines only."},
+        metadata={
+            "help": "Implicit PRM folders (ImplicitPRM.from_pretrained), or 'initial' (the untrained PRM: the "
+            "policy against itself). Empty: baselines only."
+        },
     )
-    dataset_name: str = field(default="embedded:arithmetic", metadata={"help": "Held-out problems "
-                                                                             "(trl_prime.data.load_prompt_dataset)."})
+    dataset_name: str = field(
+        default="embedded:arithmetic", metadata={"help": "Held-out problems (trl_prime.data.load_prompt_dataset)."}
+    )
     dataset_split: str = field(default="test", metadata={"help": "Split of the held-out problems."})
     max_problems: int = field(default=32, metadata={"help": "Held-out problems (embedded: how many to generate)."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
@@ -62,29 +65,48 @@ class BestOfNArguments:
     max_new_tokens: int = field(default=128, metadata={"help": "Completion budget in tokens."})
     batch_size: int = field(default=128, metadata={"help": "Rows decoded together."})
     seed: int = field(default=1234, metadata={"help": "Sampling seed."})
-    aggregations: list[str] = field(default_factory=lambda: ["min", "mean", "sum", "last"],
-                                    metadata={"help": "Step aggregations of the PRM score."})
+    aggregations: list[str] = field(
+        default_factory=lambda: ["min", "mean", "sum", "last"],
+        metadata={"help": "Step aggregations of the PRM score."},
+    )
     score_without_reference: bool = field(default=True, metadata={"help": "Also score with beta*log pi_phi alone."})
-    step_delimiter: str = field(default="\n\n", metadata={"help": "Step delimiter in the decoded completion "
-                                                                  "('' = one step per completion)."})
-    step_len: int | None = field(default=None, metadata={"help": "Fixed step length in tokens (overrides the "
-                                                                 "delimiter)."})
-    prm_prompt: str = field(default="full", metadata={"help": "'full', 'last_turn' or 'question' (the prompt the "
-                                                               "PRM sees; use the value the PRM was trained with)."})
+    step_delimiter: str = field(
+        default="\n\n", metadata={"help": "Step delimiter in the decoded completion ('' = one step per completion)."}
+    )
+    step_len: int | None = field(
+        default=None, metadata={"help": "Fixed step length in tokens (overrides the delimiter)."}
+    )
+    prm_prompt: str = field(
+        default="full",
+        metadata={
+            "help": "'full', 'last_turn' or 'question' (the prompt the "
+            "PRM sees; use the value the PRM was trained with)."
+        },
+    )
     prm_batch_size: int = field(default=32, metadata={"help": "Completions per PRM forward."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (1 is fastest on a busy "
-                                                                    "shared CPU)."})
-    samples_file: str = field(default="outputs/implicit_prm/heldout_samples.jsonl",
-                              metadata={"help": "Cache of the sampled candidates and their rewards."})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads (1 is fastest on a busy shared CPU)."}
+    )
+    samples_file: str = field(
+        default="outputs/implicit_prm/heldout_samples.jsonl",
+        metadata={"help": "Cache of the sampled candidates and their rewards."},
+    )
     output_file: str = field(default="outputs/implicit_prm/best_of_n.json", metadata={"help": "Result JSON."})
     score_problems: int | None = field(
-        default=None, metadata={"help": "Evaluate (score and report) only the first K sampled problems (a smaller "
-                                        "CPU budget; the sample cache keeps all of them). None: all."})
+        default=None,
+        metadata={
+            "help": "Evaluate (score and report) only the first K sampled problems (a smaller "
+            "CPU budget; the sample cache keeps all of them). None: all."
+        },
+    )
     reuse_initial_reference: bool = field(
         default=True,
-        metadata={"help": "When 'initial' was scored first, reuse its log-probs as the reference of the other PRMs "
-                          "(valid when their reference is the initial checkpoint, as trl-prime implicit-prm trains "
-                          "them): one forward per PRM instead of two."})
+        metadata={
+            "help": "When 'initial' was scored first, reuse its log-probs as the reference of the other PRMs "
+            "(valid when their reference is the initial checkpoint, as trl-prime implicit-prm trains "
+            "them): one forward per PRM instead of two."
+        },
+    )
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the argument on inconsistent settings."""
@@ -141,9 +163,21 @@ def majority_index(answers: Sequence[str | None]) -> int:
 
 
 def _sampling_key(args: BestOfNArguments) -> dict:
-    return {k: getattr(args, k) for k in ("model_name_or_path", "dataset_name", "dataset_split", "max_problems",
-                                          "dataset_seed", "num_samples", "temperature", "top_p", "max_new_tokens",
-                                          "seed")}
+    return {
+        k: getattr(args, k)
+        for k in (
+            "model_name_or_path",
+            "dataset_name",
+            "dataset_split",
+            "max_problems",
+            "dataset_seed",
+            "num_samples",
+            "temperature",
+            "top_p",
+            "max_new_tokens",
+            "seed",
+        )
+    }
 
 
 def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
@@ -173,18 +207,28 @@ def load_or_sample(args: BestOfNArguments, generate_fn=None) -> list[dict]:
     sampling_s = time.perf_counter() - t0
     n = args.num_samples
     cols = {c: [v for v in ds[c] for _ in range(n)] for c in ds.column_names if c != "prompt"}
-    flat = [[{"role": "assistant", "content": t}] if not isinstance(p, str) else t
-            for p, ts in zip(prompts, texts) for t in ts]
+    flat = [
+        [{"role": "assistant", "content": t}] if not isinstance(p, str) else t
+        for p, ts in zip(prompts, texts)
+        for t in ts
+    ]
     rewards = outcome_reward(completions=flat, **cols)
     reasons = _reasons_of(outcome_reward, rewards)
     records = []
     for i, row in enumerate(ds):
         sl = slice(i * n, (i + 1) * n)
-        records.append({
-            "id": row.get("id", i), "prompt": row["prompt"], "solution": row.get("solution"),
-            "completions": texts[i], "rewards": rewards[sl], "reasons": reasons[sl],
-            "answers": [extract_answer(t) for t in texts[i]], "truncated": truncated[i],
-        })
+        records.append(
+            {
+                "id": row.get("id", i),
+                "prompt": row["prompt"],
+                "solution": row.get("solution"),
+                "completions": texts[i],
+                "rewards": rewards[sl],
+                "reasons": reasons[sl],
+                "answers": [extract_answer(t) for t in texts[i]],
+                "truncated": truncated[i],
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         f.write(json.dumps({"settings": key, "sampling_s": round(sampling_s, 1)}) + "\n")
@@ -220,8 +264,16 @@ def _sample_policy(prompts: list, args: BestOfNArguments) -> tuple[list, list]:
     tok = AutoTokenizer.from_pretrained(mp)
     model = AutoModelForCausalLM.from_pretrained(mp)
     return sample_completions(
-        model, tok, prompts, args.num_samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, progress=True,
+        model,
+        tok,
+        prompts,
+        args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=True,
     )
 
 
@@ -261,20 +313,32 @@ def score_records(
     t0 = time.perf_counter()
     for i, r in enumerate(records):
         prompt = {"last_turn": last_turn_prompt, "question": question_prompt}.get(args.prm_prompt, lambda x: x)(
-            r["prompt"])
+            r["prompt"]
+        )
         comps = [c if isinstance(prompt, str) else [{"role": "assistant", "content": c}] for c in r["completions"]]
         out, lp, _ = score_candidates(
-            prm, prompt, comps, aggregations=args.aggregations, with_reference=wr,
-            delimiter=args.step_delimiter or None, step_len=args.step_len, batch_size=args.prm_batch_size,
-            same_weights=same, ref_logps=None if initial_logps is None else initial_logps[i], return_logps=True,
+            prm,
+            prompt,
+            comps,
+            aggregations=args.aggregations,
+            with_reference=wr,
+            delimiter=args.step_delimiter or None,
+            step_len=args.step_len,
+            batch_size=args.prm_batch_size,
+            same_weights=same,
+            ref_logps=None if initial_logps is None else initial_logps[i],
+            return_logps=True,
         )
         if same:
             kept_logps.append(lp)
         for k, v in out.items():
             scores.setdefault(k, []).append(v)
         if (i + 1) % 8 == 0 or i + 1 == len(records):
-            print(f"[bon] {_prm_label(prm_path)}: scored {i + 1}/{len(records)} problems "
-                  f"({time.perf_counter() - t0:.0f}s)", flush=True)
+            print(
+                f"[bon] {_prm_label(prm_path)}: scored {i + 1}/{len(records)} problems "
+                f"({time.perf_counter() - t0:.0f}s)",
+                flush=True,
+            )
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"key": variants_key, "scores": scores}))
     if same:
@@ -286,15 +350,20 @@ def _scores_key(prm_path: str, records: list[dict], args: BestOfNArguments) -> d
     """What a PRM's cached scores depend on: the PRM (and its newest file's mtime), the scoring options, the
     samples."""
     variants_key = {
-        "prm": prm_path, "aggregations": list(args.aggregations), "noref": args.score_without_reference,
-        "delimiter": args.step_delimiter, "step_len": args.step_len, "prm_prompt": args.prm_prompt,
+        "prm": prm_path,
+        "aggregations": list(args.aggregations),
+        "noref": args.score_without_reference,
+        "delimiter": args.step_delimiter,
+        "step_len": args.step_len,
+        "prm_prompt": args.prm_prompt,
         "samples": hashlib.sha1(json.dumps([r["completions"] for r in records]).encode()).hexdigest(),
     }
     if prm_path != "initial" and os.path.isdir(prm_path):
         # the newest file: retraining into the same folder overwrites files in place (the folder's mtime stays)
         variants_key["prm_mtime"] = max(
             [os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(prm_path) for f in fs]
-            or [os.path.getmtime(prm_path)])
+            or [os.path.getmtime(prm_path)]
+        )
     return variants_key
 
 
@@ -346,9 +415,9 @@ def best_of_n_metrics(records: list[dict], ns: Sequence[int], prm_scores: dict[s
         m["mean_sample"] = sum(sum(_correct(x) for x in r["rewards"][:n]) / n for r in records) / P
         for label, variants in prm_scores.items():
             for v, per_problem in variants.items():
-                m[f"bon/{label}/{v}"] = sum(
-                    _correct(r["rewards"][argmax_first(s[:n])]) for r, s in zip(records, per_problem)
-                ) / P
+                m[f"bon/{label}/{v}"] = (
+                    sum(_correct(r["rewards"][argmax_first(s[:n])]) for r, s in zip(records, per_problem)) / P
+                )
         out[n] = m
     return out
 
@@ -397,8 +466,10 @@ def main(args: BestOfNArguments, generate_fn=None, prms: dict | None = None) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(metrics))
-    print(f"[bon] {len(records)} problems, per-sample accuracy {100 * result['sample_accuracy']:.1f}%; wrote {out}",
-          flush=True)
+    print(
+        f"[bon] {len(records)} problems, per-sample accuracy {100 * result['sample_accuracy']:.1f}%; wrote {out}",
+        flush=True,
+    )
     return result
 
 

@@ -58,19 +58,26 @@ class DemoArguments:
     )
     dataset_name: str = field(
         default="embedded:arithmetic",
-        metadata={"help": "Problems for trl_prime.data.load_prompt_dataset (train split to train, test split to "
-                          "evaluate)."},
+        metadata={
+            "help": "Problems for trl_prime.data.load_prompt_dataset (train split to train, test split to evaluate)."
+        },
     )
     train_problems: int = field(default=2000, metadata={"help": "Training problems to generate / keep."})
     eval_problems: int = field(default=100, metadata={"help": "Held-out problems (0 skips the evaluations)."})
     eval_max_new_tokens: int = field(default=128, metadata={"help": "Completion length of the evaluations."})
-    trainer: str = field(default="prime", metadata={"help": "'prime' (PrimeRLOOTrainer) or 'rloo' (TRL's plain "
-                                                            "RLOOTrainer, for comparison)."})
+    trainer: str = field(
+        default="prime",
+        metadata={"help": "'prime' (PrimeRLOOTrainer) or 'rloo' (TRL's plain RLOOTrainer, for comparison)."},
+    )
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)."})
-    precision: str = field(default="auto", metadata={"help": "'auto' (bf16 where the hardware has native bf16, "
-                                                             "else fp32), 'fp32' or 'bf16'."})
-    heatmap_completions: int = field(default=6, metadata={"help": "Held-out completions in the token-reward "
-                                                                  "heatmap (half right, half wrong when possible)."})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "'auto' (bf16 where the hardware has native bf16, else fp32), 'fp32' or 'bf16'."},
+    )
+    heatmap_completions: int = field(
+        default=6,
+        metadata={"help": "Held-out completions in the token-reward heatmap (half right, half wrong when possible)."},
+    )
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field and the fix."""
@@ -137,9 +144,17 @@ def evaluate_heldout(model_path: str, demo: DemoArguments, output_file: str) -> 
     from trl_prime.scripts import evaluate as evaluate_script
 
     args = evaluate_script.EvaluateScriptArguments(
-        model_name_or_path=model_path, datasets=[demo.dataset_name], dataset_split="test",
-        max_problems=demo.eval_problems, num_samples=1, temperature=0.0, max_new_tokens=demo.eval_max_new_tokens,
-        batch_size=25, num_threads=demo.num_threads, output_file=output_file, save_completions=True,
+        model_name_or_path=model_path,
+        datasets=[demo.dataset_name],
+        dataset_split="test",
+        max_problems=demo.eval_problems,
+        num_samples=1,
+        temperature=0.0,
+        max_new_tokens=demo.eval_max_new_tokens,
+        batch_size=25,
+        num_threads=demo.num_threads,
+        output_file=output_file,
+        save_completions=True,
     )
     return evaluate_script.main(args)
 
@@ -151,9 +166,14 @@ def previous_evaluation(path: str, model_path: str, demo: DemoArguments) -> dict
         a = result["arguments"]
     except (OSError, ValueError, KeyError):
         return None
-    same = (a.get("model_name_or_path") == model_path and a.get("datasets") == [demo.dataset_name]
-            and a.get("max_problems") == demo.eval_problems and a.get("max_new_tokens") == demo.eval_max_new_tokens
-            and a.get("temperature") == 0.0 and a.get("dataset_split") == "test")
+    same = (
+        a.get("model_name_or_path") == model_path
+        and a.get("datasets") == [demo.dataset_name]
+        and a.get("max_problems") == demo.eval_problems
+        and a.get("max_new_tokens") == demo.eval_max_new_tokens
+        and a.get("temperature") == 0.0
+        and a.get("dataset_split") == "test"
+    )
     return result if same else None
 
 
@@ -178,9 +198,11 @@ def plot_metrics(records: list[dict], output_dir: str, label: str = "PRIME") -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots = [("reward", "training reward (outcome accuracy of the rollouts)", "reward.png", None),
-             ("prm/pair_accuracy", "implicit PRM pair accuracy (before each update)", "prm_pair_accuracy.png", 0.5),
-             ("filter/kept_fraction", "online prompt filter: kept fraction of groups", "kept_fraction.png", None)]
+    plots = [
+        ("reward", "training reward (outcome accuracy of the rollouts)", "reward.png", None),
+        ("prm/pair_accuracy", "implicit PRM pair accuracy (before each update)", "prm_pair_accuracy.png", 0.5),
+        ("filter/kept_fraction", "online prompt filter: kept fraction of groups", "kept_fraction.png", None),
+    ]
     written = []
     steps = [r["step"] for r in records]
     for key, title, name, hline in plots:
@@ -239,15 +261,21 @@ def heatmap_html(rows: list[tuple[list[str], list[float]]], correct, vmax: float
         a = min(abs(v) / vmax, 1.0)
         return f"rgba(0,160,0,{a:.2f})" if v >= 0 else f"rgba(220,0,0,{a:.2f})"
 
-    parts = ["<html><head><meta charset='utf-8'><title>implicit PRM token rewards</title></head>"
-             "<body style='font-family:monospace;max-width:60em'>",
-             f"<h3>Token rewards beta*log(pi_phi/pi_ref) of the trained implicit PRM (green &gt; 0, red &lt; 0, "
-             f"|max| = {vmax:.3g})</h3>"]
+    parts = [
+        "<html><head><meta charset='utf-8'><title>implicit PRM token rewards</title></head>"
+        "<body style='font-family:monospace;max-width:60em'>",
+        f"<h3>Token rewards beta*log(pi_phi/pi_ref) of the trained implicit PRM (green &gt; 0, red &lt; 0, "
+        f"|max| = {vmax:.3g})</h3>",
+    ]
     for (tokens, values), ok in zip(rows, correct):
-        spans = "".join(f"<span title='{v:+.4f}' style='background:{colour(v)}'>{html.escape(t)}</span>"
-                        for t, v in zip(tokens, values))
-        parts.append(f"<p><b>{'correct' if ok else 'wrong'}</b>, sum {sum(values):+.3f}:<br>"
-                     f"<span style='white-space:pre-wrap'>{spans}</span></p>")
+        spans = "".join(
+            f"<span title='{v:+.4f}' style='background:{colour(v)}'>{html.escape(t)}</span>"
+            for t, v in zip(tokens, values)
+        )
+        parts.append(
+            f"<p><b>{'correct' if ok else 'wrong'}</b>, sum {sum(values):+.3f}:<br>"
+            f"<span style='white-space:pre-wrap'>{spans}</span></p>"
+        )
     parts.append("</body></html>")
     html_path = os.path.join(output_dir, "token_rewards.html")
     Path(html_path).write_text("\n".join(parts))
@@ -266,7 +294,7 @@ def heatmap_png(rows: list[tuple[list[str], list[float]]], correct, vmax: float,
     for k, ((tokens, values), ok) in enumerate(zip(rows, correct)):
         lines.append((f"#{k} {'correct' if ok else 'wrong'} (sum {sum(values):+.3f})", None))
         for s in range(0, len(tokens), width):
-            lines.append((tokens[s:s + width], values[s:s + width]))
+            lines.append((tokens[s : s + width], values[s : s + width]))
     fig, ax = plt.subplots(figsize=(14, 0.32 * len(lines) + 0.8))
     cmap = plt.get_cmap("RdYlGn")
     for y, (tokens, values) in enumerate(lines):
@@ -274,13 +302,19 @@ def heatmap_png(rows: list[tuple[list[str], list[float]]], correct, vmax: float,
             ax.text(0, -y, tokens, fontsize=8, fontweight="bold", va="center")
             continue
         for x, (t, v) in enumerate(zip(tokens, values)):
-            ax.text(x * 1.0, -y, t.replace("\n", "\\n").replace("$", r"\$")[:8], fontsize=6.5, va="center",
-                    ha="left", bbox=dict(boxstyle="square,pad=0.15", lw=0, fc=cmap(0.5 + 0.5 * v / vmax)))
+            ax.text(
+                x * 1.0,
+                -y,
+                t.replace("\n", "\\n").replace("$", r"\$")[:8],
+                fontsize=6.5,
+                va="center",
+                ha="left",
+                bbox=dict(boxstyle="square,pad=0.15", lw=0, fc=cmap(0.5 + 0.5 * v / vmax)),
+            )
     ax.set_xlim(-0.2, width + 0.5)
     ax.set_ylim(-len(lines), 1)
     ax.axis("off")
-    ax.set_title(f"implicit PRM token rewards on held-out completions (red < 0 < green, |max| {vmax:.3g})",
-                 fontsize=9)
+    ax.set_title(f"implicit PRM token rewards on held-out completions (red < 0 < green, |max| {vmax:.3g})", fontsize=9)
     fig.tight_layout()
     png_path = os.path.join(output_dir, "token_rewards.png")
     fig.savefig(png_path, dpi=120)
@@ -313,8 +347,10 @@ def parse(argv=None, default_config: str = DEFAULT_CONFIG):
     argv = normalize_argv(argv)
     if "--config" not in argv and not any(a in ("-h", "--help") for a in argv):
         if not os.path.isfile(default_config):
-            raise FileNotFoundError(f"{default_config} does not exist: pass --config <demo.yaml> (e.g. a checkout's "
-                                    "recipes/configs/demo.yaml).")
+            raise FileNotFoundError(
+                f"{default_config} does not exist: pass --config <demo.yaml> (e.g. a checkout's "
+                "recipes/configs/demo.yaml)."
+            )
         argv = ["--config", default_config] + argv
     if os.environ.get("DEMO_STEPS"):
         argv += ["--max_steps", os.environ["DEMO_STEPS"]]
@@ -343,18 +379,27 @@ def main(demo: DemoArguments, training_args) -> dict:
     out = training_args.output_dir
     os.makedirs(out, exist_ok=True)
     bf16 = training_args.bf16  # set by parse() from `precision`
-    print(f"[demo] trainer={demo.trainer} steps={training_args.max_steps} K={training_args.num_generations} "
-          f"precision={'bf16' if bf16 else 'fp32'} threads={torch.get_num_threads()} output={out}", flush=True)
+    print(
+        f"[demo] trainer={demo.trainer} steps={training_args.max_steps} K={training_args.num_generations} "
+        f"precision={'bf16' if bf16 else 'fp32'} threads={torch.get_num_threads()} output={out}",
+        flush=True,
+    )
 
     model_path = resolve_model_path(demo.model_name_or_path)
     train = load_prompt_dataset(demo.dataset_name, "train", size=demo.train_problems, seed=0)
     print(f"[demo] model {demo.model_name_or_path} -> {model_path}; {len(train)} training problems", flush=True)
 
-    summary: dict = {"trainer": demo.trainer, "model": demo.model_name_or_path, "dataset": demo.dataset_name,
-                     "max_steps": training_args.max_steps, "num_generations": training_args.num_generations,
-                     "prompts_per_step": training_args.per_device_train_batch_size
-                     * training_args.gradient_accumulation_steps // training_args.num_generations,
-                     "precision": "bf16" if bf16 else "fp32"}
+    summary: dict = {
+        "trainer": demo.trainer,
+        "model": demo.model_name_or_path,
+        "dataset": demo.dataset_name,
+        "max_steps": training_args.max_steps,
+        "num_generations": training_args.num_generations,
+        "prompts_per_step": training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        // training_args.num_generations,
+        "precision": "bf16" if bf16 else "fp32",
+    }
     if demo.eval_problems:
         summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out)["micro"]["pass@1"]
 
@@ -400,8 +445,9 @@ def make_trainer(demo: DemoArguments, model_path: str, train, training_args, cal
         from trl_prime import PrimeRLOOTrainer as trainer_cls
     else:
         from trl import RLOOTrainer as trainer_cls
-    return trainer_cls(model=model_path, reward_funcs=[outcome_reward], args=training_args, train_dataset=train,
-                       callbacks=callbacks)
+    return trainer_cls(
+        model=model_path, reward_funcs=[outcome_reward], args=training_args, train_dataset=train, callbacks=callbacks
+    )
 
 
 def quarter_means(records: list[dict]) -> dict:
@@ -412,8 +458,12 @@ def quarter_means(records: list[dict]) -> dict:
         values = [r[key] for r in records if r.get(key) is not None and r[key] == r[key]]
         if values:
             q = max(1, len(values) // 4)
-            summary[key] = {"first_quarter_mean": sum(values[:q]) / q, "last_quarter_mean": sum(values[-q:]) / q,
-                            "mean": sum(values) / len(values), "n_steps": len(values)}
+            summary[key] = {
+                "first_quarter_mean": sum(values[:q]) / q,
+                "last_quarter_mean": sum(values[-q:]) / q,
+                "mean": sum(values) / len(values),
+                "n_steps": len(values),
+            }
     return summary
 
 
@@ -424,10 +474,12 @@ def heldout_heatmap(implicit_prm, demo: DemoArguments, out: str) -> list[str]:
     with open(os.path.join(out, "eval_after.completions.jsonl")) as f:
         eval_records = [json.loads(line) for line in f]
     rows = pick_heatmap_rows(eval_records, demo.heatmap_completions)
-    prompts = {r["id"]: r["prompt"] for r in load_prompt_dataset(
-        demo.dataset_name, "test", size=demo.eval_problems, seed=0)}
-    return token_reward_heatmap(implicit_prm, [prompts[i] for i, _, _ in rows], [c for _, c, _ in rows],
-                                [ok for _, _, ok in rows], out)
+    prompts = {
+        r["id"]: r["prompt"] for r in load_prompt_dataset(demo.dataset_name, "test", size=demo.eval_problems, seed=0)
+    }
+    return token_reward_heatmap(
+        implicit_prm, [prompts[i] for i, _, _ in rows], [c for _, c, _ in rows], [ok for _, _, ok in rows], out
+    )
 
 
 def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: str) -> None:
@@ -436,13 +488,20 @@ def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: st
     for key in ("reward", "prm/pair_accuracy", "filter/kept_fraction"):
         if key in summary:
             s = summary[key]
-            print(f"  {key:22s} first quarter {s['first_quarter_mean']:.3f} -> last quarter "
-                  f"{s['last_quarter_mean']:.3f} (mean {s['mean']:.3f} over {s['n_steps']} steps)")
+            print(
+                f"  {key:22s} first quarter {s['first_quarter_mean']:.3f} -> last quarter "
+                f"{s['last_quarter_mean']:.3f} (mean {s['mean']:.3f} over {s['n_steps']} steps)"
+            )
     if demo.eval_problems:
-        print(f"  held-out accuracy (greedy, {demo.eval_problems} problems): "
-              f"before {summary['heldout_accuracy_before']:.1%} -> after {summary['heldout_accuracy_after']:.1%}")
-    print(f"  wrote {metrics_path}, {', '.join(os.path.basename(p) for p in summary['plots'])}"
-          + (", token_rewards.png/.html" if "heatmap" in summary else "") + f", summary.json in {out}")
+        print(
+            f"  held-out accuracy (greedy, {demo.eval_problems} problems): "
+            f"before {summary['heldout_accuracy_before']:.1%} -> after {summary['heldout_accuracy_after']:.1%}"
+        )
+    print(
+        f"  wrote {metrics_path}, {', '.join(os.path.basename(p) for p in summary['plots'])}"
+        + (", token_rewards.png/.html" if "heatmap" in summary else "")
+        + f", summary.json in {out}"
+    )
     print(f"  total {summary['total_seconds'] / 60:.1f} min", flush=True)
 
 

@@ -50,36 +50,50 @@ class EvaluateScriptArguments:
     )
     datasets: list[str] = field(
         default_factory=lambda: ["embedded:arithmetic"],
-        metadata={"help": "Datasets for trl_prime.data.load_prompt_dataset: embedded:<name>, a .json/.jsonl/"
-                          ".parquet file or folder, or a Hub id (Eurus-2-RL-Data format)."},
+        metadata={
+            "help": "Datasets for trl_prime.data.load_prompt_dataset: embedded:<name>, a .json/.jsonl/"
+            ".parquet file or folder, or a Hub id (Eurus-2-RL-Data format)."
+        },
     )
-    dataset_split: str = field(default="test", metadata={"help": "Split to evaluate ('test' falls back to "
-                                                                 "'validation' on the Hub)."})
+    dataset_split: str = field(
+        default="test", metadata={"help": "Split to evaluate ('test' falls back to 'validation' on the Hub)."}
+    )
     max_problems: int | None = field(
-        default=None, metadata={"help": "Problems per dataset (first N; embedded data: how many to generate, "
-                                        "default 200)."})
+        default=None,
+        metadata={"help": "Problems per dataset (first N; embedded data: how many to generate, default 200)."},
+    )
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
     num_samples: int = field(default=1, metadata={"help": "Completions per prompt (n)."})
     pass_k: list[int] = field(
-        default_factory=list, metadata={"help": "k values of pass@k (default: 1, powers of 2 below n, and n)."})
+        default_factory=list, metadata={"help": "k values of pass@k (default: 1, powers of 2 below n, and n)."}
+    )
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (then num_samples must be 1)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (ignored when greedy)."})
     max_new_tokens: int = field(default=512, metadata={"help": "Maximum completion length in tokens."})
     batch_size: int = field(default=32, metadata={"help": "Sequences per HF generate call."})
     seed: int = field(default=42, metadata={"help": "Sampling seed (reset before each dataset)."})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on a GPU that supports it, else float32), "
-                                                         "float32, bfloat16 or float16."})
-    system_prompt: str | None = field(default=None, metadata={"help": "Prepended as a system message (replaces "
-                                                                      "the dataset's own system message)."})
-    success_threshold: float = field(default=1.0, metadata={"help": "A completion is correct when its reward is "
-                                                                    ">= this (code rewards are fractions)."})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "auto (bf16 on a GPU that supports it, else float32), float32, bfloat16 or float16."},
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "Prepended as a system message (replaces the dataset's own system message)."}
+    )
+    success_threshold: float = field(
+        default=1.0,
+        metadata={"help": "A completion is correct when its reward is >= this (code rewards are fractions)."},
+    )
     use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (must be installed)."})
     vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM GPU memory share."})
     vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the Hub."})
     num_threads: int | None = field(
-        default=None, metadata={"help": "torch CPU threads (default: torch's). On a CPU shared with other busy "
-                                        "processes, 1 can be ~10x faster than oversubscribed OpenMP threads."})
+        default=None,
+        metadata={
+            "help": "torch CPU threads (default: torch's). On a CPU shared with other busy "
+            "processes, 1 can be ~10x faster than oversubscribed OpenMP threads."
+        },
+    )
     output_file: str = field(default="outputs/eval/results.json", metadata={"help": "Where the JSON goes."})
     save_completions: bool = field(default=True, metadata={"help": "Also write <output>.completions.jsonl."})
 
@@ -92,14 +106,18 @@ class EvaluateScriptArguments:
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
         if self.temperature == 0 and self.num_samples > 1:
-            raise ValueError("--temperature 0 is greedy decoding, whose samples are all the same; use "
-                             f"--num_samples 1 or a temperature > 0 (got --num_samples {self.num_samples})")
+            raise ValueError(
+                "--temperature 0 is greedy decoding, whose samples are all the same; use "
+                f"--num_samples 1 or a temperature > 0 (got --num_samples {self.num_samples})"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}")
         bad = [k for k in self.pass_k if not 1 <= k <= self.num_samples]
         if bad:
-            raise ValueError(f"--pass_k {bad}: pass@k needs 1 <= k <= --num_samples ({self.num_samples}); sample more "
-                             "completions or lower k")
+            raise ValueError(
+                f"--pass_k {bad}: pass@k needs 1 <= k <= --num_samples ({self.num_samples}); sample more "
+                "completions or lower k"
+            )
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("--max_new_tokens and --batch_size must be >= 1")
         if self.max_problems is not None and self.max_problems < 1:
@@ -165,8 +183,12 @@ class HFGenerator:
 
         a = self.args
         sample = a.temperature > 0
-        kw = dict(max_new_tokens=a.max_new_tokens, do_sample=sample, eos_token_id=self.eos,
-                  pad_token_id=self.tokenizer.pad_token_id)
+        kw = dict(
+            max_new_tokens=a.max_new_tokens,
+            do_sample=sample,
+            eos_token_id=self.eos,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         if sample:
             kw.update(temperature=a.temperature, top_p=a.top_p, top_k=0)
         return GenerationConfig(**kw)
@@ -182,11 +204,12 @@ class HFGenerator:
         bs = self.args.batch_size
         for start in tqdm(range(0, len(jobs), bs), desc="generate", unit="batch"):
             idx = jobs[start : start + bs]
-            enc = self.tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
-                                 add_special_tokens=not templated).to(self.device)
+            enc = self.tokenizer(
+                [texts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=not templated
+            ).to(self.device)
             with torch.no_grad():
                 seqs = self.model.generate(**enc, generation_config=config)
-            completions = self.tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            completions = self.tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             for i, c in zip(idx, completions):
                 out[i].append(c)
         return out
@@ -199,24 +222,37 @@ class VLLMGenerator:
         try:
             from vllm import LLM
         except ImportError as e:
-            raise ImportError("--use_vllm needs vLLM: `pip install vllm` (or `pip install -e '.[vllm]'`), or drop "
-                              "--use_vllm to generate with transformers") from e
+            raise ImportError(
+                "--use_vllm needs vLLM: `pip install vllm` (or `pip install -e '.[vllm]'`), or drop "
+                "--use_vllm to generate with transformers"
+            ) from e
         self.args = args
         self.tokenizer = tokenizer
         dtype = "auto" if args.dtype == "auto" else args.dtype
-        self.llm = LLM(model=model_path, dtype=dtype, seed=args.seed, trust_remote_code=args.trust_remote_code,
-                       gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                       tensor_parallel_size=args.vllm_tensor_parallel_size)
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+        )
 
     def __call__(self, texts: Sequence[str], num_samples: int) -> list[list[str]]:
         from vllm import SamplingParams
 
         a = self.args
         templated = bool(getattr(self.tokenizer, "chat_template", None))
-        params = SamplingParams(n=num_samples, temperature=a.temperature, top_p=a.top_p if a.temperature > 0 else 1.0,
-                                max_tokens=a.max_new_tokens, seed=a.seed)
-        prompts = [{"prompt_token_ids": self.tokenizer(t, add_special_tokens=not templated)["input_ids"]}
-                   for t in texts]
+        params = SamplingParams(
+            n=num_samples,
+            temperature=a.temperature,
+            top_p=a.top_p if a.temperature > 0 else 1.0,
+            max_tokens=a.max_new_tokens,
+            seed=a.seed,
+        )
+        prompts = [
+            {"prompt_token_ids": self.tokenizer(t, add_special_tokens=not templated)["input_ids"]} for t in texts
+        ]
         results = self.llm.generate(prompts, params)
         return [[o.text for o in r.outputs] for r in results]
 
@@ -230,8 +266,9 @@ def _messages(prompt: list[dict[str, str]], system_prompt: str | None) -> list[d
     return [{"role": "system", "content": system_prompt}] + [m for m in prompt if m["role"] != "system"]
 
 
-def evaluate_dataset(name: str, dataset, generate: GenerateFn, tokenizer, args: EvaluateScriptArguments,
-                     ks: list[int]) -> tuple[dict, list[dict]]:
+def evaluate_dataset(
+    name: str, dataset, generate: GenerateFn, tokenizer, args: EvaluateScriptArguments, ks: list[int]
+) -> tuple[dict, list[dict]]:
     """Generate, score and summarise one dataset; returns (its JSON entry, its completion records)."""
     from trl_prime.data import make_routed_reward
     from trl_prime.rewards import code_reward, math_reward
@@ -242,8 +279,10 @@ def evaluate_dataset(name: str, dataset, generate: GenerateFn, tokenizer, args: 
     completions = generate(texts, n)
     gen_s = time.perf_counter() - t0
     if len(completions) != len(texts) or any(len(c) != n for c in completions):
-        raise RuntimeError(f"the generator returned {len(completions)} prompts x {[len(c) for c in completions][:5]} "
-                           f"samples; expected {len(texts)} x {n}")
+        raise RuntimeError(
+            f"the generator returned {len(completions)} prompts x {[len(c) for c in completions][:5]} "
+            f"samples; expected {len(texts)} x {n}"
+        )
     flat = [c for cs in completions for c in cs]
 
     def rep(col):
@@ -251,8 +290,9 @@ def evaluate_dataset(name: str, dataset, generate: GenerateFn, tokenizer, args: 
 
     reward_fn = make_routed_reward()
     t0 = time.perf_counter()
-    flat_rewards = reward_fn(flat, ability=rep("ability"), data_source=rep("data_source"), solution=rep("solution"),
-                             tests=rep("tests"))
+    flat_rewards = reward_fn(
+        flat, ability=rep("ability"), data_source=rep("data_source"), solution=rep("solution"), tests=rep("tests")
+    )
     score_s = time.perf_counter() - t0
     routes = dict(reward_fn.last_counts)
     rewards = [flat_rewards[i * n : (i + 1) * n] for i in range(len(texts))]
@@ -267,17 +307,26 @@ def evaluate_dataset(name: str, dataset, generate: GenerateFn, tokenizer, args: 
     sources = sorted(set(dataset["data_source"]))
     if len(sources) > 1:
         entry["by_data_source"] = {
-            s: dataset_metrics([r for r, ds in zip(rewards, dataset["data_source"]) if ds == s], ks,
-                               threshold=args.success_threshold)
+            s: dataset_metrics(
+                [r for r, ds in zip(rewards, dataset["data_source"]) if ds == s], ks, threshold=args.success_threshold
+            )
             for s in sources
         }
     entry["generation_s"] = round(gen_s, 3)
     entry["scoring_s"] = round(score_s, 3)
     records = [
-        {"dataset": name, "id": row_id, "data_source": src, "prompt": text, "solution": sol,
-         "completions": cs, "rewards": rs}
-        for row_id, src, text, sol, cs, rs in zip(dataset["id"], dataset["data_source"], texts, dataset["solution"],
-                                                   completions, rewards)
+        {
+            "dataset": name,
+            "id": row_id,
+            "data_source": src,
+            "prompt": text,
+            "solution": sol,
+            "completions": cs,
+            "rewards": rs,
+        }
+        for row_id, src, text, sol, cs, rs in zip(
+            dataset["id"], dataset["data_source"], texts, dataset["solution"], completions, rewards
+        )
     ]
     return entry, records
 
@@ -373,8 +422,10 @@ def write_results(args: EvaluateScriptArguments, result: dict, records: list[dic
                 f.write(json.dumps(r) + "\n")
     averages = {"micro": result["micro"], "macro": result["macro"]}
     print(format_table(result["datasets"], averages, result["metric_names"]))
-    print(f"[evaluate] wrote {out}" + (f" and {out.with_suffix('.completions.jsonl')}" if args.save_completions
-                                       else ""), flush=True)
+    print(
+        f"[evaluate] wrote {out}" + (f" and {out.with_suffix('.completions.jsonl')}" if args.save_completions else ""),
+        flush=True,
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None, default_config: str | None = None) -> EvaluateScriptArguments:

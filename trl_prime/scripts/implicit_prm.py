@@ -36,8 +36,9 @@ from trl_prime.scripts.utils import parse_script_args
 class ImplicitPRMScriptArguments:
     """Rollout data of the implicit PRM recipe (flags, or keys of the ``--config`` YAML)."""
 
-    dataset_name: str = field(default="embedded:arithmetic",
-                              metadata={"help": "Training problems (trl_prime.data.load_prompt_dataset)."})
+    dataset_name: str = field(
+        default="embedded:arithmetic", metadata={"help": "Training problems (trl_prime.data.load_prompt_dataset)."}
+    )
     dataset_split: str = field(default="train", metadata={"help": "Split of the training problems."})
     max_train_samples: int = field(default=64, metadata={"help": "Training problems (embedded: generated)."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
@@ -48,15 +49,24 @@ class ImplicitPRMScriptArguments:
     generation_batch_size: int = field(default=128, metadata={"help": "Rows decoded together."})
     generation_seed: int = field(default=0, metadata={"help": "Rollout sampling seed."})
     reward: str = field(default="outcome", metadata={"help": "'outcome' (routed math/code) or 'math'."})
-    rollouts_path: str = field(default="outputs/implicit_prm/rollouts.jsonl",
-                               metadata={"help": "Where the labelled rollouts are cached (reused if present)."})
-    prm_prompt: str = field(default="full", metadata={"help": "The prompt the PRM sees: 'full', 'last_turn' (drop "
-                                                               "few-shot turns) or 'question' (the last user message "
-                                                               "as plain text). Score with the same."})
+    rollouts_path: str = field(
+        default="outputs/implicit_prm/rollouts.jsonl",
+        metadata={"help": "Where the labelled rollouts are cached (reused if present)."},
+    )
+    prm_prompt: str = field(
+        default="full",
+        metadata={
+            "help": "The prompt the PRM sees: 'full', 'last_turn' (drop "
+            "few-shot turns) or 'question' (the last user message "
+            "as plain text). Score with the same."
+        },
+    )
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads."})
     rollouts_only: bool = field(default=False, metadata={"help": "Stop after building the rollouts."})
-    pairable_only: bool = field(default=False, metadata={"help": "Train only on prompts with both correct and "
-                                                                  "incorrect rollouts (all DPO/NCA can pair)."})
+    pairable_only: bool = field(
+        default=False,
+        metadata={"help": "Train only on prompts with both correct and incorrect rollouts (all DPO/NCA can pair)."},
+    )
 
     def __post_init__(self):
         if self.prm_prompt not in ("full", "last_turn", "question"):
@@ -73,9 +83,21 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
     from trl_prime.implicit_prm.data import build_outcome_dataset
 
     path = Path(script_args.rollouts_path)
-    settings = {k: getattr(script_args, k) for k in (
-        "dataset_name", "dataset_split", "max_train_samples", "dataset_seed", "reward", "num_generations",
-        "max_new_tokens", "temperature", "top_p", "generation_seed")}
+    settings = {
+        k: getattr(script_args, k)
+        for k in (
+            "dataset_name",
+            "dataset_split",
+            "max_train_samples",
+            "dataset_seed",
+            "reward",
+            "num_generations",
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "generation_seed",
+        )
+    }
     settings["model"] = model_path
     stats_path = path.with_suffix(".stats.json")
     if path.is_file():
@@ -88,16 +110,27 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
             print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
             return Dataset.from_list(rows)
         print(f"[implicit_prm] {path} was sampled with other settings ({saved}); sampling again", flush=True)
-    problems = load_prompt_dataset(script_args.dataset_name, script_args.dataset_split,
-                                   size=script_args.max_train_samples, seed=script_args.dataset_seed)
+    problems = load_prompt_dataset(
+        script_args.dataset_name,
+        script_args.dataset_split,
+        size=script_args.max_train_samples,
+        seed=script_args.dataset_seed,
+    )
     problems = problems.select(range(min(script_args.max_train_samples, len(problems))))
     reward_func = None
     if script_args.reward == "math":
         from trl_prime.rewards import math_reward as reward_func
     data, stats = build_outcome_dataset(
-        model_path, problems, reward_func=reward_func, num_generations=script_args.num_generations,
-        max_new_tokens=script_args.max_new_tokens, temperature=script_args.temperature, top_p=script_args.top_p,
-        batch_size=script_args.generation_batch_size, seed=script_args.generation_seed, progress=True,
+        model_path,
+        problems,
+        reward_func=reward_func,
+        num_generations=script_args.num_generations,
+        max_new_tokens=script_args.max_new_tokens,
+        temperature=script_args.temperature,
+        top_p=script_args.top_p,
+        batch_size=script_args.generation_batch_size,
+        seed=script_args.generation_seed,
+        progress=True,
         return_stats=True,
     )
     print(f"[implicit_prm] rollouts: {json.dumps(stats)}", flush=True)
@@ -134,11 +167,14 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
         print(f"[implicit_prm] pairable_only: {len(data)} of {n} rows", flush=True)
     if script_args.prm_prompt != "full":
         fn = last_turn_prompt if script_args.prm_prompt == "last_turn" else question_prompt
-        data = data.map(lambda row: {
-            "prompt": fn(row["prompt"]),
-            "completion": row["completion"] if not isinstance(fn(row["prompt"]), str) or isinstance(
-                row["completion"], str) else row["completion"][-1]["content"],
-        })
+        data = data.map(
+            lambda row: {
+                "prompt": fn(row["prompt"]),
+                "completion": row["completion"]
+                if not isinstance(fn(row["prompt"]), str) or isinstance(row["completion"], str)
+                else row["completion"][-1]["content"],
+            }
+        )
     trainer = ImplicitPRMTrainer(
         model=model_path, args=training_args, train_dataset=data, peft_config=get_peft_config(model_args)
     )

@@ -44,14 +44,18 @@ class RLScriptArguments:
 
     trainer: str | None = field(
         default=None,
-        metadata={"help": "Trainer: 'prime_rloo' (PrimeRLOOTrainer), 'prime_grpo' (PrimeGRPOTrainer, also PROF inside "
-                          "PRIME), 'prl_grpo' (PRLGRPOTrainer) or 'prof_grpo' (ProfGRPOTrainer); each command accepts "
-                          "its own. Default: the command's first."},
+        metadata={
+            "help": "Trainer: 'prime_rloo' (PrimeRLOOTrainer), 'prime_grpo' (PrimeGRPOTrainer, also PROF inside "
+            "PRIME), 'prl_grpo' (PRLGRPOTrainer) or 'prof_grpo' (ProfGRPOTrainer); each command accepts "
+            "its own. Default: the command's first."
+        },
     )
     dataset_name: list[str] = field(
         default_factory=lambda: ["embedded:arithmetic"],
-        metadata={"help": "Training prompts: embedded:<name>, a .json/.jsonl/.parquet file or folder, or a Hub id "
-                          "(Eurus-2-RL-Data format). Several are concatenated."},
+        metadata={
+            "help": "Training prompts: embedded:<name>, a .json/.jsonl/.parquet file or folder, or a Hub id "
+            "(Eurus-2-RL-Data format). Several are concatenated."
+        },
     )
     dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
     max_train_samples: int | None = field(
@@ -60,9 +64,11 @@ class RLScriptArguments:
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
     prompt_column: str = field(
         default="prompt",
-        metadata={"help": "Column holding the prompt (a string or chat messages) in file / Hub datasets, e.g. "
-                          "'question' or 'problem'. The gold answer is read from 'reward_model' (Eurus-2-RL-Data), "
-                          "'solution' or 'answer' (math) or 'tests' (code)."},
+        metadata={
+            "help": "Column holding the prompt (a string or chat messages) in file / Hub datasets, e.g. "
+            "'question' or 'problem'. The gold answer is read from 'reward_model' (Eurus-2-RL-Data), "
+            "'solution' or 'answer' (math) or 'tests' (code)."
+        },
     )
     reward: str = field(
         default="outcome",
@@ -177,8 +183,13 @@ def load_train_dataset(script_args: RLScriptArguments):
     from trl_prime.data import load_prompt_dataset
 
     parts = [
-        load_prompt_dataset(name, script_args.dataset_split, size=script_args.max_train_samples,
-                            seed=script_args.dataset_seed, prompt_column=script_args.prompt_column)
+        load_prompt_dataset(
+            name,
+            script_args.dataset_split,
+            size=script_args.max_train_samples,
+            seed=script_args.dataset_seed,
+            prompt_column=script_args.prompt_column,
+        )
         for name in script_args.dataset_name
     ]
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
