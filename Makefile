@@ -1,6 +1,7 @@
 # trl-prime: the two Quickstart commands. Each sets itself up on a fresh machine.
 #   make demo   PRIME training on the embedded default model and problems (`trl-prime demo`, = recipes/demo.py)
 #   make test   the test suite
+#   make lint   ruff (TRL's settings in pyproject.toml): lint and format check, as CI runs them
 #   make docs   the documentation site (mkdocs build --strict into site/)
 #   make lock   rewrite constraints/ci.txt (the exact versions installed) from the venv, after widening a bound
 PYTHON ?= python3
@@ -11,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 # The exact versions CI ran (pip freeze of its venv): every install below is constrained to them.
 CONSTRAINTS ?= constraints/ci.txt
 
-.PHONY: setup test demo docs lock clean
+.PHONY: setup test demo docs lint format lock clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +35,15 @@ test: setup
 
 demo: setup
 	$(VENV)/bin/trl-prime demo $(DEMO_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# rewrite the tree in ruff's format and apply ruff's safe fixes
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # --strict: a broken link, a missing page or an unresolved API reference fails the build
 docs: setup
