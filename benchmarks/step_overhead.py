@@ -107,8 +107,8 @@ def _timed_class(base):
             name = "reference" if getattr(self, "ref_model", None) is not None and model is self.ref_model else "old_logps"
             return self._bench(name, super()._get_per_token_logps_and_entropies, model, *a, **k)
 
-        def _prime_prm_update(self, *a, **k):
-            return self._bench("prm_update", super()._prime_prm_update, *a, **k)
+        def _train_prm(self, *a, **k):
+            return self._bench("prm_update", super()._train_prm, *a, **k)
 
     return Timed
 

@@ -309,8 +309,8 @@ def test_prl_trainer_single_row_group_zero_and_counted(tiny_model_path, tmp_path
     rounds = []
 
     class Spy(PRLGRPOTrainer):
-        def _prl_step(self, output, cap):
-            out = super()._prl_step(output, cap)
+        def _algorithm_step(self, output, cap):
+            out = super()._algorithm_step(output, cap)
             rounds.append(dict(self._prl_last))
             return out
 

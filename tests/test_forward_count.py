@@ -123,7 +123,7 @@ def test_prm_micro_batches_scan_each_row_once(tiny_model_path, tmp_path):
     assert c.calls(1, "ref", False) == 3 and c.rows(1, "ref", False) == B  # 3 + 3 + 2 rows
     assert c.calls(1, "prm", True) == 3 and c.rows(1, "prm", True) == B
     assert c.prm_backwards[1] == 3  # one backward per micro-batch (ce loss), one optimizer step
-    assert tr._prime_num_updates == 1
+    assert tr.prm_optim.num_updates == 1
 
 
 def _half_kept_reward(prompts, completions, **kwargs):
@@ -155,7 +155,7 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
     assert seen["kept_mask"].tolist() == [True] * K + [False] * K
     assert c.rows(1, "prm", True) == K and c.calls(1, "prm", True) == 1  # kept rows: forward with grad
     assert c.rows(1, "prm", False) == K and c.calls(1, "prm", False) == 1  # filtered rows: one no-grad forward
-    assert c.prm_backwards[1] == 1 and tr._prime_num_updates == 1
+    assert c.prm_backwards[1] == 1 and tr.prm_optim.num_updates == 1
     assert any(not torch.equal(v, prm0[k]) for k, v in prm.state_dict().items())  # the PRM did move
     # every row's log-probs (kept and filtered) are those of the PRM before its update (single forward)
     prm.load_state_dict(prm0)
@@ -309,7 +309,7 @@ def test_reference_once_per_rollout_batch_with_gradient_accumulation(tiny_model_
         assert c.rows(step, "prm", True) == B and c.rows(step, "prm", False) == 0
         assert c.calls(step, "policy", True) == 2 and c.rows(step, "policy", True) == B
         assert c.calls(step, "policy", False) == 0
-    assert tr._prime_num_updates == 2
+    assert tr.prm_optim.num_updates == 2
 
 
 def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_model_path, tmp_path):
@@ -324,7 +324,7 @@ def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_m
 
     tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
              args=_config(PrimeRLOOConfig, tmp_path, per_device_train_batch_size=4, steps_per_generation=2))
-    assert not tr._prime_skip_old_logps()
+    assert not tr._skips_rollout_logps()
     c = _separate_counter(tr)
     tr.train()
     assert c.rows(1, "policy", False) == B and c.rows(2, "policy", False) == 0  # generated once, at step 1
@@ -360,9 +360,9 @@ def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls
     rec = {}
 
     class Spy(cls):
-        def _prime_step(self, output, cap):
-            rec.setdefault("trl_ref", []).append(cap.get("trl_ref_logps"))
-            return super()._prime_step(output, cap)
+        def _algorithm_step(self, output, rollout):
+            rec.setdefault("trl_ref", []).append(rollout.capture.get("trl_ref_logps"))
+            return super()._algorithm_step(output, rollout)
 
     tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
              args=_config(cfg_cls, tmp_path, beta=beta),
@@ -377,7 +377,7 @@ def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls
         assert c.rows(step, "policy", True) == B
         assert c.rows(step, "policy", False) == (B if (cls is PrimeRLOOTrainer and beta != 0) else 0)
     if beta != 0:
-        assert tr._prime_shares_trl_ref and all(r is not None for r in rec["trl_ref"])
+        assert tr._shares_trl_ref and all(r is not None for r in rec["trl_ref"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -427,9 +427,9 @@ def test_prm_and_reference_logps_never_materialise_full_vocab_logits(tiny_model_
         return wrapped
 
     monkeypatch.setattr(tr.implicit_prm, "ref_logps", watch("ref", tr.implicit_prm.ref_logps))
-    monkeypatch.setattr(tr, "_prime_prm_update", watch("prm", tr._prime_prm_update))
+    monkeypatch.setattr(tr, "_train_prm", watch("prm", tr._train_prm))
     tr.train()
-    assert set(seen) >= {"ref", "prm"} and tr._prime_num_updates == 1
+    assert set(seen) >= {"ref", "prm"} and tr.prm_optim.num_updates == 1
     assert seen["ref"] == 0 and seen["prm"] == 0
 
     # the detector works: a plain forward of the same model materialises (B, L, V) logits
@@ -470,8 +470,8 @@ def test_smaller_prm_checkpoint_is_its_own_reference(tiny_model_path, tmp_path, 
     rewards = []
 
     class Spy(cls):
-        def _prime_step(self, output, cap):
-            out = super()._prime_step(output, cap)
+        def _algorithm_step(self, output, cap):
+            out = super()._algorithm_step(output, cap)
             rewards.append(out["prime_token_rewards"].clone())
             return out
 

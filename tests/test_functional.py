@@ -1004,3 +1004,57 @@ def test_step_end_mask_agrees_with_split_steps_on_delimiter_runs():
     # split="newline" on "A\n\n\n\nB" with "\n\n" tokens: the same single boundary
     ends = F.step_end_mask(torch.tensor([[0, 1, 1, 2]]), torch.ones(1, 4), tok, split="newline")[0]
     assert ends.tolist() == [False, False, True, True]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# token-level PPO-clip loss (PRIME Eq. 6)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class TestTokenPPOClipLoss:
+    """``token_ppo_clip_loss`` on hand-computed ratios, clips, masks and normalizers."""
+
+    def test_hand_computed_clip_both_sides(self):
+        # ratios 1.5, 0.5, 1.0 (old log-probs 0); advantages 1, -1, 2; the third token is masked out
+        logps = torch.log(torch.tensor([[1.5, 0.5, 1.0]], dtype=torch.float64))
+        adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+        mask = torch.tensor([[1, 1, 0]])
+        loss = F.token_ppo_clip_loss(logps, torch.zeros_like(logps), adv, mask, epsilon_low=0.2, epsilon_high=0.28)
+        # token 1: min(1.5 * 1, 1.28 * 1) = 1.28; token 2: min(0.5 * -1, 0.8 * -1) = -0.8; mean of -(1.28, -0.8)
+        close(loss, (-1.28 + 0.8) / 2)
+        assert loss.dtype == torch.float64 and loss.dim() == 0
+
+    def test_unclipped_ratio_inside_the_range(self):
+        logps = torch.log(torch.tensor([[1.1, 0.9]]))
+        adv = torch.tensor([[2.0, 3.0]])
+        loss = F.token_ppo_clip_loss(logps, torch.zeros_like(logps), adv, torch.ones(1, 2))
+        close(loss, -(1.1 * 2.0 + 0.9 * 3.0) / 2, atol=1e-6)
+
+    def test_on_policy_sequence_advantages_and_normalizer(self):
+        # old_logps None: ratio 1, loss = -sum_t A m / N; (B,) advantages broadcast over the tokens
+        logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+        adv = torch.tensor([0.5, -2.0])
+        mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+        loss = F.token_ppo_clip_loss(logps, None, adv, mask, normalizer=torch.tensor(4.0))
+        close(loss, -(0.5 + 0.5 - 2.0) / 4.0)
+        loss.backward()
+        # d loss / d logps_t = -A_t m_t / N (the ratio's derivative is 1 at ratio 1)
+        close(logps.grad, torch.tensor([[-0.125, -0.125, 0.0], [0.5, 0.0, 0.0]]))
+
+    def test_empty_mask_gives_zero(self):
+        logps = torch.zeros(2, 3)
+        loss = F.token_ppo_clip_loss(logps, logps, torch.ones(2, 3), torch.zeros(2, 3))
+        assert loss.item() == 0.0
+
+    def test_shape_errors(self):
+        logps = torch.zeros(2, 3)
+        with pytest.raises(ValueError, match="`logps` must have shape"):
+            F.token_ppo_clip_loss(torch.zeros(3), None, torch.zeros(3), torch.ones(3))
+        with pytest.raises(ValueError, match="`logps` and `mask`"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(2, 3), torch.ones(2, 4))
+        with pytest.raises(ValueError, match="`logps` and `old_logps`"):
+            F.token_ppo_clip_loss(logps, torch.zeros(2, 4), torch.zeros(2, 3), torch.ones(2, 3))
+        with pytest.raises(ValueError, match="`advantages` must have shape \\(2,\\)"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(3), torch.ones(2, 3))
+        with pytest.raises(ValueError, match="`logps` and `advantages`"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(2, 4), torch.ones(2, 3))

@@ -197,7 +197,7 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
     assert _same(snaps.prm[1], snaps.prm[2]) and _same(snaps.prm[1], _snap(tr.prm_model))
     assert snaps.prm_opt[1] and _same_state(snaps.prm_opt[1], _opt_state(tr.prm_optimizer))
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.policy[1], _snap(tr.model))
-    assert tr._prime_num_updates == 1 and tr._guard_total_skips == 2
+    assert tr.prm_optim.num_updates == 1 and tr._guard_total_skips == 2
     text = caplog.text
     assert ("Non-finite values at step 2 (non-finite PRM loss/gradient norm): skipping the optimizer step. "
             "Offending rows: none, gradient overflow (no single row).") in text
@@ -231,7 +231,7 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_mod
         tr.train()
     assert _same(snaps.prm[1], snaps.prm[2]) and not _same(snaps.prm[2], snaps.prm[3])
     assert _same(snaps.policy[1], snaps.policy[2]) and not _same(snaps.policy[2], snaps.policy[3])
-    assert tr._prime_num_updates == 2 and tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
+    assert tr.prm_optim.num_updates == 2 and tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
     text = caplog.text
     assert ("Non-finite or out-of-bound values at step 2 (token_rewards beyond +-100): skipping the optimizer step. "
             "Offending rows of the global generation batch: [5]; sample ids: ['What is") in text

@@ -151,7 +151,7 @@ def test_prime_policy_and_prm_adapters_on_a_4bit_base(llama_path, tmp_path):
 
     resumed = make(tmp_path / "resumed")
     _check_resume(lambda out: resumed, full, tmp_path)
-    assert resumed._prime_num_updates == full._prime_num_updates == 3
+    assert resumed.prm_optim.num_updates == full.prm_optim.num_updates == 3
 
     def adam(opt):
         return [(s["exp_avg"], s["exp_avg_sq"]) for s in (opt.state[p] for g in opt.param_groups for p in g["params"])]
@@ -199,7 +199,7 @@ def test_prime_lora_recipe_with_load_in_4bit_on_cpu(tmp_path):
         [*_overrides(model_path, data_path, out, batch=8), "--load_in_4bit", "true"]))
     assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4"
     trainer = mod.main(data, args, model_args)
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
     assert all(h["grad_norm"] > 0 for h in trainer.state.log_history if "prm/loss" in h)
     _check_4bit(trainer.model)

@@ -181,7 +181,7 @@ def test_prm_trains_optimizers_are_disjoint_and_reference_is_frozen(tiny_model_p
     assert policy_ids and not (policy_ids & prm_ids)
     assert not ({id(p) for p in tr.model.parameters()} & prm_ids)
     assert not ({id(p) for p in tr.implicit_prm.ref_model.parameters()} & (policy_ids | prm_ids))
-    assert tr._prime_num_updates == 3
+    assert tr.prm_optim.num_updates == 3
     logs = [h for h in tr.state.log_history if "prm/loss" in h]
     assert len(logs) == 3 and logs[0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
 
@@ -363,7 +363,7 @@ def test_reference_options(tiny_model_path, tmp_path):
     rec = Recorder()
     tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path / "b", callbacks=[rec], max_steps=1,
                   beta=0.1)
-    assert tr.implicit_prm.ref_model is tr.ref_model and tr._prime_shares_trl_ref
+    assert tr.implicit_prm.ref_model is tr.ref_model and tr._shares_trl_ref
     tr.train()
     ev = rec.events["on_rollouts_scored"][0]
     assert torch.equal(ev["token_rewards"], torch.zeros_like(ev["token_rewards"]))
@@ -466,7 +466,7 @@ def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(tiny_model_path, 
 
     second = make(tmp_path / "resumed")
     second.train(resume_from_checkpoint=str(ckpt))
-    assert second._prime_num_updates == 4
+    assert second.prm_optim.num_updates == 4
     resumed_logs = {h["step"]: h for h in second.state.log_history if "prm/loss" in h}
     for step in (3, 4):
         for k in keys:

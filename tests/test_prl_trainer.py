@@ -35,8 +35,8 @@ class Spy(PRLGRPOTrainer):
         self.rounds, self.loss_inputs = [], []
         super().__init__(*a, **kw)
 
-    def _prl_step(self, output, cap):
-        out = super()._prl_step(output, cap)
+    def _algorithm_step(self, output, cap):
+        out = super()._algorithm_step(output, cap)
         self.rounds.append(dict(self._prl_last, completion_ids=output["completion_ids"].clone(),
                                 prompt_ids=output["prompt_ids"].clone(), prompt_mask=output["prompt_mask"].clone(),
                                 local_advantages=out["advantages"].clone()))

@@ -303,7 +303,7 @@ def test_implicit_prof_inside_prime(tiny_model_path, tmp_path, cls, cfg_cls):
         kept = torch.zeros(16, dtype=torch.bool)
         kept[F.prof_select(gid, cons, H, outcome, num_remove=4)] = True
         assert torch.equal(last["kept"], kept) and kept.view(2, N).sum(1).tolist() == [4, 4]
-        opts = tr._prime_advantage_options()
+        opts = tr._advantage_options()
         expected = F.prime_advantages(process_rewards=ev["token_rewards"],
                                       outcome_rewards=torch.where(kept, outcome, torch.nan), mask=mask,
                                       group_ids=gid, **opts)
@@ -313,7 +313,7 @@ def test_implicit_prof_inside_prime(tiny_model_path, tmp_path, cls, cfg_cls):
         assert rnd["output"]["num_items_in_batch"].item() == ev["loss_mask"].sum().item()
     prm_logs = [h for h in tr.state.log_history if "prm/loss" in h]
     assert len(prm_logs) == 2 and all(h["prof/kept_fraction"] == 0.5 for h in prm_logs)
-    assert tr._prime_num_updates == 2 and events[1]["token_rewards"].abs().max() > 0
+    assert tr.prm_optim.num_updates == 2 and events[1]["token_rewards"].abs().max() > 0
     assert a.prof_keep_count() == 4
 
 

@@ -236,7 +236,7 @@ def test_prime_qwen7b_one_process(coin_model, eurus_jsonl, tmp_path):
     assert isinstance(trainer, PrimeRLOOTrainer) and trainer.accelerator.num_processes == 1
     for k, v in PAPER_OPTIONS.items():
         assert getattr(trainer.args, k) == v, k
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     assert trainer.implicit_prm.ref_model is not None and trainer.ref_model is None  # beta 0: PRIME owns the ref
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h])
     _check_saved(out, coin_model)
@@ -302,7 +302,7 @@ def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl
     assert (model_args.use_peft, model_args.load_in_4bit, model_args.lora_r, args.prm_learning_rate) == (
         True, False, 32, 1e-5)
     trainer = mod.main(data, args, model_args)
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
 
     peft_model = unwrap(trainer.model)

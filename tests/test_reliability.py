@@ -322,7 +322,7 @@ def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_pat
     tr.train()
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.prm[1], snaps.prm[2])
     assert not _same(snaps.prm[2], snaps.prm[3]) and not _same(snaps.policy[2], snaps.policy[3])
-    assert tr._prime_num_updates == 2  # steps 1 and 3
+    assert tr.prm_optim.num_updates == 2  # steps 1 and 3
     monkeypatch.undo()
 
     class NaNLogps(PRLGRPOTrainer):
@@ -384,10 +384,10 @@ def test_degenerate_batches_no_crash_no_nan_warning_metrics(tiny_model_path, tmp
     assert all(torch.isfinite(v).all() for v in _snap(tr.model).values()) and _same(pol0, _snap(tr.model))
 
     class EmptyRow(PRLGRPOTrainer):
-        def _prl_step(self, output, cap):
+        def _algorithm_step(self, output, cap):
             output["completion_mask"] = output["completion_mask"].clone()
             output["completion_mask"][0] = 0  # a completion of length 0
-            return super()._prl_step(output, cap)
+            return super()._algorithm_step(output, cap)
 
     tr = EmptyRow(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
                   args=PRLConfig(**_kw(tmp_path / "prl", prl_eta=2.0, max_completion_length=2,
@@ -481,7 +481,7 @@ def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_pa
     assert _same(_snap(full.model), _snap(second.model))
     if which == "prime_prof":
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
-        assert second._prime_num_updates == full._prime_num_updates == 4
+        assert second.prm_optim.num_updates == full.prm_optim.num_updates == 4
 
 
 def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):

@@ -144,7 +144,7 @@ def check_resume(which, model_path, prm_path, tmp_path, *, spg, num_iterations, 
     if hasattr(full, "implicit_prm"):
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
         generations = -(-max_steps * grad_accum // (spg * num_iterations))  # one PRM update per generation batch
-        assert second._prime_num_updates == full._prime_num_updates == generations
+        assert second.prm_optim.num_updates == full.prm_optim.num_updates == generations
     return torch.load(checkpoint / "generation_state_0.pt", weights_only=True)
 
 

@@ -57,6 +57,8 @@ __all__ = [
     "grpo_advantages",
     "prime_advantages",
     "single_row_group_mask",
+    # policy loss
+    "token_ppo_clip_loss",
     # PRIME metrics and filter
     "prompt_accuracy_mask",
     "prm_pair_accuracy",
@@ -1476,6 +1478,64 @@ def prime_advantages(
 # ----------------------------------------------------------------------------------------------------
 # PRIME online filter and PRM metrics
 # ----------------------------------------------------------------------------------------------------
+
+
+def token_ppo_clip_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    normalizer: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Token-level PPO-clip policy loss: ``sum_t -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t) m_t / N``.
+
+    ``rho_t = exp(logps_t - old_logps_t) = pi_theta(y_t) / pi_old(y_t)`` is the importance ratio of each sampled
+    token; every token carries its own advantage ``A_t`` (PRIME's ``(B, T)`` advantages, Eq. 5), so the clip acts per
+    token rather than per sequence.
+
+    Args:
+        logps: ``(B, T)`` float log-probs (nats) of the sampled tokens under the current policy ``pi_theta``; keeps
+            the autograd graph.
+        old_logps: ``(B, T)`` log-probs under the rollout policy ``pi_old``; ``None`` uses ``logps.detach()``
+            (ratio exactly 1: on-policy, the loss is ``-A_t`` with the policy gradient).
+        advantages: ``(B, T)`` per-token advantages, or ``(B,)`` one advantage per sequence (broadcast over tokens).
+        mask: ``(B, T)`` loss weight of each token (0/1 or bool; 0 = not in the loss: padding, filtered rows),
+            cast to the dtype of ``logps``.
+        epsilon_low: lower clip range ``eps_low`` (ratio clipped below at ``1 - epsilon_low``).
+        epsilon_high: upper clip range ``eps_high`` (ratio clipped above at ``1 + epsilon_high``; DAPO's clip-higher
+            when larger than ``epsilon_low``).
+        normalizer: ``N``, what the masked token sum is divided by (a 0-dim tensor or a float; e.g. the number of
+            loss tokens of the whole optimisation step); ``None`` uses ``mask.sum().clamp(min=1)`` (the token mean).
+
+    Returns:
+        0-dim loss tensor in the dtype of ``logps`` (with the autograd graph of ``logps``).
+
+    Raises:
+        ValueError: when ``logps`` is not 2-D, or ``old_logps`` / ``mask`` / a 2-D ``advantages`` do not have its
+            shape, or a 1-D ``advantages`` does not have ``B`` rows.
+
+    Source: PRIME Eq. 6 (the PPO clip surrogate with token-level advantages, Algorithm 1 line 10).
+    """
+    _check_2d("logps", logps)
+    _check_same_shape("logps", logps, "mask", mask)
+    if old_logps is not None:
+        _check_same_shape("logps", logps, "old_logps", old_logps)
+    if advantages.dim() == 1:
+        _check_rows("advantages", advantages, logps.size(0))
+        advantages = advantages.unsqueeze(1)
+    else:
+        _check_same_shape("logps", logps, "advantages", advantages)
+    mask = mask.to(logps.dtype)
+    old = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(logps - old)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * advantages, clipped * advantages)
+    if normalizer is None:
+        normalizer = mask.sum().clamp(min=1.0)
+    return (per_token_loss * mask).sum() / normalizer
 
 
 def prompt_accuracy_mask(

@@ -9,15 +9,33 @@
 - :func:`replace_logged_advantages`: put the advantages that really reach the loss into TRL's completions log.
 - :func:`drop_zero_weight_rows` / :class:`DropZeroWeightRowsMixin`: the policy's loss forward and backward skip the
   rows whose loss weight is 0 (prompts removed by the online filter or by PROF, unscorable rows).
+- :class:`RolloutMixin` / :class:`Rollout`: the one hook into TRL's generation step shared by the PRIME, PRL and PROF
+  trainers: it captures what TRL produced, runs the common outcome preamble and calls the trainer's
+  ``_algorithm_step``.
+- :data:`MM_KEYS` (TRL's multimodal inputs), :func:`peft_config_argument` (the ``peft_config`` a trainer was given).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from accelerate.utils import gather
+
+
+#: TRL's multimodal inputs of ``_get_per_token_logps_and_entropies``, passed through from the generation output
+MM_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+def peft_config_argument(trainer_args: tuple, trainer_kwargs: dict):
+    """The ``peft_config`` given to a TRL trainer: the 8th positional argument after ``args`` in both
+    ``RLOOTrainer`` and ``GRPOTrainer`` (``trainer_args``), or the keyword; ``None`` when not given."""
+    return trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
 
 
 def outcome_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -126,3 +144,104 @@ class DropZeroWeightRowsMixin:
             weight = inputs["completion_mask"] * inputs["tool_mask"]
             inputs = drop_zero_weight_rows(inputs, weight, self.accelerator)
         return super()._compute_loss(model, inputs)
+
+
+@dataclass
+class Rollout:
+    """One generation round after TRL scored it, as the common preamble of :class:`RolloutMixin` leaves it.
+
+    ``B`` local rows (this process), ``B_global`` rows over all processes (``B_global = B * num_processes``, rows of
+    process ``p`` at ``local`` for ``p``), ``T`` completion tokens, ``K`` completions per prompt (``num_generations``).
+
+    Attributes:
+        mode: ``"train"`` or ``"eval"``.
+        num_generations: ``K`` (TRL's ``num_generations``, or ``num_generations_eval`` in evaluation).
+        local: this process's rows of the global batch.
+        input_ids: ``(B, P + T)`` prompt and completion ids; ``attention_mask`` the same shape, its mask.
+        outcome: ``(B_global,)`` float outcome rewards (weighted sum of the reward functions); ``NaN`` where no
+            function scored the row and where a reward was infinite.
+        scorable: ``(B_global,)`` bool, ``~isnan(outcome)``.
+        flagged: ``(B_global,)`` bool, the rows the guard found non-finite (infinite rewards, or non-finite values in
+            ``logps``); in training such a row poisons the batch (its optimizer steps are skipped).
+        logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (:meth:`RolloutMixin._rollout_logps`).
+        capture: what TRL's step produced on the way (local): ``rewards_per_func`` ``(B_global, n_funcs)``,
+            ``prompts``, ``completions``, ``completion_lengths`` (list of ints) and, for trainers that record them,
+            log-probs (``policy_logps``, ``trl_ref_logps``).
+    """
+
+    mode: str
+    num_generations: int
+    local: slice
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    outcome: torch.Tensor
+    scorable: torch.Tensor
+    flagged: torch.Tensor
+    logps: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    capture: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutMixin:
+    """The hook into TRL's generation step shared by the PRIME, PRL and PROF trainers.
+
+    ``_calculate_rewards`` records the reward functions' values, the prompts and the completions of the round;
+    ``_generate_and_score_completions`` runs TRL's step, then the outcome preamble common to every method (weighted
+    sum of the reward functions, guard inspection of the rewards and of the log-probs the trainer names, infinite
+    rewards turned into ``NaN``, scorable mask: :class:`Rollout`), then ``self._algorithm_step(output, rollout)``,
+    the method's own work, which returns the (modified) output TRL's loss consumes.
+
+    Place it first in the bases, before the guards mixin (``_guard_inspect``) and TRL's trainer. A trainer may set
+    ``_rollout_class`` to a subclass of :class:`Rollout` (with defaults for its extra fields) to carry its own state.
+    """
+
+    _rollout_class: type = Rollout
+    _rollout_capture: dict | None = None  # {} while TRL's generation step runs
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._rollout_capture is not None:
+            self._rollout_capture.update(
+                rewards_per_func=rewards_per_func, prompts=prompts, completions=completions,
+                completion_lengths=[len(c) for c in completion_ids_list],
+            )
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._rollout_capture = {}
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            capture = self._rollout_capture
+        finally:
+            self._rollout_capture = None
+        return self._algorithm_step(output, self._score_rollout(output, capture))
+
+    def _score_rollout(self, output: dict, capture: dict) -> Rollout:
+        """The outcome preamble: outcome rewards, guard inspection, ``inf -> NaN``, scorable mask. Collective."""
+        mode = "train" if self.model.training else "eval"
+        completion_mask = output["completion_mask"]
+        B = completion_mask.size(0)
+        rank = self.accelerator.process_index
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+        outcome = outcome_rewards(self, capture["rewards_per_func"])  # (B_global,)
+        logps = self._rollout_logps(output, input_ids, attention_mask, mode)
+        # an inf reward poisons the batch (no optimizer step; trl_prime/_guards.py); NaN = unscorable, excluded
+        flagged = self._guard_inspect(
+            mode, global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
+            local_rows=logps, masks=dict.fromkeys(logps, completion_mask),
+        )
+        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
+        return self._rollout_class(
+            mode=mode, num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            local=slice(rank * B, (rank + 1) * B), input_ids=input_ids, attention_mask=attention_mask,
+            outcome=outcome, scorable=~torch.isnan(outcome), flagged=flagged, logps=logps, capture=capture,
+        )
+
+    def _rollout_logps(self, output: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       mode: str) -> dict[str, torch.Tensor | None]:
+        """The ``(B, T)`` log-probs to judge together with the rewards (name -> tensor; ``None`` = absent). None here."""
+        return {}
+
+    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
+        """The method's own work on a scored generation round; returns the output for TRL's loss."""
+        raise NotImplementedError

@@ -202,8 +202,8 @@ def main():
                     if gids[i] == gids[j]:
                         assert prompts[i] == prompts[j], f"rows {i} and {j} share a PRM loss group but not a prompt"
     if zero_stage:
-        assert trainer._prime_engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
-    torch.save({"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._prime_advantage_options()},
+        assert trainer.prm_optim.engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
+    torch.save({"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._advantage_options()},
                os.path.join(cli.out, f"rank{rank}.pt"))
     if acc.is_main_process:
         logs = [h for h in trainer.state.log_history if "prm/loss" in h]
@@ -214,7 +214,7 @@ def main():
             "prm_checkpoint_files": sorted(os.listdir(os.path.join(ckpt, "prm"))),
             "checkpoint_files": sorted(os.listdir(ckpt)),
             "prm_numel": prm1.numel(),
-            "num_updates": trainer._prime_num_updates,
+            "num_updates": trainer.prm_optim.num_updates,
         }
         with open(os.path.join(cli.out, "summary.json"), "w") as f:
             json.dump(summary, f)

@@ -64,9 +64,9 @@ def main():
             self._cap_logps = super()._prl_logps(*a, **kw)
             return self._cap_logps
 
-        def _prl_step(self, output, cap):
+        def _algorithm_step(self, output, cap):
             ends = self._prl_step_ends(output["completion_ids"], output["completion_mask"])
-            out = super()._prl_step(output, cap)
+            out = super()._algorithm_step(output, cap)
             last = self._prl_last
             same_on_both_ranks(last["advantages"], "PRL global advantages")
             self.records.append(dict(
@@ -98,7 +98,7 @@ def main():
             self.trainer.records.append(dict(
                 kept=cpu(last["kept"]), outcome=cpu(kw["outcome_rewards"]), token_rewards=cpu(kw["token_rewards"]),
                 mask=cpu(kw["completion_mask"]), loss_mask=cpu(kw["loss_mask"]), advantages=cpu(kw["advantages"]),
-                options=self.trainer._prime_advantage_options(),
+                options=self.trainer._advantage_options(),
             ))
 
     runs = {}

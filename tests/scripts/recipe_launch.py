@@ -96,7 +96,7 @@ def main():
             "zero_stage": acc.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None,
             "prm_engine": type(trainer.implicit_prm.model).__name__,
             "global_step": trainer.state.global_step,
-            "num_prm_updates": trainer._prime_num_updates,
+            "num_prm_updates": trainer.prm_optim.num_updates,
             "logs": [h for h in trainer.state.log_history if "prm/loss" in h],
             "args": {k: getattr(args, k) for k in (
                 "num_generations", "filter_lower", "filter_upper", "prm_beta", "prm_learning_rate", "learning_rate",

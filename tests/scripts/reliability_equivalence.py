@@ -90,7 +90,7 @@ def main():
         tr = make()
         assert tr.accelerator.num_processes == n_proc
         records = []
-        real_step = tr._prime_step if name == "prime" else tr._prl_step
+        real_step = tr._algorithm_step
 
         def spy(output, cap, real_step=real_step, records=records):
             out = real_step(output, cap)
@@ -103,10 +103,7 @@ def main():
                             "num_items": float(out["num_items_in_batch"])})
             return out
 
-        if name == "prime":
-            tr._prime_step = spy
-        else:
-            tr._prl_step = spy
+        tr._algorithm_step = spy
         tr.train()
         result = {"records": records}
         if tr.accelerator.is_main_process:

@@ -54,7 +54,7 @@ def main():
         last = get_last_checkpoint(cli.out)
         trainer.train(resume_from_checkpoint=True)
         print(f"RESUMED_FROM {os.path.basename(last)} GLOBAL_STEP {trainer.state.global_step} "
-              f"PRM_UPDATES {trainer._prime_num_updates}", flush=True)
+              f"PRM_UPDATES {trainer.prm_optim.num_updates}", flush=True)
     else:
         trainer.train()
 

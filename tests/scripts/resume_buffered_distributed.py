@@ -44,7 +44,7 @@ def main():
         result = dict(
             losses=rows, files=sorted(os.listdir(checkpoint)),
             policy=[digest(full.model), digest(second.model)], prm=[digest(full.prm_model), digest(second.prm_model)],
-            prm_updates=[full._prime_num_updates, second._prime_num_updates],
+            prm_updates=[full.prm_optim.num_updates, second.prm_optim.num_updates],
         )
         with open(os.path.join(a.out, "result.json"), "w") as f:
             json.dump(result, f)

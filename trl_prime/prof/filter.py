@@ -263,7 +263,7 @@ def prime_prof_rows(trainer, *, mode: str, kept: torch.Tensor, scorable: torch.T
                     output: dict, capture: dict, token_rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     """The rows a PRIME trainer trains its policy on: ``kept`` (the online prompt filter) narrowed by PROF.
 
-    Called from ``PrimeMixin._prime_step`` after the implicit PRM's token rewards and before the advantages. Returns
+    Called from ``PrimeMixin._algorithm_step`` after the implicit PRM's token rewards and before the advantages. Returns
     ``kept`` unchanged when the trainer has no PROF filter (``prof_mode="off"``) or in evaluation. The PRM update is
     not affected (it already ran, on every row of the kept groups).
     """
