@@ -12,7 +12,11 @@
 - :class:`RolloutMixin` / :class:`Rollout`: the one hook into TRL's generation step shared by the PRIME, PRL and PROF
   trainers: it captures what TRL produced, runs the common outcome preamble and calls the trainer's
   ``_algorithm_step``.
-- :data:`MM_KEYS` (TRL's multimodal inputs), :func:`peft_config_argument` (the ``peft_config`` a trainer was given).
+- :data:`MM_KEYS` (TRL's multimodal inputs); :func:`resolve_trainer_args`, the start of the trainers' constructors
+  (config or a default one, ``peft_config``, both checked).
+
+The trainers hook into TRL's private methods through this module: importing it checks the installed TRL version
+(:func:`trl_prime._compat.check_trl_version_once`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from typing import Any
 import torch
 from accelerate.utils import gather
 
+from trl_prime._compat import check_trl_version_once
+from trl_prime._guards import check_peft_config
+
+
+check_trl_version_once()  # warns if the installed TRL is outside the tested range
+
 
 #: TRL's multimodal inputs of ``_get_per_token_logps_and_entropies``, passed through from the generation output
 MM_KEYS = (
@@ -32,10 +42,34 @@ MM_KEYS = (
 )
 
 
-def peft_config_argument(trainer_args: tuple, trainer_kwargs: dict):
-    """The ``peft_config`` given to a TRL trainer: the 8th positional argument after ``args`` in both
-    ``RLOOTrainer`` and ``GRPOTrainer`` (``trainer_args``), or the keyword; ``None`` when not given."""
-    return trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+def resolve_trainer_args(trainer, model, args, trainer_args: tuple, trainer_kwargs: dict, *, config_class: type,
+                         method: str, accepted: type | None = None):
+    """The start of a trl-prime trainer's ``__init__``: its config and ``peft_config``, checked.
+
+    Returns ``(args, peft_config)``: ``args``, or ``config_class("<model name>-<method>")`` when ``None``; the
+    ``peft_config`` given to TRL's trainer, the 8th positional argument after ``args`` in both ``RLOOTrainer`` and
+    ``GRPOTrainer`` (``trainer_args``) or the keyword (``None`` when not given), checked against ``model``
+    (:func:`trl_prime._guards.check_peft_config`).
+
+    Raises:
+        TypeError: when ``args`` is not an instance of ``accepted`` (default ``config_class``), e.g. a plain TRL config
+            without the method's options.
+        ValueError: on a ``peft_config`` the trainers cannot train (see :func:`~trl_prime._guards.check_peft_config`).
+    """
+    if args is None:
+        from trl.trainer.utils import get_config_model_id
+
+        name = model if isinstance(model, str) else get_config_model_id(model.config)
+        args = config_class(f"{name.split('/')[-1]}-{method}")
+    if not isinstance(args, accepted or config_class):
+        name = config_class.__name__
+        raise TypeError(
+            f"{type(trainer).__name__} needs `args` to be a {name} (got {type(args).__name__}); build it with "
+            f"{name}(output_dir=..., ...) to get the {method} options."
+        )
+    peft_config = trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+    check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
+    return args, peft_config
 
 
 def outcome_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -236,6 +270,20 @@ class RolloutMixin:
             local=slice(rank * B, (rank + 1) * B), input_ids=input_ids, attention_mask=attention_mask,
             outcome=outcome, scorable=~torch.isnan(outcome), flagged=flagged, logps=logps, capture=capture,
         )
+
+    def _hand_advantages(self, output: dict, rollout: Rollout, advantages_g: torch.Tensor,
+                         keep: torch.Tensor | None = None) -> None:
+        """Hand the global advantages to TRL's loss: this process's rows of ``advantages_g`` (``(B_global,)``, or
+        ``(B_global, T_max)`` cut to the completion length) become ``output["advantages"]``; rows outside ``keep``
+        (``(B_global,)`` bool; ``None``: every row) get loss weight 0 (:func:`mask_loss_rows`, collective); TRL's
+        completions log shows the advantages that reach the loss (the first token's for per-token advantages)."""
+        if advantages_g.dim() == 1:
+            output["advantages"] = advantages_g[rollout.local]
+        else:
+            output["advantages"] = advantages_g[rollout.local, : output["completion_ids"].size(1)]
+        if keep is not None:
+            mask_loss_rows(self.accelerator, output, keep[rollout.local])
+        replace_logged_advantages(self, advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])
 
     def _rollout_logps(self, output: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        mode: str) -> dict[str, torch.Tensor | None]:

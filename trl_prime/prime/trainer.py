@@ -35,11 +35,10 @@ from accelerate.utils import gather, is_peft_model
 from torch import nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer, RLOOTrainer
-from trl.trainer.utils import get_config_model_id, nanmax, nanmin
+from trl.trainer.utils import nanmax, nanmin
 
 from trl_prime import functional as F
-from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import GuardsMixin, check_causal_lm_source, check_peft_config
+from trl_prime._guards import GuardsMixin, check_causal_lm_source
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.modeling import (
     adapter_parameters,
@@ -65,12 +64,9 @@ from trl_prime.rollout import (
     drop_zero_weight_rows,
     gather_padded,
     mask_loss_rows,
-    peft_config_argument,
     replace_logged_advantages,
+    resolve_trainer_args,
 )
-
-
-check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 
 PRM_REF_ADAPTER = "prm_ref"
@@ -226,16 +222,10 @@ class PrimeMixin(RolloutMixin, GuardsMixin):
         prm_ref_model: str | nn.Module | None = None,
         **trainer_kwargs,
     ):
-        cfg_cls = self._config_class
-        if args is None:
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = cfg_cls(f"{name.split('/')[-1]}-PRIME")
-        if not isinstance(args, PrimeOptions):
-            raise TypeError(
-                f"{type(self).__name__} needs `args` to be a {cfg_cls.__name__} (got {type(args).__name__}); build "
-                f"it with {cfg_cls.__name__}(output_dir=..., ...) to get the PRIME options."
-            )
-        peft_config = peft_config_argument(trainer_args, trainer_kwargs)
+        args, peft_config = resolve_trainer_args(
+            self, model, args, trainer_args, trainer_kwargs, config_class=self._config_class, method="PRIME",
+            accepted=PrimeOptions,
+        )
         self._prm_spec = self._build_prm_models(model, args, prm_model, prm_ref_model, peft_config)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self._setup_prm()
@@ -251,7 +241,6 @@ class PrimeMixin(RolloutMixin, GuardsMixin):
             prm_model = args.prm_model
         if prm_ref_model is None:
             prm_ref_model = args.prm_ref_model
-        check_peft_config(peft_config, model)  # start-up checks (trl_prime/_guards.py)
         if uses_peft:
             warn_full_finetuning_rates(args, prm_is_adapter=prm_model is None)
         init_kw = model_init_kwargs(args)  # a custom-code checkpoint is checked as it is loaded

@@ -22,14 +22,9 @@ import torch
 from accelerate.utils import is_peft_model
 from torch import nn
 from trl import GRPOTrainer
-from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
-from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import (
-    GuardsMixin,
-    check_peft_config,
-)
+from trl_prime._guards import GuardsMixin
 from trl_prime.modeling import copy_adapter, eval_mode, load_model_copy, prepare_frozen, reference_logps
 from trl_prime.prl.config import PRLConfig
 from trl_prime.rollout import (
@@ -38,12 +33,8 @@ from trl_prime.rollout import (
     Rollout,
     RolloutMixin,
     gather_padded,
-    mask_loss_rows,
-    peft_config_argument,
-    replace_logged_advantages,
+    resolve_trainer_args,
 )
-
-check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 
 PRL_REF_ADAPTER = "ref"  # TRL's name for the frozen copy of a pre-trained adapter
@@ -88,19 +79,12 @@ class PRLGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTra
     _name = "PRL"
 
     def __init__(self, model, reward_funcs=None, args: PRLConfig | None = None, *trainer_args, **trainer_kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = PRLConfig(f"{name.split('/')[-1]}-PRL")
-        if not isinstance(args, PRLConfig):
-            raise TypeError(
-                f"PRLGRPOTrainer needs `args` to be a PRLConfig (got {type(args).__name__}); build it with "
-                "PRLConfig(output_dir=..., ...) to get the PRL options."
-            )
-        peft_config = peft_config_argument(trainer_args, trainer_kwargs)
+        args, peft_config = resolve_trainer_args(
+            self, model, args, trainer_args, trainer_kwargs, config_class=PRLConfig, method="PRL"
+        )
         self._prl_pretrained_adapter = isinstance(model, nn.Module) and is_peft_model(model)
         owns_copy = args.beta == 0.0 and peft_config is None and not self._prl_pretrained_adapter
         # the copy is made before TRL loads, patches or wraps the policy
-        check_peft_config(peft_config, model)
         ref = load_model_copy(model, args) if owns_copy else None
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/_guards.py)
@@ -171,7 +155,6 @@ class PRLGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTra
         a = self.args
         mode, K, local, acc = rollout.mode, rollout.num_generations, rollout.local, self.accelerator
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        T = completion_ids.size(1)
         old, ref = rollout.logps["old_logps"], rollout.logps["ref_logps"]
         if bool(rollout.flagged.any()):  # the step is skipped; keep the rest of the batch's computation finite
             old, ref = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (old, ref))
@@ -192,10 +175,8 @@ class PRLGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTra
         self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
-        output["advantages"] = advantages_g[local, :T]
-        if not bool(scorable.all()):  # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
-            mask_loss_rows(acc, output, scorable[local])
-        replace_logged_advantages(self, advantages_g[:, 0])
+        # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
+        self._hand_advantages(output, rollout, advantages_g, keep=None if bool(scorable.all()) else scorable)
         self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)
         self._prl_last = dict(adv_inputs, advantages=advantages_g, process_slice=local)  # for tests and debugging
         return output

@@ -28,11 +28,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_prime import functional as F
-from trl_prime._compat import check_trl_version_once
-from trl_prime._guards import (
-    GuardsMixin,
-    check_peft_config,
-)
+from trl_prime._guards import GuardsMixin
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.prof.config import ProfGRPOConfig
 from trl_prime.prof.filter import ProfFilter
@@ -42,12 +38,8 @@ from trl_prime.rollout import (
     Rollout,
     RolloutMixin,
     gather_padded,
-    mask_loss_rows,
-    peft_config_argument,
-    replace_logged_advantages,
+    resolve_trainer_args,
 )
-
-check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,17 +73,9 @@ class ProfGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTr
 
     def __init__(self, model, reward_funcs=None, args: ProfGRPOConfig | None = None, *trainer_args,
                  prof_prm: StepPRM | ImplicitPRM | str | None = None, **trainer_kwargs):
-        if args is None:
-            from trl.trainer.utils import get_config_model_id
-
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = ProfGRPOConfig(f"{name.split('/')[-1]}-PROF")
-        if not isinstance(args, ProfGRPOConfig):
-            raise TypeError(
-                f"ProfGRPOTrainer needs `args` to be a ProfGRPOConfig (got {type(args).__name__}); build it with "
-                "ProfGRPOConfig(output_dir=..., ...) to get the PROF options."
-            )
-        check_peft_config(peft_config_argument(trainer_args, trainer_kwargs), model)
+        args, _ = resolve_trainer_args(
+            self, model, args, trainer_args, trainer_kwargs, config_class=ProfGRPOConfig, method="PROF"
+        )
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self.prof_filter = ProfFilter.from_trainer(self, prm=prof_prm)
         self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/_guards.py)
@@ -110,7 +94,7 @@ class ProfGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTr
             return output
         acc = self.accelerator
         K = rollout.num_generations
-        outcome, local = rollout.outcome, rollout.local
+        outcome = rollout.outcome
         mask_g = gather_padded(acc, output["completion_mask"])
         if self.prof_filter is None:
             self._guard_inspect("train", local_rows={"advantages": output["advantages"]})
@@ -126,7 +110,5 @@ class ProfGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTr
         self._guard_inspect("train", global_rows={"advantages": advantages_g})
         self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K,
                                        kept=kept)
-        output["advantages"] = advantages_g[local]
-        mask_loss_rows(acc, output, kept[local])
-        replace_logged_advantages(self, advantages_g)
+        self._hand_advantages(output, rollout, advantages_g, keep=kept)
         return output
