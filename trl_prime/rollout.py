@@ -287,7 +287,7 @@ class RolloutMixin:
 
     def _rollout_logps(self, output: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        mode: str) -> dict[str, torch.Tensor | None]:
-        """The ``(B, T)`` log-probs to judge together with the rewards (name -> tensor; ``None`` = absent). None here."""
+        """The ``(B, T)`` log-probs to judge with the rewards (name -> tensor; ``None`` = absent); none by default."""
         return {}
 
     def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:

@@ -51,7 +51,9 @@ def _load_weights(model: nn.Module, folder: str) -> None:
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
         missing = [k for k in missing if k not in tied]
         if unexpected or missing:
-            raise RuntimeError(f"PRM checkpoint {folder} does not match the PRM: missing {missing}, unexpected {unexpected}")
+            raise RuntimeError(
+                f"PRM checkpoint {folder} does not match the PRM: missing {missing}, unexpected {unexpected}"
+            )
     else:
         from transformers.trainer_utils import load_sharded_checkpoint
 
@@ -96,7 +98,8 @@ class PRMOptimizer:
 
     def _total_updates(self, max_steps: int) -> int:
         a = self.args
-        return max(1, math.ceil(max_steps * a.gradient_accumulation_steps / (a.steps_per_generation * a.num_iterations)))
+        rounds = max_steps * a.gradient_accumulation_steps / (a.steps_per_generation * a.num_iterations)
+        return max(1, math.ceil(rounds))
 
     def _deepspeed_config(self) -> dict:
         base = copy.deepcopy(self.accelerator.state.deepspeed_plugin.deepspeed_config)
@@ -131,7 +134,9 @@ class PRMOptimizer:
         total = self._total_updates(max_steps)
 
         def make_scheduler(opt):
-            return get_scheduler(a.prm_lr_scheduler, opt, num_warmup_steps=a.prm_warmup_steps, num_training_steps=total)
+            return get_scheduler(
+                a.prm_lr_scheduler, opt, num_warmup_steps=a.prm_warmup_steps, num_training_steps=total
+            )
 
         if self.deepspeed and self.implicit_prm.adapter_name is None:
             import deepspeed
@@ -187,10 +192,10 @@ class PRMOptimizer:
         return self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self.args.prm_learning_rate
 
     def _engine_step_result(self, loss_finite: bool) -> float | None:
-        """The DeepSpeed engine's step, judged. Its ZeRO optimizer skips a step whose gradient norm is not finite (fp32,
-        and bf16 with DeepSpeed's default ``check_grad_overflow``), which is reported as a skip (``None``), except an
-        fp16 loss-scale overflow with a finite loss (the loss scaler's own skip, returned as NaN like the policy's
-        GradScaler skips). A non-finite norm whose step the engine applied anyway raises (the PRM is lost)."""
+        """The DeepSpeed engine's step, judged. Its ZeRO optimizer skips a step whose gradient norm is not finite
+        (fp32, and bf16 with DeepSpeed's default ``check_grad_overflow``), which is reported as a skip (``None``),
+        except an fp16 loss-scale overflow with a finite loss (the loss scaler's own skip, returned as NaN like the
+        policy's GradScaler skips). A non-finite norm whose step the engine applied anyway raises (the PRM is lost)."""
         norm = self.engine.get_global_grad_norm()
         applied = self.engine.was_step_applied()
         if norm is not None and math.isfinite(float(norm)) and loss_finite and applied:

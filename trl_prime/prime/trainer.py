@@ -362,8 +362,8 @@ class PrimeMixin(RolloutMixin, GuardsMixin):
             prm = prm.to(self.accelerator.device)
         prm.eval()
         return ImplicitPRM(
-            prm, ref, beta=self.args.prm_beta, tokenizer=self._tokenizer, micro_batch_size=self._prm_micro_batch_size(),
-            fused_head=False, trained_reference="policy" if self.args.prm_reference == "policy" else None,
+            prm, ref, beta=self.args.prm_beta, tokenizer=self._tokenizer,
+            micro_batch_size=self._prm_micro_batch_size(), fused_head=False, trained_reference="policy" if self.args.prm_reference == "policy" else None,
         )
 
     # ----------------------------------------------------------------------------------------------------------
@@ -433,7 +433,9 @@ class PrimeMixin(RolloutMixin, GuardsMixin):
         call_model = _PositionIdsFromMask(model) if text_only else model
         # a reference shared with the implicit PRM is scored as the PRM's: eval mode (no dropout)
         with eval_mode(model) if trl_ref and self._shares_trl_ref else contextlib.nullcontext():
-            out = super()._get_per_token_logps_and_entropies(call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            out = super()._get_per_token_logps_and_entropies(
+                call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
         if cap is not None and not torch.is_grad_enabled():
             if self._is_trl_ref_call(model):
                 cap["trl_ref_logps"] = out[0]
@@ -696,7 +698,9 @@ class PrimeMixin(RolloutMixin, GuardsMixin):
         kept_idx = r.kept.nonzero(as_tuple=True)[0]
         if kept_idx.numel() > 0:
             seq, outcome = r.seq_rewards[kept_idx], r.outcome[kept_idx]
-            pair_acc = F.prm_pair_accuracy(sequence_rewards=seq, outcome_rewards=outcome, num_generations=K, ties="half")
+            pair_acc = F.prm_pair_accuracy(
+                sequence_rewards=seq, outcome_rewards=outcome, num_generations=K, ties="half"
+            )
             abs_acc = F.prm_abs_accuracy(sequence_rewards=seq, outcome_rewards=outcome)
         else:
             pair_acc = abs_acc = math.nan

@@ -151,7 +151,8 @@ class PRLGRPOTrainer(RolloutMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTra
         return old.detach(), ref.detach()
 
     def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
-        """PRL's step (PRL Algorithm 1) on a scored round: step ends, token weights over the global batch, loss mask."""
+        """PRL's step (PRL Algorithm 1) on a scored round: step ends, token weights over the global batch, loss
+        mask."""
         a = self.args
         mode, K, local, acc = rollout.mode, rollout.num_generations, rollout.local, self.accelerator
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
