@@ -47,8 +47,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+
 
 CONFIGS = {
     # name: (trainer, PRIME options)
@@ -60,8 +62,18 @@ CONFIGS = {
     "prime_grpo": ("PrimeGRPOTrainer", {"prm_update": "single"}),
 }
 BASELINE = {"prime_rloo": "rloo", "prime_rloo_double": "rloo", "prime_rloo_small": "rloo", "prime_grpo": "grpo"}
-PHASES = ("generation", "verification", "old_logps", "reference", "prm_update", "prm_second_forward",
-          "rollout_other", "policy_update", "step", "kept_fraction")
+PHASES = (
+    "generation",
+    "verification",
+    "old_logps",
+    "reference",
+    "prm_update",
+    "prm_second_forward",
+    "rollout_other",
+    "policy_update",
+    "step",
+    "kept_fraction",
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -104,11 +116,15 @@ def _timed_class(base):
         def _get_per_token_logps_and_entropies(self, model, *a, **k):
             if torch.is_grad_enabled() or not self._bench_in_rollout:
                 return super()._get_per_token_logps_and_entropies(model, *a, **k)
-            name = "reference" if getattr(self, "ref_model", None) is not None and model is self.ref_model else "old_logps"
+            name = (
+                "reference"
+                if getattr(self, "ref_model", None) is not None and model is self.ref_model
+                else "old_logps"
+            )
             return self._bench(name, super()._get_per_token_logps_and_entropies, model, *a, **k)
 
-        def _prime_prm_update(self, *a, **k):
-            return self._bench("prm_update", super()._prime_prm_update, *a, **k)
+        def _train_prm(self, *a, **k):
+            return self._bench("prm_update", super()._train_prm, *a, **k)
 
     return Timed
 
@@ -132,18 +148,34 @@ def _worker(opts) -> None:
     on_gpu = opts.device != "cpu"
     T = opts.max_completion_length
     kw = dict(
-        output_dir=tempfile.mkdtemp(prefix=f"bench_{name}_"), report_to=[], disable_tqdm=True, save_strategy="no",
-        logging_steps=1, seed=opts.seed, use_cpu=not on_gpu, bf16=on_gpu and opts.bf16, gradient_checkpointing=False,
-        per_device_train_batch_size=opts.batch, num_generations=opts.num_generations, max_completion_length=T,
-        max_steps=opts.warmup + opts.steps, learning_rate=5e-7, beta=0.0, temperature=1.0,
+        output_dir=tempfile.mkdtemp(prefix=f"bench_{name}_"),
+        report_to=[],
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=opts.seed,
+        use_cpu=not on_gpu,
+        bf16=on_gpu and opts.bf16,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=opts.batch,
+        num_generations=opts.num_generations,
+        max_completion_length=T,
+        max_steps=opts.warmup + opts.steps,
+        learning_rate=5e-7,
+        beta=0.0,
+        temperature=1.0,
     )
     if not opts.natural_length:
         kw["generation_kwargs"] = {"min_new_tokens": T}
     extra = {}
     if prime is not None:
         lower, upper = (float(x) for x in opts.filter.split(","))
-        kw.update(prm_update=prime["prm_update"], filter_lower=lower, filter_upper=upper,
-                  prm_score_filtered_rows=not opts.skip_filtered_scoring)
+        kw.update(
+            prm_update=prime["prm_update"],
+            filter_lower=lower,
+            filter_upper=upper,
+            prm_score_filtered_rows=not opts.skip_filtered_scoring,
+        )
         if prime.get("small_prm"):
             kw["prm_model"] = opts.small_prm_path
     args = cfg_cls(**kw)
@@ -183,8 +215,9 @@ def _worker(opts) -> None:
 
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    trainer = cls(model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds,
-                  callbacks=[StepTimer()], **extra)
+    trainer = cls(
+        model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds, callbacks=[StepTimer()], **extra
+    )
     if prime is not None:  # time the PRM's second forward ("double") and the reference forward
         prm = trainer.implicit_prm
         ref_fn, prm_fn = prm.ref_logps, prm.prm_logps
@@ -198,10 +231,15 @@ def _worker(opts) -> None:
     for h in trainer.state.log_history:
         if "completions/mean_length" in h:
             completion_len = h["completions/mean_length"]
-    out = {"config": name, "steps": steps[opts.warmup:], "warmup": steps[: opts.warmup], "peak_rss_mib": peak,
-           "completion_mean_length": completion_len,
-           "prm_params": sum(p.numel() for p in trainer.prm_model.parameters()) if prime is not None else None,
-           "policy_params": sum(p.numel() for p in trainer.model.parameters())}
+    out = {
+        "config": name,
+        "steps": steps[opts.warmup :],
+        "warmup": steps[: opts.warmup],
+        "peak_rss_mib": peak,
+        "completion_mean_length": completion_len,
+        "prm_params": sum(p.numel() for p in trainer.prm_model.parameters()) if prime is not None else None,
+        "policy_params": sum(p.numel() for p in trainer.model.parameters()),
+    }
     if on_gpu:
         out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(opts.out).write_text(json.dumps(out))
@@ -229,16 +267,26 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration and round")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--prm-model", default=None, help="the smaller PRM checkpoint of prime_rloo_small")
-    p.add_argument("--prm-layers", type=int, default=None,
-                   help="else build it: the policy's first N layers (default: a quarter of them)")
+    p.add_argument(
+        "--prm-layers",
+        type=int,
+        default=None,
+        help="else build it: the policy's first N layers (default: a quarter of them)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (1 is fastest on a small CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--filter", default="0,1", help="PRIME's online prompt filter 'lower,upper' (0.2,0.8 = the paper)")
-    p.add_argument("--skip-filtered-scoring", action="store_true",
-                   help="PRIME with prm_score_filtered_rows=False: no reference / PRM forward on filtered rows")
-    p.add_argument("--quick", action="store_true",
-                   help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
-                   "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round (overrides those options)")
+    p.add_argument(
+        "--skip-filtered-scoring",
+        action="store_true",
+        help="PRIME with prm_score_filtered_rows=False: no reference / PRM forward on filtered rows",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="embedded default model, 128-token completions, batch 4 (one prompt x 4), configs rloo, "
+        "prime_rloo and prime_rloo_small, 1 warm-up + 2 timed steps, 1 round (overrides those options)",
+    )
     p.add_argument("--json", default=None, help="write every measurement to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
@@ -255,8 +303,11 @@ def main(argv=None) -> dict:
     configs = [c.strip() for c in opts.configs.split(",") if c.strip()]
     unknown = set(configs) - set(CONFIGS)
     if unknown or not configs:
-        p.error(f"unknown configs {sorted(unknown)}; known: {list(CONFIGS)}" if unknown else
-                f"--configs is empty; choose from {list(CONFIGS)}")
+        p.error(
+            f"unknown configs {sorted(unknown)}; known: {list(CONFIGS)}"
+            if unknown
+            else f"--configs is empty; choose from {list(CONFIGS)}"
+        )
     for name in ("steps", "rounds", "batch", "num_generations", "max_completion_length", "threads"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
@@ -276,8 +327,10 @@ def main(argv=None) -> dict:
     if opts.warmup == 0:
         print("note: --warmup 0 times the first step too (math worker pool start-up, lazy initialisation)")
     if opts.model == "tiny" and (lower, upper) != (0.0, 1.0):
-        print("note: the tiny model's random completions are almost never correct, so the filter will drop nearly "
-              "every prompt (kept_fraction ~0); use the embedded model for filtered runs")
+        print(
+            "note: the tiny model's random completions are almost never correct, so the filter will drop nearly "
+            "every prompt (kept_fraction ~0); use the embedded model for filtered runs"
+        )
     work = tempfile.mkdtemp(prefix="bench_step_")
     model_path = _common.resolve_model(opts.model, work)
     small = opts.prm_model
@@ -292,14 +345,39 @@ def main(argv=None) -> dict:
     results: dict[str, list] = defaultdict(list)  # config -> [per round: list of step dicts]
     meta = {}
     for r in range(opts.rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for name in order:
             out = os.path.join(work, f"{name}_{r}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-path", model_path,
-                   "--out", out, "--device", opts.device, "--dataset", opts.dataset, "--batch", str(opts.batch),
-                   "--num-generations", str(opts.num_generations), "--max-completion-length",
-                   str(opts.max_completion_length), "--warmup", str(opts.warmup), "--steps", str(opts.steps),
-                   "--threads", str(opts.threads), "--seed", str(opts.seed), "--filter", opts.filter]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                name,
+                "--model-path",
+                model_path,
+                "--out",
+                out,
+                "--device",
+                opts.device,
+                "--dataset",
+                opts.dataset,
+                "--batch",
+                str(opts.batch),
+                "--num-generations",
+                str(opts.num_generations),
+                "--max-completion-length",
+                str(opts.max_completion_length),
+                "--warmup",
+                str(opts.warmup),
+                "--steps",
+                str(opts.steps),
+                "--threads",
+                str(opts.threads),
+                "--seed",
+                str(opts.seed),
+                "--filter",
+                opts.filter,
+            ]
             if opts.skip_filtered_scoring:
                 cmd.append("--skip-filtered-scoring")
             if small:
@@ -317,18 +395,25 @@ def main(argv=None) -> dict:
             results[name].append(res["steps"])
             meta[name] = {k: v for k, v in res.items() if k not in ("steps", "warmup")}
             step_s = _median([s["step"] for s in res["steps"]])
-            print(f"[round {r + 1}/{opts.rounds}] {name:<18} median step {step_s:7.2f} s   "
-                  f"(process {time.time() - t0:5.0f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)", flush=True)
+            print(
+                f"[round {r + 1}/{opts.rounds}] {name:<18} median step {step_s:7.2f} s   "
+                f"(process {time.time() - t0:5.0f} s, peak RSS {res['peak_rss_mib']:.0f} MiB)",
+                flush=True,
+            )
 
     # summary
     print()
-    print(f"model {opts.model}  device {opts.device}  batch {opts.batch} (K={opts.num_generations})  "
-          f"completion {opts.max_completion_length} tokens{' (natural length)' if opts.natural_length else ''}  "
-          f"{opts.steps} timed steps x {opts.rounds} round(s) after {opts.warmup} warm-up; threads {opts.threads}; "
-          f"PRIME filter [{opts.filter}]")
+    print(
+        f"model {opts.model}  device {opts.device}  batch {opts.batch} (K={opts.num_generations})  "
+        f"completion {opts.max_completion_length} tokens{' (natural length)' if opts.natural_length else ''}  "
+        f"{opts.steps} timed steps x {opts.rounds} round(s) after {opts.warmup} warm-up; threads {opts.threads}; "
+        f"PRIME filter [{opts.filter}]"
+    )
     if small:
-        print(f"smaller PRM: {small} ({meta.get('prime_rloo_small', {}).get('prm_params')} parameters, "
-              f"policy {meta.get('prime_rloo_small', {}).get('policy_params')})")
+        print(
+            f"smaller PRM: {small} ({meta.get('prime_rloo_small', {}).get('prm_params')} parameters, "
+            f"policy {meta.get('prime_rloo_small', {}).get('policy_params')})"
+        )
     header = f"{'phase (s/step, median)':<24}" + "".join(f"{c:>19}" for c in configs)
     print(header)
     table = {}
@@ -345,8 +430,15 @@ def main(argv=None) -> dict:
     for k, v in ratios.items():
         print(f"ratio {k:<28} = {v['median']:.2f}   (per step: {', '.join(f'{x:.2f}' for x in v['per_step'])})")
     print(f"total wall time {time.time() - started:.0f} s")
-    summary = {"options": vars(opts), "machine": _common.machine(), "phases": table, "ratios": ratios,
-               "meta": meta, "raw": results, "small_prm": small}
+    summary = {
+        "options": vars(opts),
+        "machine": _common.machine(),
+        "phases": table,
+        "ratios": ratios,
+        "meta": meta,
+        "raw": results,
+        "small_prm": small,
+    }
     _common.dump(summary, opts.json)
     if "prime_rloo/rloo" in ratios:
         print(f"overhead: PRIME/RLOO = {ratios['prime_rloo/rloo']['median']:.2f}")

@@ -10,10 +10,19 @@ import torch
 from tiny import tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
-from trl_prime import PRLConfig, PRLGRPOTrainer, PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
-from trl_prime import ProfGRPOConfig, ProfGRPOTrainer
+from trl_prime import (
+    PrimeGRPOConfig,
+    PrimeGRPOTrainer,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    PRLConfig,
+    PRLGRPOTrainer,
+    ProfGRPOConfig,
+    ProfGRPOTrainer,
+)
 from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback
+
 
 K = 4
 EPS = 1e-6
@@ -21,8 +30,9 @@ NAN = float("nan")
 
 
 def close(a, b, atol=1e-6, rtol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=atol, rtol=rtol
+    )
 
 
 def right_mask(lengths, T):
@@ -59,8 +69,9 @@ def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
     close(adv[:, 0], z, atol=1e-9, rtol=1e-9)
     # finite at every token, no growth with the length
     assert torch.isfinite(adv).all() and adv[mask].abs().max().item() < 10
-    printed = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token",
-                                 grpo_process_scale="process_std")
+    printed = F.prime_advantages(
+        P, o, mask, gid, estimator="grpo", grpo_process_form="token", grpo_process_scale="process_std"
+    )
     close(printed[:, 0], lengths * z, atol=1e-6, rtol=1e-9)
     assert printed[:, 0].abs().max().item() > 100 * samuelson(K)
     # the default (response form, outcome scale) with outcomes that vary: the process term at t=0 is
@@ -113,8 +124,10 @@ def test_grpo_response_form_hand():
     close(F.prime_advantages(P, o, mask, gid, estimator="grpo", gamma=0.5, **zs), want_g)
     # scale_rewards=False: centred only, A_0 = rbar_i - mean (process) + o_i - mean (outcome)
     ob = [2 / 3, -1 / 3, -1 / 3]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False),
-          [[-1.0 + ob[0], -0.5 + ob[0]], [1.0 + ob[1], 0.0], [ob[2], ob[2]]])
+    close(
+        F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False),
+        [[-1.0 + ob[0], -0.5 + ob[0]], [1.0 + ob[1], 0.0], [ob[2], ob[2]]],
+    )
     # the outcome's std as the process divisor (the default)
     q = 1.0 / (so + EPS)
     want_o = [[-1.0 * q + oa[0], -0.5 * q + oa[0]], [1.0 * q + oa[1], 0.0], [oa[2], oa[2]]]
@@ -142,8 +155,9 @@ def test_grpo_process_options_validated():
     P, mask, o, gid = torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
     for form in ("response", "token"):
         for scale in ("process_std", "outcome_std"):
-            adv = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form=form,
-                                     grpo_process_scale=scale)
+            adv = F.prime_advantages(
+                P, o, mask, gid, estimator="grpo", grpo_process_form=form, grpo_process_scale=scale
+            )
             close(adv, [[0.5 / (math.sqrt(0.5) + EPS)] * 3, [-0.5 / (math.sqrt(0.5) + EPS)] * 3])
     with pytest.raises(ValueError, match="grpo_process_form"):
         F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="sequence")
@@ -180,9 +194,21 @@ def alternating_reward(completions, prompts, **kwargs):
 
 def _prime_kwargs(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=8, num_generations=K, max_completion_length=16, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-3, prm_learning_rate=1e-1,
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=16,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
+        prm_learning_rate=1e-1,
     )
     kw.update(overrides)
     return kw
@@ -193,8 +219,13 @@ def test_default_prime_grpo_trainer_advantages_are_bounded(tiny_model_path, tmp_
     at the first token is bounded by the two z-score bounds, 2 (K-1)/sqrt(K), and equals the functional's default
     (response-level) form; the printed form on the same rewards exceeds that bound."""
     rec = _Scored()
-    tr = PrimeGRPOTrainer(model=tiny_model_path, reward_funcs=alternating_reward, args=PrimeGRPOConfig(
-        **_prime_kwargs(tmp_path)), train_dataset=tiny_prompt_dataset(8), callbacks=[rec])
+    tr = PrimeGRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=alternating_reward,
+        args=PrimeGRPOConfig(**_prime_kwargs(tmp_path)),
+        train_dataset=tiny_prompt_dataset(8),
+        callbacks=[rec],
+    )
     tr.train()
     ev = rec.events[-1]
     adv, mask = ev["global_advantages"], ev["advantage_inputs"]["mask"].bool()
@@ -218,12 +249,18 @@ def test_grpo_advantages_single_row_group_is_zero():
     close(F.grpo_advantages(r, gid), [0.0, 0.0, 0.0, 0.0, -0.5 / d, 0.5 / d, 0.0])
     close(F.grpo_advantages(r, gid, scale_rewards=False), [0.0, 0.0, 0.0, 0.0, -0.5, 0.5, 0.0])
     # the released code's rule (mean 0, std 1) behind the compat option
-    close(F.grpo_advantages(r, gid, single_row_compat=True),
-          [1.0 / (1 + EPS), 0.0, 0.0, 0.0, -0.5 / d, 0.5 / d, 3.0 / (1 + EPS)])
+    close(
+        F.grpo_advantages(r, gid, single_row_compat=True),
+        [1.0 / (1 + EPS), 0.0, 0.0, 0.0, -0.5 / d, 0.5 / d, 3.0 / (1 + EPS)],
+    )
     close(F.grpo_advantages(r, gid, scale_rewards=False, single_row_compat=True), [1.0, 0.0, 0.0, 0.0, -0.5, 0.5, 3.0])
     assert F.single_row_group_mask(r, gid).tolist() == [True, False, False, False, False, False, True]
     assert F.single_row_group_mask(torch.tensor([1.0, NAN, 0.0, 1.0]), num_generations=2).tolist() == [
-        True, False, False, False]
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_prime_estimators_single_row_group():
@@ -253,8 +290,10 @@ def test_prl_advantages_single_row_group():
     adv = F.prl_advantages(o, old, ref, mask, gid, eta=1.0)
     close(adv[0], [-1.5, -1.5, -0.5])
     close(adv[2:], [[0.5 / (math.sqrt(0.5) + EPS)] * 3, [-0.5 / (math.sqrt(0.5) + EPS)] * 3])
-    close(F.prl_advantages(o, old, ref, mask, gid, eta=1.0, single_row_compat=True)[0],
-          [1 / (1 + EPS) - 1.5, 1 / (1 + EPS) - 1.5, 1 / (1 + EPS) - 0.5])
+    close(
+        F.prl_advantages(o, old, ref, mask, gid, eta=1.0, single_row_compat=True)[0],
+        [1 / (1 + EPS) - 1.5, 1 / (1 + EPS) - 1.5, 1 / (1 + EPS) - 0.5],
+    )
     close(F.prl_advantages(o, old, ref, mask, gid, eta=1.0, order="process_first")[0], [-0.5, -0.5, 0.5])
 
 
@@ -285,12 +324,20 @@ def _logged(tr, key):
     return [h[key] for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
 
 
-@pytest.mark.parametrize("cls,cfg_cls", [(PrimeGRPOTrainer, PrimeGRPOConfig), (PrimeRLOOTrainer, PrimeRLOOConfig)],
-                         ids=["prime-grpo", "prime-rloo"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls",
+    [(PrimeGRPOTrainer, PrimeGRPOConfig), (PrimeRLOOTrainer, PrimeRLOOConfig)],
+    ids=["prime-grpo", "prime-rloo"],
+)
 def test_prime_trainers_single_row_group_zero_and_counted(tiny_model_path, tmp_path, cls, cfg_cls):
     rec = _Scored()
-    tr = cls(model=tiny_model_path, reward_funcs=lone_row_reward, args=cfg_cls(**_prime_kwargs(tmp_path)),
-             train_dataset=tiny_prompt_dataset(8), callbacks=[rec])
+    tr = cls(
+        model=tiny_model_path,
+        reward_funcs=lone_row_reward,
+        args=cfg_cls(**_prime_kwargs(tmp_path)),
+        train_dataset=tiny_prompt_dataset(8),
+        callbacks=[rec],
+    )
     tr.train()
     for ev in rec.events:
         adv = ev["global_advantages"]
@@ -309,8 +356,8 @@ def test_prl_trainer_single_row_group_zero_and_counted(tiny_model_path, tmp_path
     rounds = []
 
     class Spy(PRLGRPOTrainer):
-        def _prl_step(self, output, cap):
-            out = super()._prl_step(output, cap)
+        def _algorithm_step(self, output, cap):
+            out = super()._algorithm_step(output, cap)
             rounds.append(dict(self._prl_last))
             return out
 
@@ -346,8 +393,12 @@ def test_prof_grpo_trainer_single_row_group_zero_and_counted(tiny_model_path, tm
     kw = _prime_kwargs(tmp_path, per_device_train_batch_size=16, num_generations=n)
     del kw["prm_learning_rate"]
     args = ProfGRPOConfig(**kw, prof_prm=prm)
-    tr = Spy(model=tiny_model_path, reward_funcs=reward, args=args,
-             train_dataset=tiny_prompt_dataset(8, conversational=True))
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(8, conversational=True),
+    )
     tr.train()
     for adv, last in rounds:
         kept = last["kept"]

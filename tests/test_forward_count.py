@@ -21,16 +21,30 @@ from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
 from trl_prime.modeling import unwrap
 
+
 K = 4
 B = 8  # rows of a generation round (per_device_train_batch_size * steps_per_generation)
 
 
 def _config(cfg_cls, tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=B, num_generations=K, max_completion_length=8, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-3, prm_learning_rate=1e-2,
-        filter_lower=0.0, filter_upper=1.0,
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=B,
+        num_generations=K,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
+        prm_learning_rate=1e-2,
+        filter_lower=0.0,
+        filter_upper=1.0,
     )
     kw.update(overrides)
     return cfg_cls(**kw)
@@ -74,6 +88,7 @@ class ForwardCounter:
             out = output.logits if out is None else out
             if out.requires_grad:
                 out.register_hook(lambda g: self.backwards.update([(step, name)]))
+
         return hook
 
     def rows(self, step, role, grad):
@@ -93,15 +108,22 @@ def _separate_counter(tr):
 
 @pytest.mark.parametrize(
     "cls,cfg_cls,prm_update",
-    [(PrimeRLOOTrainer, PrimeRLOOConfig, "single"), (PrimeRLOOTrainer, PrimeRLOOConfig, "double"),
-     (PrimeGRPOTrainer, PrimeGRPOConfig, "single")],
+    [
+        (PrimeRLOOTrainer, PrimeRLOOConfig, "single"),
+        (PrimeRLOOTrainer, PrimeRLOOConfig, "double"),
+        (PrimeGRPOTrainer, PrimeGRPOConfig, "single"),
+    ],
     ids=["rloo-single", "rloo-double", "grpo-single"],
 )
 def test_forward_passes_per_prime_step(tiny_model_path, tmp_path, cls, cfg_cls, prm_update):
     """num_iterations=1: one reference forward, one PRM forward + backward (+1 no-grad PRM forward for "double"),
     the policy's loss forward, and no old-log-prob forward (TRL's RLOO runs one; PRIME's token-level loss skips it)."""
-    tr = cls(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(cfg_cls, tmp_path, prm_update=prm_update))
+    tr = cls(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, prm_update=prm_update),
+    )
     assert tr.implicit_prm.reference == "model" and tr.ref_model is None
     c = _separate_counter(tr)
     tr.train()
@@ -116,14 +138,18 @@ def test_forward_passes_per_prime_step(tiny_model_path, tmp_path, cls, cfg_cls, 
 
 
 def test_prm_micro_batches_scan_each_row_once(tiny_model_path, tmp_path):
-    tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-                          args=_config(PrimeRLOOConfig, tmp_path, prm_micro_batch_size=3, max_steps=1))
+    tr = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(PrimeRLOOConfig, tmp_path, prm_micro_batch_size=3, max_steps=1),
+    )
     c = _separate_counter(tr)
     tr.train()
     assert c.calls(1, "ref", False) == 3 and c.rows(1, "ref", False) == B  # 3 + 3 + 2 rows
     assert c.calls(1, "prm", True) == 3 and c.rows(1, "prm", True) == B
     assert c.prm_backwards[1] == 3  # one backward per micro-batch (ce loss), one optimizer step
-    assert tr._prime_num_updates == 1
+    assert tr.prm_optim.num_updates == 1
 
 
 def _half_kept_reward(prompts, completions, **kwargs):
@@ -142,12 +168,27 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
 
     class Capture(TrainerCallback):
         def on_rollouts_scored(self, args, state, control, **kw):
-            seen.update({k: kw[k].clone() for k in ("kept_mask", "prm_logps", "prompt_ids", "prompt_mask",
-                                                    "completion_ids", "completion_mask")})
+            seen.update(
+                {
+                    k: kw[k].clone()
+                    for k in (
+                        "kept_mask",
+                        "prm_logps",
+                        "prompt_ids",
+                        "prompt_mask",
+                        "completion_ids",
+                        "completion_mask",
+                    )
+                }
+            )
 
-    tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=_half_kept_reward, train_dataset=tiny_prompt_dataset(16),
-                          args=_config(PrimeRLOOConfig, tmp_path, filter_lower=0.2, filter_upper=0.8, max_steps=1),
-                          callbacks=[Capture()])
+    tr = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=_half_kept_reward,
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(PrimeRLOOConfig, tmp_path, filter_lower=0.2, filter_upper=0.8, max_steps=1),
+        callbacks=[Capture()],
+    )
     prm = unwrap(tr.prm_model)
     prm0 = {k: v.clone() for k, v in prm.state_dict().items()}
     c = _separate_counter(tr)
@@ -155,7 +196,7 @@ def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path)
     assert seen["kept_mask"].tolist() == [True] * K + [False] * K
     assert c.rows(1, "prm", True) == K and c.calls(1, "prm", True) == 1  # kept rows: forward with grad
     assert c.rows(1, "prm", False) == K and c.calls(1, "prm", False) == 1  # filtered rows: one no-grad forward
-    assert c.prm_backwards[1] == 1 and tr._prime_num_updates == 1
+    assert c.prm_backwards[1] == 1 and tr.prm_optim.num_updates == 1
     assert any(not torch.equal(v, prm0[k]) for k, v in prm.state_dict().items())  # the PRM did move
     # every row's log-probs (kept and filtered) are those of the PRM before its update (single forward)
     prm.load_state_dict(prm0)
@@ -183,14 +224,36 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
 
         class Capture(TrainerCallback):
             def on_rollouts_scored(self, args, state, control, **kw):
-                seen.append({k: kw[k].clone() for k in ("kept_mask", "token_rewards", "sequence_rewards", "prm_logps",
-                                                        "ref_logps", "advantages", "loss_mask")})
+                seen.append(
+                    {
+                        k: kw[k].clone()
+                        for k in (
+                            "kept_mask",
+                            "token_rewards",
+                            "sequence_rewards",
+                            "prm_logps",
+                            "ref_logps",
+                            "advantages",
+                            "loss_mask",
+                        )
+                    }
+                )
 
         logger = TokenRewardLogger(every_n_steps=1, num_completions=B, output_dir=str(tmp_path / name))
-        tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=_half_kept_reward,
-                              train_dataset=tiny_prompt_dataset(16), callbacks=[Capture(), logger],
-                              args=_config(PrimeRLOOConfig, tmp_path / name, filter_lower=0.2, filter_upper=0.8,
-                                           prm_update=prm_update, prm_score_filtered_rows=score))
+        tr = PrimeRLOOTrainer(
+            model=tiny_model_path,
+            reward_funcs=_half_kept_reward,
+            train_dataset=tiny_prompt_dataset(16),
+            callbacks=[Capture(), logger],
+            args=_config(
+                PrimeRLOOConfig,
+                tmp_path / name,
+                filter_lower=0.2,
+                filter_upper=0.8,
+                prm_update=prm_update,
+                prm_score_filtered_rows=score,
+            ),
+        )
         c = _separate_counter(tr)
         tr.train()
         flat = lambda m: torch.cat([p.detach().flatten() for p in unwrap(m).parameters()])  # noqa: E731
@@ -221,6 +284,7 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
     cm = torch.ones_like(seen[1]["token_rewards"], dtype=torch.bool)
     kept_tokens = seen[1]["token_rewards"][mask.unsqueeze(1) & cm & ~torch.isnan(seen[1]["token_rewards"])]
     assert logs[1]["prm/token_reward_max"] == pytest.approx(kept_tokens.max().item(), rel=1e-4, abs=1e-6)
+
     # TokenRewardLogger writes strict JSON: null rewards on the unscored (filtered) rows, numbers on the kept ones
     def strict(x):
         raise ValueError(f"non-strict JSON constant {x}")
@@ -233,26 +297,36 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
         assert all((t["reward"] is None) is (not is_kept) for t in rec["tokens"]) and rec["tokens"]
 
 
-@pytest.mark.parametrize("cls,cfg_cls,loss_type", [(PrimeRLOOTrainer, PrimeRLOOConfig, None),
-                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "dapo"),
-                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "bnpo"),
-                                                    (PrimeGRPOTrainer, PrimeGRPOConfig, "grpo")],
-                         ids=["rloo", "grpo-dapo", "grpo-bnpo", "grpo-grpo"])
-def test_policy_loss_skips_filtered_rows_with_the_same_update(tiny_model_path, tmp_path, monkeypatch, cls, cfg_cls,
-                                                              loss_type):
+@pytest.mark.parametrize(
+    "cls,cfg_cls,loss_type",
+    [
+        (PrimeRLOOTrainer, PrimeRLOOConfig, None),
+        (PrimeGRPOTrainer, PrimeGRPOConfig, "dapo"),
+        (PrimeGRPOTrainer, PrimeGRPOConfig, "bnpo"),
+        (PrimeGRPOTrainer, PrimeGRPOConfig, "grpo"),
+    ],
+    ids=["rloo", "grpo-dapo", "grpo-bnpo", "grpo-grpo"],
+)
+def test_policy_loss_skips_filtered_rows_with_the_same_update(
+    tiny_model_path, tmp_path, monkeypatch, cls, cfg_cls, loss_type
+):
     """Rows of filtered prompts have loss weight 0: the policy's loss forward and backward run on the kept rows only
     (4 of 8 here), and the update is the one the whole micro-batch gives (same losses, same weights after 2 steps as
     with the row dropping turned off). TRL's "grpo" loss divides by the number of rows, so it keeps every row."""
-    import trl_prime.rollout as rollout
     import trl_prime.prime.trainer as pt
+    import trl_prime.rollout as rollout
 
     def run(drop: bool, name: str):
         if not drop:
             monkeypatch.setattr(pt, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
             monkeypatch.setattr(rollout, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
         extra = {} if loss_type is None else {"loss_type": loss_type}
-        tr = cls(model=tiny_model_path, reward_funcs=_half_kept_reward, train_dataset=tiny_prompt_dataset(16),
-                 args=_config(cfg_cls, tmp_path / name, filter_lower=0.2, filter_upper=0.8, **extra))
+        tr = cls(
+            model=tiny_model_path,
+            reward_funcs=_half_kept_reward,
+            train_dataset=tiny_prompt_dataset(16),
+            args=_config(cfg_cls, tmp_path / name, filter_lower=0.2, filter_upper=0.8, **extra),
+        )
         c = _separate_counter(tr)
         flat = lambda: torch.cat([p.detach().flatten().clone() for p in unwrap(tr.model).parameters()])  # noqa: E731
         before = flat()
@@ -281,8 +355,12 @@ def test_drop_zero_weight_rows():
     from trl_prime.rollout import drop_zero_weight_rows
 
     w = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0]])
-    inputs = {"completion_ids": torch.arange(12).view(4, 3), "advantages": torch.tensor([0.5, -1.0, 2.0, 3.0]),
-              "num_items_in_batch": torch.tensor(3), "note": "x"}
+    inputs = {
+        "completion_ids": torch.arange(12).view(4, 3),
+        "advantages": torch.tensor([0.5, -1.0, 2.0, 3.0]),
+        "num_items_in_batch": torch.tensor(3),
+        "note": "x",
+    }
     out = drop_zero_weight_rows(inputs, w)
     assert out["completion_ids"].tolist() == [[0, 1, 2], [6, 7, 8]]
     assert out["advantages"].tolist() == [0.5, 2.0]
@@ -295,13 +373,18 @@ def test_drop_zero_weight_rows():
     assert drop_zero_weight_rows({**inputs, "tags": ["a", "b", "c", "d"]}, w)["completion_ids"].shape == (4, 3)
 
 
-@pytest.mark.parametrize("cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)],
-                         ids=["rloo", "grpo"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)], ids=["rloo", "grpo"]
+)
 def test_reference_once_per_rollout_batch_with_gradient_accumulation(tiny_model_path, tmp_path, cls, cfg_cls):
     """gradient_accumulation_steps=2: one generation round of 8 rows feeds two loss micro-batches of 4; the
     reference and the PRM see each row once per round, not once per micro-batch."""
-    tr = cls(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(cfg_cls, tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2))
+    tr = cls(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2),
+    )
     c = _separate_counter(tr)
     tr.train()
     for step in (1, 2):
@@ -309,7 +392,7 @@ def test_reference_once_per_rollout_batch_with_gradient_accumulation(tiny_model_
         assert c.rows(step, "prm", True) == B and c.rows(step, "prm", False) == 0
         assert c.calls(step, "policy", True) == 2 and c.rows(step, "policy", True) == B
         assert c.calls(step, "policy", False) == 0
-    assert tr._prime_num_updates == 2
+    assert tr.prm_optim.num_updates == 2
 
 
 def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_model_path, tmp_path):
@@ -322,9 +405,13 @@ def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_m
             seen.append(inputs.get("old_per_token_logps"))
             return super()._compute_loss(model, inputs)
 
-    tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(PrimeRLOOConfig, tmp_path, per_device_train_batch_size=4, steps_per_generation=2))
-    assert not tr._prime_skip_old_logps()
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(PrimeRLOOConfig, tmp_path, per_device_train_batch_size=4, steps_per_generation=2),
+    )
+    assert not tr._skips_rollout_logps()
     c = _separate_counter(tr)
     tr.train()
     assert c.rows(1, "policy", False) == B and c.rows(2, "policy", False) == 0  # generated once, at step 1
@@ -332,12 +419,17 @@ def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_m
     assert all(o is not None for o in seen)
 
 
-@pytest.mark.parametrize("cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)],
-                         ids=["rloo", "grpo"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)], ids=["rloo", "grpo"]
+)
 def test_kl_reference_is_the_prm_reference(tiny_model_path, tmp_path, cls, cfg_cls):
     """beta > 0: TRL's KL reference is the PRM's reference model; one reference forward serves both."""
-    tr = cls(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(cfg_cls, tmp_path, beta=0.1))
+    tr = cls(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, beta=0.1),
+    )
     assert tr.implicit_prm.ref_model is tr.ref_model
     c = _separate_counter(tr)
     tr.train()
@@ -348,10 +440,15 @@ def test_kl_reference_is_the_prm_reference(tiny_model_path, tmp_path, cls, cfg_c
         assert c.rows(step, "policy", False) == (B if cls is PrimeRLOOTrainer else 0)
 
 
-@pytest.mark.parametrize("cls,cfg_cls,beta", [(PrimeRLOOTrainer, PrimeRLOOConfig, 0.0),
-                                               (PrimeRLOOTrainer, PrimeRLOOConfig, 0.1),
-                                               (PrimeGRPOTrainer, PrimeGRPOConfig, 0.1)],
-                         ids=["rloo-beta0", "rloo-kl", "grpo-kl"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls,beta",
+    [
+        (PrimeRLOOTrainer, PrimeRLOOConfig, 0.0),
+        (PrimeRLOOTrainer, PrimeRLOOConfig, 0.1),
+        (PrimeGRPOTrainer, PrimeGRPOConfig, 0.1),
+    ],
+    ids=["rloo-beta0", "rloo-kl", "grpo-kl"],
+)
 def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls, beta):
     """One base model: policy (adapter "default"), PRM (adapter "prm") and reference (adapters disabled). With
     beta > 0 TRL's KL reference is that same base: one reference forward per round, shared (scored in eval mode)."""
@@ -360,13 +457,17 @@ def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls
     rec = {}
 
     class Spy(cls):
-        def _prime_step(self, output, cap):
-            rec.setdefault("trl_ref", []).append(cap.get("trl_ref_logps"))
-            return super()._prime_step(output, cap)
+        def _algorithm_step(self, output, rollout):
+            rec.setdefault("trl_ref", []).append(rollout.capture.get("trl_ref_logps"))
+            return super()._algorithm_step(output, rollout)
 
-    tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(cfg_cls, tmp_path, beta=beta),
-             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, beta=beta),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     assert tr.implicit_prm.reference == "adapters_disabled"
     c = ForwardCounter(tr, {"peft": tr.model})
     tr.train()
@@ -377,7 +478,7 @@ def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls
         assert c.rows(step, "policy", True) == B
         assert c.rows(step, "policy", False) == (B if (cls is PrimeRLOOTrainer and beta != 0) else 0)
     if beta != 0:
-        assert tr._prime_shares_trl_ref and all(r is not None for r in rec["trl_ref"])
+        assert tr._shares_trl_ref and all(r is not None for r in rec["trl_ref"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -392,7 +493,7 @@ class LargestVocabTensor(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.size(-1) == self.vocab:
                 self.largest = max(self.largest, t.numel())
         return out
@@ -413,8 +514,13 @@ def test_prm_and_reference_logps_never_materialise_full_vocab_logits(tiny_model_
         from peft import LoraConfig
 
         kw["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    tr = PrimeRLOOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-                          args=_config(PrimeRLOOConfig, tmp_path, max_steps=1, max_completion_length=16), **kw)
+    tr = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(PrimeRLOOConfig, tmp_path, max_steps=1, max_completion_length=16),
+        **kw,
+    )
     vocab = unwrap(tr.model).config.vocab_size
     seen = {}
 
@@ -424,12 +530,13 @@ def test_prm_and_reference_logps_never_materialise_full_vocab_logits(tiny_model_
                 out = fn(*a, **k)
             seen[name] = max(seen.get(name, 0), mode.largest)
             return out
+
         return wrapped
 
     monkeypatch.setattr(tr.implicit_prm, "ref_logps", watch("ref", tr.implicit_prm.ref_logps))
-    monkeypatch.setattr(tr, "_prime_prm_update", watch("prm", tr._prime_prm_update))
+    monkeypatch.setattr(tr, "_train_prm", watch("prm", tr._train_prm))
     tr.train()
-    assert set(seen) >= {"ref", "prm"} and tr._prime_num_updates == 1
+    assert set(seen) >= {"ref", "prm"} and tr.prm_optim.num_updates == 1
     assert seen["ref"] == 0 and seen["prm"] == 0
 
     # the detector works: a plain forward of the same model materialises (B, L, V) logits
@@ -448,9 +555,17 @@ def _build_small(path):
 
     tok = build_tokenizer()
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(7)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -459,8 +574,9 @@ def _build_small(path):
     return str(path)
 
 
-@pytest.mark.parametrize("cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)],
-                         ids=["rloo", "grpo"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)], ids=["rloo", "grpo"]
+)
 def test_smaller_prm_checkpoint_is_its_own_reference(tiny_model_path, tmp_path, cls, cfg_cls):
     """`prm_model` names a smaller checkpoint with the policy's tokenizer: the PRM and its frozen reference are that
     checkpoint (rewards exactly 0 at step 1), the PRM trains, the reference does not, and counts stay one each."""
@@ -470,13 +586,17 @@ def test_smaller_prm_checkpoint_is_its_own_reference(tiny_model_path, tmp_path, 
     rewards = []
 
     class Spy(cls):
-        def _prime_step(self, output, cap):
-            out = super()._prime_step(output, cap)
+        def _algorithm_step(self, output, cap):
+            out = super()._algorithm_step(output, cap)
             rewards.append(out["prime_token_rewards"].clone())
             return out
 
-    tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-             args=_config(cfg_cls, tmp_path, prm_model=small, max_steps=2))
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, prm_model=small, max_steps=2),
+    )
     prm, ref = tr.prm_model, unwrap(tr.implicit_prm.ref_model)
     assert prm.config.hidden_size == 32 and ref.config.hidden_size == 32
     assert unwrap(tr.model).config.hidden_size == 64

@@ -19,8 +19,9 @@ def logsig(x: float) -> float:
 
 
 def close(a, b, atol=1e-6, rtol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=atol, rtol=rtol
+    )
 
 
 def right_mask(lengths, T):
@@ -160,8 +161,9 @@ def test_prm_loss_gradient_flows_into_prm_logps(loss_type):
     prm = (-torch.rand(4, 6, generator=g) * 3).requires_grad_(True)
     ref = -torch.rand(4, 6, generator=g) * 3
     mask = right_mask([6, 4, 5, 2], 6)
-    loss = F.implicit_prm_loss(prm, ref, mask, torch.tensor([1.0, 0.0, 0.0, 1.0]), loss_type=loss_type,
-                               group_ids=torch.tensor([0, 0, 1, 1]))
+    loss = F.implicit_prm_loss(
+        prm, ref, mask, torch.tensor([1.0, 0.0, 0.0, 1.0]), loss_type=loss_type, group_ids=torch.tensor([0, 0, 1, 1])
+    )
     loss.backward()
     assert prm.grad is not None and torch.isfinite(prm.grad).all()
     assert (prm.grad[mask] != 0).all()
@@ -175,8 +177,9 @@ def test_prm_loss_gradient_flows_into_prm_logps(loss_type):
 
 
 def test_step_rewards_and_aggregation_hand():
-    tok = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]],
-                       requires_grad=True)
+    tok = torch.tensor(
+        [[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]], requires_grad=True
+    )
     ends = torch.tensor([[0, 1, 0, 0, 1], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]]).bool()
     vals, smask = F.step_rewards(tok, ends)
     close(vals, [[3.0, 12.0], [3.0, 0.0], [0.0, 0.0]])
@@ -223,7 +226,14 @@ def test_step_end_mask_text_splits_on_two_tokenizer_styles():
     # "\n" "\n" is a run of two newline delimiters: one step end at the run's last delimiter (split_steps'
     # steps "First", "Second", "end"; the lone "\n" between them is not a step)
     assert F.step_end_mask(ids, mask, llama, split="newline")[0].tolist() == [
-        False, False, False, True, False, True, True]
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
     # a triple newline holds one delimiter (non-overlapping, like str.split)
     tri = PieceTokenizer({0: "A", 1: "\n\n\n", 2: "B"})
     assert F.step_end_mask(torch.tensor([[0, 1, 2]]), torch.ones(1, 3), tri)[0].tolist() == [False, True, True]
@@ -233,8 +243,10 @@ def test_step_end_mask_length_and_token():
     ids = torch.zeros(2, 7, dtype=torch.long)
     mask = right_mask([7, 4], 7)
     ends = F.step_end_mask(ids, mask, split="length", step_len=3)
-    assert ends.tolist() == [[False, False, True, False, False, True, True],
-                             [False, False, True, True, False, False, False]]
+    assert ends.tolist() == [
+        [False, False, True, False, False, True, True],
+        [False, False, True, True, False, False, False],
+    ]
     assert torch.equal(F.step_end_mask(ids, mask, split="token"), mask)
 
 
@@ -331,8 +343,8 @@ def test_rloo_invariant_return_at_t0_is_the_loo_difference():
     L = torch.tensor(lengths, dtype=torch.float64)
     Pm = P * mask
     rbar = Pm.sum(1) / L
-    loo_r = torch.stack([(rbar[(i // K) * K:(i // K + 1) * K].sum() - rbar[i]) / (K - 1) for i in range(B)])
-    loo_o = torch.stack([(o[(i // K) * K:(i // K + 1) * K].sum() - o[i]) / (K - 1) for i in range(B)])
+    loo_r = torch.stack([(rbar[(i // K) * K : (i // K + 1) * K].sum() - rbar[i]) / (K - 1) for i in range(B)])
+    loo_o = torch.stack([(o[(i // K) * K : (i // K + 1) * K].sum() - o[i]) / (K - 1) for i in range(B)])
     _, ret_p = F.rloo_advantages(P, o, mask, K, outcome_coef=0.0)
     close(ret_p[:, 0], Pm.sum(1) - L * loo_r, atol=1e-12)
     _, ret_o = F.rloo_advantages(P, o, mask, K, process_coef=0.0)
@@ -371,8 +383,7 @@ def test_rloo_nan_outcome_excluded_and_zero():
     close(ret[keep], ret_sub)
     # whitening statistics exclude the unscorable row too
     adv_w, ret_w = F.rloo_advantages(P, o, mask, group_ids=torch.tensor([0, 0, 0, 1, 1, 1]), whiten=True)
-    adv_sub, _ = F.rloo_advantages(P[keep], o[keep], mask[keep], group_ids=torch.tensor([0, 0, 1, 1, 1]),
-                                   whiten=True)
+    adv_sub, _ = F.rloo_advantages(P[keep], o[keep], mask[keep], group_ids=torch.tensor([0, 0, 1, 1, 1]), whiten=True)
     close(adv_w[keep], adv_sub)
     assert (adv_w[2] == 0).all()
     # a group left with a single scorable row has no baseline: advantage 0
@@ -414,8 +425,12 @@ def test_prime_advantages_estimators_hand():
     so = math.sqrt(1.0 / 3.0)
     oa = [(1 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps), (0 - 1 / 3) / (so + eps)]
     want = [[pt(1) + pt(1) + oa[0], pt(1) + oa[0]], [pt(3) + oa[1], 0.0], [pt(2) + pt(2) + oa[2], pt(2) + oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token",
-                            grpo_process_scale="process_std"), want)  # printed Eq. 8
+    close(
+        F.prime_advantages(
+            P, o, mask, gid, estimator="grpo", grpo_process_form="token", grpo_process_scale="process_std"
+        ),
+        want,
+    )  # printed Eq. 8
     # rloo through prime_advantages = rloo_advantages
     adv, _ = F.rloo_advantages(P, o, mask, 3, baseline="reference", whiten=True)
     close(F.prime_advantages(P, o, mask, gid, baseline="reference", whiten=True), adv)
@@ -441,8 +456,10 @@ def test_group_ids_any_order_equals_contiguous():
     a = F.prl_advantages(o, old, ref, mask, contiguous, eta=2.0)
     b = F.prl_advantages(o[perm], old[perm], ref[perm], mask[perm], [f"p{int(i)}" for i in shuffled], eta=2.0)
     close(b, a[perm])
-    close(F.prm_pair_accuracy(P.sum(1)[perm], o[perm], group_ids=shuffled),
-          F.prm_pair_accuracy(P.sum(1), o, group_ids=contiguous))
+    close(
+        F.prm_pair_accuracy(P.sum(1)[perm], o[perm], group_ids=shuffled),
+        F.prm_pair_accuracy(P.sum(1), o, group_ids=contiguous),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -470,10 +487,12 @@ def test_prm_pair_and_abs_accuracy_hand():
     # fractional outcomes weight by |do|; a score tie counts as "not greater"
     # pairs: (0,1) tie & o0<o1 -> right (w .7); (0,2) r0<r2 but o0>o2 -> wrong (.1); (1,2) wrong (.8)
     assert F.prm_pair_accuracy(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.2, 0.9, 0.1]), 3) == pytest.approx(
-        0.7 / (0.7 + 0.1 + 0.8))
+        0.7 / (0.7 + 0.1 + 0.8)
+    )
     # ties="half": the tied pair (0,1) scores half its weight -> (0.35 + 0) / 1.6
-    assert F.prm_pair_accuracy(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.2, 0.9, 0.1]), 3,
-                               ties="half") == pytest.approx(0.35 / 1.6)
+    assert F.prm_pair_accuracy(
+        torch.tensor([1.0, 1.0, 2.0]), torch.tensor([0.2, 0.9, 0.1]), 3, ties="half"
+    ) == pytest.approx(0.35 / 1.6)
     # a PRM that ties everything reads exactly 0.5 whatever the row order (the default depends on it)
     zeros = torch.zeros(4)
     for o in ([1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]):
@@ -543,7 +562,11 @@ def test_prof_figure_example_5_correct_3_incorrect_keep_4():
     # 2 + 2: the two most consistent correct (0.9, 0.7), the two least consistent incorrect (0.2, 0.6)
     assert kept.tolist() == [0, 3, 5, 7]
     assert F.prof_select(torch.zeros(8, dtype=torch.long), c, torch.full((8,), 5), o, num_keep=4).tolist() == [
-        0, 3, 5, 7]
+        0,
+        3,
+        5,
+        7,
+    ]
 
 
 def test_prof_k_plus_k_minus_maximise_product_brute_force():
@@ -674,8 +697,10 @@ def test_prof_step_scores_from_logits_and_implicit():
 def test_dtypes_and_shapes_preserved(dtype):
     g = torch.Generator().manual_seed(13)
     B, T = 4, 6
-    prm64, ref64 = -torch.rand(B, T, generator=g, dtype=torch.float64), -torch.rand(B, T, generator=g,
-                                                                                       dtype=torch.float64)
+    prm64, ref64 = (
+        -torch.rand(B, T, generator=g, dtype=torch.float64),
+        -torch.rand(B, T, generator=g, dtype=torch.float64),
+    )
     mask = right_mask([6, 3, 5, 2], T)
     o64 = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     gid = torch.tensor([0, 0, 1, 1])
@@ -693,11 +718,15 @@ def test_dtypes_and_shapes_preserved(dtype):
     check(adv, adv64)
     check(ret, ret64)
     for est in ("grpo", "reinforce"):
-        check(F.prime_advantages(r, o, mask, gid, estimator=est), F.prime_advantages(r.double(), o64, mask, gid,
-                                                                                     estimator=est))
+        check(
+            F.prime_advantages(r, o, mask, gid, estimator=est),
+            F.prime_advantages(r.double(), o64, mask, gid, estimator=est),
+        )
     check(F.grpo_advantages(o, gid), F.grpo_advantages(o64, gid))
-    check(F.prl_advantages(o, prm, ref, mask, gid, eta=2.0),
-          F.prl_advantages(o64, prm.double(), ref.double(), mask, gid, eta=2.0))
+    check(
+        F.prl_advantages(o, prm, ref, mask, gid, eta=2.0),
+        F.prl_advantages(o64, prm.double(), ref.double(), mask, gid, eta=2.0),
+    )
     check(F.masked_whiten(prm, mask), F.masked_whiten(prm.double(), mask))
     check(F.discounted_cumsum(prm, 0.9), F.discounted_cumsum(prm.double(), 0.9))
     ends = F.step_end_mask(torch.zeros(B, T, dtype=torch.long), mask, split="length", step_len=2)
@@ -816,32 +845,84 @@ def test_public_api_matches_spec_signatures():
         "split_steps": ["text", "delimiter"],
         "step_end_mask": ["completion_ids", "mask", "tokenizer", "split", "step_len"],
         "masked_whiten": ["values", "mask", "shift_mean", "eps"],
-        "rloo_advantages": ["process_rewards", "outcome_rewards", "mask", "num_generations", "process_coef",
-                            "outcome_coef", "gamma", "outcome_gamma", "baseline", "whiten", "process_reward_norm"],
+        "rloo_advantages": [
+            "process_rewards",
+            "outcome_rewards",
+            "mask",
+            "num_generations",
+            "process_coef",
+            "outcome_coef",
+            "gamma",
+            "outcome_gamma",
+            "baseline",
+            "whiten",
+            "process_reward_norm",
+        ],
         "grpo_advantages": ["rewards", "group_ids", "scale_rewards", "eps"],
         "prime_advantages": ["process_rewards", "outcome_rewards", "mask", "group_ids", "estimator"],
-        "prompt_accuracy_mask": ["outcome_rewards", "num_generations", "lower", "upper", "completion_lengths",
-                                 "max_completion_length"],
+        "prompt_accuracy_mask": [
+            "outcome_rewards",
+            "num_generations",
+            "lower",
+            "upper",
+            "completion_lengths",
+            "max_completion_length",
+        ],
         "prm_pair_accuracy": ["sequence_rewards", "outcome_rewards", "num_generations"],
         "prm_abs_accuracy": ["sequence_rewards", "outcome_rewards"],
-        "prl_advantages": ["outcome_rewards", "old_logps", "ref_logps", "mask", "group_ids", "eta", "step_ends",
-                           "order", "scale_rewards", "eps", "zero_fill_compat"],
+        "prl_advantages": [
+            "outcome_rewards",
+            "old_logps",
+            "ref_logps",
+            "mask",
+            "group_ids",
+            "eta",
+            "step_ends",
+            "order",
+            "scale_rewards",
+            "eps",
+            "zero_fill_compat",
+        ],
         "prof_consistency_scores": ["step_scores", "step_mask", "center"],
-        "prof_select": ["group_ids", "consistency", "num_steps", "outcome_rewards", "num_remove", "penalty",
-                        "min_steps", "max_steps", "penalty_position", "mode", "rounding", "generator"],
+        "prof_select": [
+            "group_ids",
+            "consistency",
+            "num_steps",
+            "outcome_rewards",
+            "num_remove",
+            "penalty",
+            "min_steps",
+            "max_steps",
+            "penalty_position",
+            "mode",
+            "rounding",
+            "generator",
+        ],
     }
     defaults = {
-        ("implicit_token_rewards", "beta"): 0.05, ("implicit_prm_loss", "loss_type"): "ce",
-        ("rloo_advantages", "baseline"): "paper", ("rloo_advantages", "whiten"): False,
-        ("rloo_advantages", "process_reward_norm"): "none", ("grpo_advantages", "eps"): 1e-6,
-        ("prime_advantages", "estimator"): "rloo", ("prompt_accuracy_mask", "lower"): 0.2,
-        ("prompt_accuracy_mask", "upper"): 0.8, ("prl_advantages", "eta"): 200.0,
-        ("prl_advantages", "order"): "advantage_first", ("prl_advantages", "zero_fill_compat"): False,
-        ("prof_select", "penalty"): 10.0, ("prof_select", "min_steps"): 2, ("prof_select", "max_steps"): 30,
-        ("prof_select", "penalty_position"): "reference", ("prof_select", "mode"): "both",
-        ("prof_select", "rounding"): "half_even", ("masked_whiten", "eps"): 1e-8,
-        ("aggregate_step_rewards", "how"): "min", ("split_steps", "delimiter"): "\n\n",
-        ("step_end_mask", "split"): "double_newline", ("prof_consistency_scores", "center"): "none",
+        ("implicit_token_rewards", "beta"): 0.05,
+        ("implicit_prm_loss", "loss_type"): "ce",
+        ("rloo_advantages", "baseline"): "paper",
+        ("rloo_advantages", "whiten"): False,
+        ("rloo_advantages", "process_reward_norm"): "none",
+        ("grpo_advantages", "eps"): 1e-6,
+        ("prime_advantages", "estimator"): "rloo",
+        ("prompt_accuracy_mask", "lower"): 0.2,
+        ("prompt_accuracy_mask", "upper"): 0.8,
+        ("prl_advantages", "eta"): 200.0,
+        ("prl_advantages", "order"): "advantage_first",
+        ("prl_advantages", "zero_fill_compat"): False,
+        ("prof_select", "penalty"): 10.0,
+        ("prof_select", "min_steps"): 2,
+        ("prof_select", "max_steps"): 30,
+        ("prof_select", "penalty_position"): "reference",
+        ("prof_select", "mode"): "both",
+        ("prof_select", "rounding"): "half_even",
+        ("masked_whiten", "eps"): 1e-8,
+        ("aggregate_step_rewards", "how"): "min",
+        ("split_steps", "delimiter"): "\n\n",
+        ("step_end_mask", "split"): "double_newline",
+        ("prof_consistency_scores", "center"): "none",
     }
     for name, params in pinned.items():
         assert name in F.__all__
@@ -878,8 +959,9 @@ def test_prof_consistency_rejects_step_scores_outside_unit_interval():
         with pytest.raises(ValueError, match=r"`step_scores` must be probabilities in \[0, 1\].*step_scores\[0, 1\]"):
             F.prof_consistency_scores(torch.tensor([[0.5, bad, 0.0]]), m)
     # padded (step_mask=0) positions are ignored, whatever they hold (the released code pads with -99)
-    c, n = F.prof_consistency_scores(torch.tensor([[0.0, 1.0, float("nan")], [0.5, -99.0, 9.0]]),
-                                     torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    c, n = F.prof_consistency_scores(
+        torch.tensor([[0.0, 1.0, float("nan")], [0.5, -99.0, 9.0]]), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    )
     close(c, [0.5, 0.5])
     assert n.tolist() == [2, 1]
 
@@ -981,7 +1063,8 @@ def test_prof_select_without_group_ids_accepts_num_generations():
     with pytest.raises(ValueError, match="pass `group_ids`.*or `num_generations`"):
         F.prof_select(None, c, H, o, num_remove=2)
     assert F.prof_select(None, c, H, o, num_remove=2, num_generations=4).tolist() == (
-        F.prof_select([0] * 4, c, H, o, num_remove=2).tolist())
+        F.prof_select([0] * 4, c, H, o, num_remove=2).tolist()
+    )
 
 
 def test_step_end_mask_agrees_with_split_steps_on_delimiter_runs():
@@ -1004,3 +1087,57 @@ def test_step_end_mask_agrees_with_split_steps_on_delimiter_runs():
     # split="newline" on "A\n\n\n\nB" with "\n\n" tokens: the same single boundary
     ends = F.step_end_mask(torch.tensor([[0, 1, 1, 2]]), torch.ones(1, 4), tok, split="newline")[0]
     assert ends.tolist() == [False, False, True, True]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# token-level PPO-clip loss (PRIME Eq. 6)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class TestTokenPPOClipLoss:
+    """``token_ppo_clip_loss`` on hand-computed ratios, clips, masks and normalizers."""
+
+    def test_hand_computed_clip_both_sides(self):
+        # ratios 1.5, 0.5, 1.0 (old log-probs 0); advantages 1, -1, 2; the third token is masked out
+        logps = torch.log(torch.tensor([[1.5, 0.5, 1.0]], dtype=torch.float64))
+        adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+        mask = torch.tensor([[1, 1, 0]])
+        loss = F.token_ppo_clip_loss(logps, torch.zeros_like(logps), adv, mask, epsilon_low=0.2, epsilon_high=0.28)
+        # token 1: min(1.5 * 1, 1.28 * 1) = 1.28; token 2: min(0.5 * -1, 0.8 * -1) = -0.8; mean of -(1.28, -0.8)
+        close(loss, (-1.28 + 0.8) / 2)
+        assert loss.dtype == torch.float64 and loss.dim() == 0
+
+    def test_unclipped_ratio_inside_the_range(self):
+        logps = torch.log(torch.tensor([[1.1, 0.9]]))
+        adv = torch.tensor([[2.0, 3.0]])
+        loss = F.token_ppo_clip_loss(logps, torch.zeros_like(logps), adv, torch.ones(1, 2))
+        close(loss, -(1.1 * 2.0 + 0.9 * 3.0) / 2, atol=1e-6)
+
+    def test_on_policy_sequence_advantages_and_normalizer(self):
+        # old_logps None: ratio 1, loss = -sum_t A m / N; (B,) advantages broadcast over the tokens
+        logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -0.5]], requires_grad=True)
+        adv = torch.tensor([0.5, -2.0])
+        mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+        loss = F.token_ppo_clip_loss(logps, None, adv, mask, normalizer=torch.tensor(4.0))
+        close(loss, -(0.5 + 0.5 - 2.0) / 4.0)
+        loss.backward()
+        # d loss / d logps_t = -A_t m_t / N (the ratio's derivative is 1 at ratio 1)
+        close(logps.grad, torch.tensor([[-0.125, -0.125, 0.0], [0.5, 0.0, 0.0]]))
+
+    def test_empty_mask_gives_zero(self):
+        logps = torch.zeros(2, 3)
+        loss = F.token_ppo_clip_loss(logps, logps, torch.ones(2, 3), torch.zeros(2, 3))
+        assert loss.item() == 0.0
+
+    def test_shape_errors(self):
+        logps = torch.zeros(2, 3)
+        with pytest.raises(ValueError, match="`logps` must have shape"):
+            F.token_ppo_clip_loss(torch.zeros(3), None, torch.zeros(3), torch.ones(3))
+        with pytest.raises(ValueError, match="`logps` and `mask`"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(2, 3), torch.ones(2, 4))
+        with pytest.raises(ValueError, match="`logps` and `old_logps`"):
+            F.token_ppo_clip_loss(logps, torch.zeros(2, 4), torch.zeros(2, 3), torch.ones(2, 3))
+        with pytest.raises(ValueError, match="`advantages` must have shape \\(2,\\)"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(3), torch.ones(2, 3))
+        with pytest.raises(ValueError, match="`logps` and `advantages`"):
+            F.token_ppo_clip_loss(logps, None, torch.zeros(2, 4), torch.ones(2, 3))

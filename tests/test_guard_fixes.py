@@ -13,19 +13,37 @@ from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
 from trl_prime import (
-    PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
+    PrimeGRPOConfig,
+    PrimeGRPOTrainer,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    PRLConfig,
+    PRLGRPOTrainer,
+    ProfGRPOConfig,
     ProfGRPOTrainer,
 )
 from trl_prime.modeling import adapter_parameters, unwrap
+
 
 K = 4
 
 
 def _kw(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=8, num_generations=K, max_completion_length=8, max_steps=1,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-3,
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=8,
+        max_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
     )
     kw.update(overrides)
     return kw
@@ -37,15 +55,33 @@ def _trainer(which, path, tmp_path, reward, step_prm=None, callbacks=None, train
         overrides.setdefault("prm_learning_rate", 1e-2)
         overrides.setdefault("filter_lower", 0.0)  # the filter open: zero-spread groups are kept
         overrides.setdefault("filter_upper", 1.0)
-        cls, cfg = {"prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig),
-                    "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig)}[which]
-        return cls(model=path, reward_funcs=reward, args=cfg(**_kw(tmp_path, **overrides)), train_dataset=data,
-                   callbacks=callbacks, **(trainer_kwargs or {}))
+        cls, cfg = {
+            "prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig),
+            "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig),
+        }[which]
+        return cls(
+            model=path,
+            reward_funcs=reward,
+            args=cfg(**_kw(tmp_path, **overrides)),
+            train_dataset=data,
+            callbacks=callbacks,
+            **(trainer_kwargs or {}),
+        )
     if which == "prl":
-        return PRLGRPOTrainer(model=path, reward_funcs=reward, train_dataset=data, callbacks=callbacks,
-                              args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)))
-    return ProfGRPOTrainer(model=path, reward_funcs=reward, train_dataset=data, callbacks=callbacks,
-                           args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=step_prm, prof_num_keep=2, **overrides)))
+        return PRLGRPOTrainer(
+            model=path,
+            reward_funcs=reward,
+            train_dataset=data,
+            callbacks=callbacks,
+            args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)),
+        )
+    return ProfGRPOTrainer(
+        model=path,
+        reward_funcs=reward,
+        train_dataset=data,
+        callbacks=callbacks,
+        args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=step_prm, prof_num_keep=2, **overrides)),
+    )
 
 
 def _snap(module):
@@ -59,16 +95,18 @@ def _same(a, b):
 def _opt_state(opt):
     inner = getattr(opt, "optimizer", opt)
     states = [inner.state[p] for g in inner.param_groups for p in g["params"] if p in inner.state]
-    return {i: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-            for i, st in enumerate(states)}
+    return {
+        i: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()} for i, st in enumerate(states)
+    }
 
 
 def _same_state(a, b):
     def equal(x, y):
         return torch.equal(torch.as_tensor(x), torch.as_tensor(y))
 
-    return a.keys() == b.keys() and all(a[i].keys() == b[i].keys() and all(equal(a[i][k], b[i][k]) for k in a[i])
-                                        for i in a)
+    return a.keys() == b.keys() and all(
+        a[i].keys() == b[i].keys() and all(equal(a[i][k], b[i][k]) for k in a[i]) for i in a
+    )
 
 
 def _logs(tr):
@@ -101,6 +139,7 @@ def test_group_reward_spread_hand_values():
 
 def _by_group(values):
     """Reward by position in the generation batch: completion i gets values[(i // K) % len(values)][i % K]."""
+
     def reward(completions, **kw):
         return [float(values[(i // K) % len(values)][i % K]) for i in range(len(completions))]
 
@@ -153,6 +192,7 @@ class Snapshots(TrainerCallback):
 def _overflow_hook(tr, factor=1e35, from_step=2):
     """Gradient hook: from optimizer step `from_step` on, the gradient is multiplied by `factor` (finite values whose
     global L2 norm overflows float32 to inf: clipping then scales every gradient to 0)."""
+
     def hook(g):
         return g * factor if tr.state.global_step + 1 >= from_step else g
 
@@ -164,8 +204,16 @@ def test_policy_gradient_overflow_is_caught_after_clipping(tiny_model_path, tmp_
     zeros, which look finite; the guard judges the clipping's norm, so steps 2 and 3 are skipped (weights and Adam
     moments of step 1 kept, scheduler not advanced) and the run stops at max_nonfinite_skips=2."""
     snaps = Snapshots()
-    tr = _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), callbacks=[snaps], max_steps=5,
-                  max_nonfinite_skips=2, lr_scheduler_type="linear")
+    tr = _trainer(
+        "prime_rloo",
+        tiny_model_path,
+        tmp_path,
+        contains_reward("e"),
+        callbacks=[snaps],
+        max_steps=5,
+        max_nonfinite_skips=2,
+        lr_scheduler_type="linear",
+    )
     snaps.trainer = tr
     unwrap(tr.model).lm_head.weight.register_hook(_overflow_hook(tr))
     with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
@@ -187,8 +235,15 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
     the policy step of the batch too, the log says no single row is to blame, and the run stops at
     max_nonfinite_skips=2."""
     snaps = Snapshots()
-    tr = _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), callbacks=[snaps], max_steps=5,
-                  max_nonfinite_skips=2)
+    tr = _trainer(
+        "prime_rloo",
+        tiny_model_path,
+        tmp_path,
+        contains_reward("e"),
+        callbacks=[snaps],
+        max_steps=5,
+        max_nonfinite_skips=2,
+    )
     snaps.trainer = tr
     unwrap(tr.prm_model).lm_head.weight.register_hook(_overflow_hook(tr))
     with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
@@ -197,24 +252,34 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
     assert _same(snaps.prm[1], snaps.prm[2]) and _same(snaps.prm[1], _snap(tr.prm_model))
     assert snaps.prm_opt[1] and _same_state(snaps.prm_opt[1], _opt_state(tr.prm_optimizer))
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.policy[1], _snap(tr.model))
-    assert tr._prime_num_updates == 1 and tr._guard_total_skips == 2
+    assert tr.prm_optim.num_updates == 1 and tr._guard_total_skips == 2
     text = caplog.text
-    assert ("Non-finite values at step 2 (non-finite PRM loss/gradient norm): skipping the optimizer step. "
-            "Offending rows: none, gradient overflow (no single row).") in text
+    assert (
+        "Non-finite values at step 2 (non-finite PRM loss/gradient norm): skipping the optimizer step. "
+        "Offending rows: none, gradient overflow (no single row)."
+    ) in text
     assert "None; sample ids: []" not in text
 
 
 @pytest.mark.parametrize("prm_update", ["single", "double"])
-def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_model_path, tmp_path, monkeypatch,
-                                                                       caplog, prm_update):
+def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(
+    tiny_model_path, tmp_path, monkeypatch, caplog, prm_update
+):
     """Row 5's PRM log-probs blow up at step 2 (token rewards ~1e5, finite, past prm_max_abs_token_reward=100): the
     PRM step (checked before it runs) and the policy step are skipped, row 5 and its sample id are logged, step 3
     trains."""
     import trl_prime.prime.trainer as pt
 
     snaps = Snapshots()
-    tr = _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), callbacks=[snaps], max_steps=3,
-                  prm_update=prm_update)
+    tr = _trainer(
+        "prime_rloo",
+        tiny_model_path,
+        tmp_path,
+        contains_reward("e"),
+        callbacks=[snaps],
+        max_steps=3,
+        prm_update=prm_update,
+    )
     snaps.trainer = tr
     assert tr.args.prm_max_abs_token_reward == 100.0  # the documented default
     real = pt.completion_logps
@@ -231,10 +296,12 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_mod
         tr.train()
     assert _same(snaps.prm[1], snaps.prm[2]) and not _same(snaps.prm[2], snaps.prm[3])
     assert _same(snaps.policy[1], snaps.policy[2]) and not _same(snaps.policy[2], snaps.policy[3])
-    assert tr._prime_num_updates == 2 and tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
+    assert tr.prm_optim.num_updates == 2 and tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
     text = caplog.text
-    assert ("Non-finite or out-of-bound values at step 2 (token_rewards beyond +-100): skipping the optimizer step. "
-            "Offending rows of the global generation batch: [5]; sample ids: ['What is") in text
+    assert (
+        "Non-finite or out-of-bound values at step 2 (token_rewards beyond +-100): skipping the optimizer step. "
+        "Offending rows of the global generation batch: [5]; sample ids: ['What is"
+    ) in text
     assert text.count("Offending rows of the global generation batch") == 1  # logged once, not per check
     assert "Non-finite or out-of-bound values at step 3" not in text
 
@@ -242,8 +309,12 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(tiny_mod
 def test_token_reward_bound_is_validated():
     with pytest.raises(ValueError, match=r"`prm_max_abs_token_reward`=0 must be a number > 0 or None"):
         PrimeRLOOConfig(output_dir="unused", prm_max_abs_token_reward=0, use_cpu=True, report_to=[])
-    assert PrimeGRPOConfig(output_dir="unused", prm_max_abs_token_reward=None, use_cpu=True,
-                           report_to=[]).prm_max_abs_token_reward is None
+    assert (
+        PrimeGRPOConfig(
+            output_dir="unused", prm_max_abs_token_reward=None, use_cpu=True, report_to=[]
+        ).prm_max_abs_token_reward
+        is None
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,8 +325,16 @@ def test_ia3_policy_and_prm_adapters_train_base_frozen(tiny_model_path, tmp_path
 
     from trl_prime import ImplicitPRM
 
-    tr = _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), max_steps=1, save_strategy="steps",
-                  save_steps=1, trainer_kwargs=dict(peft_config=IA3Config(task_type="CAUSAL_LM")))
+    tr = _trainer(
+        "prime_rloo",
+        tiny_model_path,
+        tmp_path,
+        contains_reward("e"),
+        max_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        trainer_kwargs=dict(peft_config=IA3Config(task_type="CAUSAL_LM")),
+    )
     peft_model = unwrap(tr.model)
     prm = {n for n, _ in adapter_parameters(peft_model, "prm")}
     default = {n for n, _ in adapter_parameters(peft_model, "default")}
@@ -306,8 +385,13 @@ def test_prompt_learning_peft_config_is_refused(tiny_model_path, tmp_path):
     from peft import PromptTuningConfig
 
     with pytest.raises(ValueError, match=r"`peft_config` is a PROMPT_TUNING adapter.*LoRA \(LoraConfig\) or IA3"):
-        _trainer("prime_rloo", tiny_model_path, tmp_path, contains_reward("e"), trainer_kwargs=dict(
-            peft_config=PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)))
+        _trainer(
+            "prime_rloo",
+            tiny_model_path,
+            tmp_path,
+            contains_reward("e"),
+            trainer_kwargs=dict(peft_config=PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)),
+        )
 
 
 def test_prl_reference_copy_refuses_a_prompt_learning_adapter(tiny_model_path):
@@ -318,8 +402,10 @@ def test_prl_reference_copy_refuses_a_prompt_learning_adapter(tiny_model_path):
 
     from trl_prime.modeling import copy_adapter
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
-                           PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path),
+        PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4),
+    )
     with pytest.raises(ValueError, match=r"`peft_config` is a PROMPT_TUNING adapter"):
         copy_adapter(model, "ref")
     assert "ref" not in model.peft_config  # refused before anything was added

@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 
+
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (`pip install -e .[dev]`)")
 
 from peft import LoraConfig  # noqa: E402
@@ -26,6 +27,7 @@ from transformers import BitsAndBytesConfig  # noqa: E402
 
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer  # noqa: E402
 from trl_prime.modeling import unwrap  # noqa: E402
+
 
 K = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -46,9 +48,21 @@ def alternating_reward(completions, prompts, **kwargs):
 def _kwargs(out, **overrides) -> dict:
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
     kw = dict(
-        output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        per_device_train_batch_size=8, num_generations=K, max_completion_length=10, max_steps=3, logging_steps=1,
-        save_strategy="steps", save_steps=2, seed=0, learning_rate=1e-3,
+        output_dir=str(out),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=10,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        seed=0,
+        learning_rate=1e-3,
         model_init_kwargs=dict(quantization_config=quant, dtype=torch.float32),
     )
     kw.update(overrides)
@@ -84,8 +98,11 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _rows(trainer) -> dict:
-    return {h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
-            for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h}
+    return {
+        h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
+        for h in trainer.state.log_history
+        if "loss" in h and "train_runtime" not in h
+    }
 
 
 def _check_trained(trainer, before_base, before, adapters, metrics) -> None:
@@ -115,7 +132,8 @@ def _check_resume(make, full, tmp_path) -> None:
     assert resumed.state.global_step == 3
     # the resumed adapters keep their dtypes (TRL's QLoRA cast of the policy adapter to bfloat16 included)
     assert {n: p.dtype for n, p in resumed.model.named_parameters()} == {
-        n: p.dtype for n, p in full.model.named_parameters()}
+        n: p.dtype for n, p in full.model.named_parameters()
+    }
     final = {k: v.detach().clone() for k, v in unwrap(resumed.model).state_dict().items()}
     assert _same(final, {k: v.detach().clone() for k, v in unwrap(full.model).state_dict().items()})
     assert not _same(final, fresh)
@@ -129,8 +147,11 @@ def test_prime_policy_and_prm_adapters_on_a_4bit_base(llama_path, tmp_path):
 
     def make(out):
         return PrimeRLOOTrainer(
-            model=llama_path, reward_funcs=alternating_reward, train_dataset=tiny_prompt_dataset(8),
-            args=PrimeRLOOConfig(**_kwargs(out, prm_learning_rate=1e-2)), peft_config=LoraConfig(**LORA),
+            model=llama_path,
+            reward_funcs=alternating_reward,
+            train_dataset=tiny_prompt_dataset(8),
+            args=PrimeRLOOConfig(**_kwargs(out, prm_learning_rate=1e-2)),
+            peft_config=LoraConfig(**LORA),
         )
 
     full = make(tmp_path / "full")
@@ -140,8 +161,9 @@ def test_prime_policy_and_prm_adapters_on_a_4bit_base(llama_path, tmp_path):
     before_base = _base(full.model)
     before = {a: _adapter(full.model, a) for a in ("default", "prm")}
     full.train()
-    _check_trained(full, before_base, before, ("default", "prm"),
-                   ("prm/loss", "prm/grad_norm", "prm/token_reward_std"))
+    _check_trained(
+        full, before_base, before, ("default", "prm"), ("prm/loss", "prm/grad_norm", "prm/token_reward_std")
+    )
     rows = _rows(full)
     assert rows[1]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert rows[1]["prm/token_reward_min"] == rows[1]["prm/token_reward_max"] == 0.0
@@ -151,13 +173,14 @@ def test_prime_policy_and_prm_adapters_on_a_4bit_base(llama_path, tmp_path):
 
     resumed = make(tmp_path / "resumed")
     _check_resume(lambda out: resumed, full, tmp_path)
-    assert resumed._prime_num_updates == full._prime_num_updates == 3
+    assert resumed.prm_optim.num_updates == full.prm_optim.num_updates == 3
 
     def adam(opt):
         return [(s["exp_avg"], s["exp_avg_sq"]) for s in (opt.state[p] for g in opt.param_groups for p in g["params"])]
 
-    assert all(torch.equal(x, y) for a, b in zip(adam(full.prm_optimizer), adam(resumed.prm_optimizer))
-               for x, y in zip(a, b))
+    assert all(
+        torch.equal(x, y) for a, b in zip(adam(full.prm_optimizer), adam(resumed.prm_optimizer)) for x, y in zip(a, b)
+    )
 
 
 def test_prl_adapter_on_a_4bit_base(llama_path, tmp_path):
@@ -166,7 +189,9 @@ def test_prl_adapter_on_a_4bit_base(llama_path, tmp_path):
 
     def make(out):
         return PRLGRPOTrainer(
-            model=llama_path, reward_funcs=alternating_reward, train_dataset=tiny_prompt_dataset(8),
+            model=llama_path,
+            reward_funcs=alternating_reward,
+            train_dataset=tiny_prompt_dataset(8),
             args=PRLConfig(**_kwargs(out, prl_eta=2.0, prl_step_split="length", prl_step_len=3, learning_rate=1e-2)),
             peft_config=LoraConfig(**LORA),
         )
@@ -198,10 +223,11 @@ def test_prime_lora_recipe_with_load_in_4bit_on_cpu(tmp_path):
     mod = _recipe("prime_lora")
     out = str(tmp_path / "lora4")
     data, args, model_args = prime.parse_args(
-        [*_overrides(model_path, data_path, out, batch=8), "--load_in_4bit", "true"], mod.DEFAULT_CONFIG)
+        [*_overrides(model_path, data_path, out, batch=8), "--load_in_4bit", "true"], mod.DEFAULT_CONFIG
+    )
     assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4"
     trainer = prime.main(data, args, model_args, require_peft=True)
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
     assert all(h["grad_norm"] > 0 for h in trainer.state.log_history if "prm/loss" in h)
     _check_4bit(trainer.model)

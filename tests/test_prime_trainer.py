@@ -16,6 +16,7 @@ from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback, TokenRewardLogger
 from trl_prime.modeling import unwrap
 
+
 K = 4
 
 
@@ -103,9 +104,24 @@ def _trainer(cls, cfg_cls, path, tmp_path, reward=None, callbacks=None, n_prompt
 def test_config_defaults_and_validation(tmp_path):
     cfg = _config(PrimeRLOOConfig, tmp_path)
     defaults = PrimeRLOOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True)
-    assert (defaults.prm_beta, defaults.prm_learning_rate, defaults.prm_loss, defaults.prm_update) == (0.05, 1e-6, "ce", "single")
-    assert (defaults.prm_reference, defaults.prime_estimator, defaults.beta, defaults.num_generations) == ("sft", "rloo", 0.0, 4)
-    assert (defaults.filter_lower, defaults.filter_upper, defaults.epsilon, defaults.process_coef) == (0.2, 0.8, 0.2, 1.0)
+    assert (defaults.prm_beta, defaults.prm_learning_rate, defaults.prm_loss, defaults.prm_update) == (
+        0.05,
+        1e-6,
+        "ce",
+        "single",
+    )
+    assert (defaults.prm_reference, defaults.prime_estimator, defaults.beta, defaults.num_generations) == (
+        "sft",
+        "rloo",
+        0.0,
+        4,
+    )
+    assert (defaults.filter_lower, defaults.filter_upper, defaults.epsilon, defaults.process_coef) == (
+        0.2,
+        0.8,
+        0.2,
+        1.0,
+    )
     assert PrimeGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True).prime_estimator == "grpo"
     assert cfg.generation_batch_size == 8
     bad = [
@@ -139,8 +155,16 @@ def test_step0_is_rloo_with_outcome_rewards_only(tiny_model_path, tmp_path):
     from trl import RLOOConfig, RLOOTrainer
 
     rec = Recorder()
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, callbacks=[rec], max_steps=1,
-                  filter_lower=0.0, filter_upper=1.0)
+    tr = _trainer(
+        PrimeRLOOTrainer,
+        PrimeRLOOConfig,
+        tiny_model_path,
+        tmp_path,
+        callbacks=[rec],
+        max_steps=1,
+        filter_lower=0.0,
+        filter_upper=1.0,
+    )
     tr.train()
     ev = rec.events["on_rollouts_scored"][0]
     mask = ev["completion_mask"].bool()
@@ -160,15 +184,18 @@ def test_step0_is_rloo_with_outcome_rewards_only(tiny_model_path, tmp_path):
             return out
 
     cfg = RLOOConfig(**_base_kwargs(tmp_path / "vanilla", max_steps=1), beta=0.0)
-    Vanilla(model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(8)).train()
+    Vanilla(
+        model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(8)
+    ).train()
     van = captured["out"]
     assert torch.equal(van["completion_ids"], ev["completion_ids"])
     torch.testing.assert_close(van["advantages"], rloo, atol=1e-6, rtol=0)
 
 
 def test_prm_trains_optimizers_are_disjoint_and_reference_is_frozen(tiny_model_path, tmp_path):
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, max_steps=3,
-                  filter_lower=0.0, filter_upper=1.0)
+    tr = _trainer(
+        PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, max_steps=3, filter_lower=0.0, filter_upper=1.0
+    )
     prm0, ref0, pol0 = _snapshot(tr.prm_model), _snapshot(tr.implicit_prm.ref_model), _snapshot(tr.model)
     assert tr.implicit_prm.reference == "model"
     tr.train()
@@ -181,7 +208,7 @@ def test_prm_trains_optimizers_are_disjoint_and_reference_is_frozen(tiny_model_p
     assert policy_ids and not (policy_ids & prm_ids)
     assert not ({id(p) for p in tr.model.parameters()} & prm_ids)
     assert not ({id(p) for p in tr.implicit_prm.ref_model.parameters()} & (policy_ids | prm_ids))
-    assert tr._prime_num_updates == 3
+    assert tr.prm_optim.num_updates == 3
     logs = [h for h in tr.state.log_history if "prm/loss" in h]
     assert len(logs) == 3 and logs[0]["prm/loss"] == pytest.approx(math.log(2), abs=1e-6)
 
@@ -194,9 +221,20 @@ def _key(prompt_ids, completion_ids):
     "cls,cfg_cls,reward,options",
     [
         (PrimeRLOOTrainer, PrimeRLOOConfig, alternating_reward, {}),
-        (PrimeRLOOTrainer, PrimeRLOOConfig, alternating_reward,
-         dict(whiten_advantages=True, process_reward_norm="batch_norm", prime_baseline="reference",
-              include_last_token=False, process_coef=5.0, outcome_coef=5.0, prm_update="double")),
+        (
+            PrimeRLOOTrainer,
+            PrimeRLOOConfig,
+            alternating_reward,
+            dict(
+                whiten_advantages=True,
+                process_reward_norm="batch_norm",
+                prime_baseline="reference",
+                include_last_token=False,
+                process_coef=5.0,
+                outcome_coef=5.0,
+                prm_update="double",
+            ),
+        ),
         (PrimeRLOOTrainer, PrimeRLOOConfig, unscorable_reward, dict(prm_micro_batch_size=3)),
         (PrimeGRPOTrainer, PrimeGRPOConfig, alternating_reward, dict(prime_gamma=0.9)),
     ],
@@ -212,7 +250,7 @@ def test_loss_gets_functional_prime_advantages(tiny_model_path, tmp_path, cls, c
 
     class Spy(cls):
         def _compute_loss(self, model, inputs):
-            seen.append({k: v for k, v in inputs.items()})
+            seen.append(dict(inputs))
             return super()._compute_loss(model, inputs)
 
     rec = Recorder()
@@ -246,24 +284,35 @@ def test_loss_gets_functional_prime_advantages(tiny_model_path, tmp_path, cls, c
         torch.testing.assert_close(ev["token_rewards"], rewards, atol=5e-6, rtol=1e-4)
         if step > 0 or a.prm_update == "double":
             assert rewards.abs().max() > 1e-5
-        opts = dict(estimator=a.prime_estimator, process_coef=a.process_coef, outcome_coef=a.outcome_coef,
-                    gamma=a.prime_gamma, whiten=a.whiten_advantages, process_reward_norm=a.process_reward_norm,
-                    include_last_token=a.include_last_token)
+        opts = dict(
+            estimator=a.prime_estimator,
+            process_coef=a.process_coef,
+            outcome_coef=a.outcome_coef,
+            gamma=a.prime_gamma,
+            whiten=a.whiten_advantages,
+            process_reward_norm=a.process_reward_norm,
+            include_last_token=a.include_last_token,
+        )
         if a.prime_estimator == "rloo":
             opts["baseline"] = a.prime_baseline
         else:
             opts["scale_rewards"] = True
         expected = F.prime_advantages(
-            process_rewards=rewards, outcome_rewards=torch.where(kept, outcome, torch.nan), mask=cm,
-            group_ids=torch.arange(len(outcome)) // K, **opts,
+            process_rewards=rewards,
+            outcome_rewards=torch.where(kept, outcome, torch.nan),
+            mask=cm,
+            group_ids=torch.arange(len(outcome)) // K,
+            **opts,
         )
         torch.testing.assert_close(ev["advantages"], expected, atol=2e-5, rtol=1e-4)
         assert torch.all(expected[~kept] == 0) and torch.all(expected[~scorable] == 0)
         assert torch.equal(ev["loss_mask"], cm * (kept & scorable)[:, None])
         # the loss saw exactly these rows (TRL shuffles the rows of a generation batch: match them by content)
         loss_inputs = seen[step]
-        want = {_key(ev["prompt_ids"][i], ev["completion_ids"][i]): (ev["advantages"][i], ev["loss_mask"][i])
-                for i in range(len(outcome))}
+        want = {
+            _key(ev["prompt_ids"][i], ev["completion_ids"][i]): (ev["advantages"][i], ev["loss_mask"][i])
+            for i in range(len(outcome))
+        }
         for i in range(loss_inputs["completion_ids"].size(0)):
             adv, lmask = want[_key(loss_inputs["prompt_ids"][i], loss_inputs["completion_ids"][i])]
             assert torch.equal(loss_inputs["advantages"][i], adv)
@@ -282,8 +331,16 @@ def test_filtered_groups_train_neither_prm_nor_policy(tiny_model_path, tmp_path)
 
     def run(reward, name, **kw):
         rec = Recorder()
-        tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path / name, reward=reward,
-                      callbacks=[rec], max_steps=1, **kw)
+        tr = _trainer(
+            PrimeRLOOTrainer,
+            PrimeRLOOConfig,
+            tiny_model_path,
+            tmp_path / name,
+            reward=reward,
+            callbacks=[rec],
+            max_steps=1,
+            **kw,
+        )
         tr.train()
         return tr, rec
 
@@ -353,17 +410,25 @@ def test_reference_options(tiny_model_path, tmp_path):
     from tiny import build_tiny_model
 
     rec = Recorder()
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path / "p", callbacks=[rec], max_steps=1,
-                  prm_reference="policy")
+    tr = _trainer(
+        PrimeRLOOTrainer,
+        PrimeRLOOConfig,
+        tiny_model_path,
+        tmp_path / "p",
+        callbacks=[rec],
+        max_steps=1,
+        prm_reference="policy",
+    )
     assert tr.implicit_prm.ref_model is None and tr.implicit_prm.reference == "external"
     tr.train()
     ev = rec.events["on_rollouts_scored"][0]
     assert torch.equal(ev["token_rewards"], torch.zeros_like(ev["token_rewards"]))
 
     rec = Recorder()
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path / "b", callbacks=[rec], max_steps=1,
-                  beta=0.1)
-    assert tr.implicit_prm.ref_model is tr.ref_model and tr._prime_shares_trl_ref
+    tr = _trainer(
+        PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path / "b", callbacks=[rec], max_steps=1, beta=0.1
+    )
+    assert tr.implicit_prm.ref_model is tr.ref_model and tr._shares_trl_ref
     tr.train()
     ev = rec.events["on_rollouts_scored"][0]
     assert torch.equal(ev["token_rewards"], torch.zeros_like(ev["token_rewards"]))
@@ -371,8 +436,15 @@ def test_reference_options(tiny_model_path, tmp_path):
 
     other = build_tiny_model(tmp_path / "other_prm", seed=7)
     rec = Recorder()
-    tr = _trainer(PrimeGRPOTrainer, PrimeGRPOConfig, tiny_model_path, tmp_path / "m", callbacks=[rec], max_steps=1,
-                  prm_model=other)
+    tr = _trainer(
+        PrimeGRPOTrainer,
+        PrimeGRPOConfig,
+        tiny_model_path,
+        tmp_path / "m",
+        callbacks=[rec],
+        max_steps=1,
+        prm_model=other,
+    )
     w_policy = unwrap(tr.model).model.embed_tokens.weight
     w_prm = tr.prm_model.model.embed_tokens.weight
     assert not torch.equal(w_policy, w_prm) and torch.equal(w_prm, tr.implicit_prm.ref_model.model.embed_tokens.weight)
@@ -406,8 +478,10 @@ def test_callbacks_fire_with_payloads_and_token_reward_logger(tiny_model_path, t
     logs = [h for h in tr.state.log_history if "prm/loss" in h]
     assert [s[2] for s in plain.prm_steps] == pytest.approx([h["prm/loss"] for h in logs])
     # the verifier's reason counts reach the logs through TRL's log_metric, next to the PRIME metrics
-    assert all(sum(h[f"math/{r}"] for r in ("correct", "wrong", "no_answer", "timeout", "error",
-                                             "gold_unparseable")) == 8 for h in logs)
+    assert all(
+        sum(h[f"math/{r}"] for r in ("correct", "wrong", "no_answer", "timeout", "error", "gold_unparseable")) == 8
+        for h in logs
+    )
     f = rec.events["on_prompts_filtered"][0]
     assert f["outcome_rewards"].shape == (8,) and f["kept_mask"].dtype == torch.bool and f["num_generations"] == K
     assert f["group_kept"].tolist() == [False, True] and f["kept_fraction"] == 0.5
@@ -435,13 +509,34 @@ def test_callbacks_fire_with_payloads_and_token_reward_logger(tiny_model_path, t
 def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(tiny_model_path, tmp_path):
     from trl_prime import ImplicitPRM
 
-    keys = ["prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "prm/token_reward_mean", "reward", "loss",
-            "filter/kept_fraction", "prm/grad_norm"]
+    keys = [
+        "prm/loss",
+        "prm/pair_accuracy",
+        "prm/abs_accuracy",
+        "prm/token_reward_mean",
+        "reward",
+        "loss",
+        "filter/kept_fraction",
+        "prm/grad_norm",
+    ]
 
     def make(out, callbacks=None):
-        return _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, reward=contains_reward("e"),
-                        callbacks=callbacks, max_steps=4, save_strategy="steps", save_steps=2, output_dir=str(out),
-                        filter_lower=0.0, filter_upper=1.0, prm_lr_scheduler="linear", n_prompts=16)
+        return _trainer(
+            PrimeRLOOTrainer,
+            PrimeRLOOConfig,
+            tiny_model_path,
+            tmp_path,
+            reward=contains_reward("e"),
+            callbacks=callbacks,
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            output_dir=str(out),
+            filter_lower=0.0,
+            filter_upper=1.0,
+            prm_lr_scheduler="linear",
+            n_prompts=16,
+        )
 
     full = make(tmp_path / "full")
     full.train()
@@ -456,17 +551,26 @@ def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(tiny_model_path, 
     first.train()
     ckpt = tmp_path / "resumed" / "checkpoint-2"
     prm_dir = ckpt / "prm"
-    assert {"config.json", "model.safetensors", "implicit_prm_config.json", "optimizer.pt", "scheduler.pt",
-            "prime_state.json", "reference"} <= set(os.listdir(prm_dir))
+    assert {
+        "config.json",
+        "model.safetensors",
+        "implicit_prm_config.json",
+        "optimizer.pt",
+        "scheduler.pt",
+        "prime_state.json",
+        "reference",
+    } <= set(os.listdir(prm_dir))
     # the saved PRM reloads on its own and scores like the live one
     prompts, completions = ["What is 1 + 1?", "What is 3 + 0?"], ["The answer\n\nis 2.", "3"]
     loaded = ImplicitPRM.from_pretrained(prm_dir)
-    assert loaded.score(prompts, completions) == pytest.approx(first.implicit_prm.score(prompts, completions), abs=1e-7)
+    assert loaded.score(prompts, completions) == pytest.approx(
+        first.implicit_prm.score(prompts, completions), abs=1e-7
+    )
     assert loaded.score(prompts, completions) != pytest.approx([0.0, 0.0], abs=1e-9)  # it did learn
 
     second = make(tmp_path / "resumed")
     second.train(resume_from_checkpoint=str(ckpt))
-    assert second._prime_num_updates == 4
+    assert second.prm_optim.num_updates == 4
     resumed_logs = {h["step"]: h for h in second.state.log_history if "prm/loss" in h}
     for step in (3, 4):
         for k in keys:
@@ -477,14 +581,35 @@ def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(tiny_model_path, 
 
 
 def test_twenty_step_run_logs_prm_metrics_every_step(tiny_model_path, tmp_path):
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, reward=contains_reward("e"),
-                  max_steps=20, n_prompts=40, prm_learning_rate=3e-3, filter_lower=0.0, filter_upper=1.0)
+    tr = _trainer(
+        PrimeRLOOTrainer,
+        PrimeRLOOConfig,
+        tiny_model_path,
+        tmp_path,
+        reward=contains_reward("e"),
+        max_steps=20,
+        n_prompts=40,
+        prm_learning_rate=3e-3,
+        filter_lower=0.0,
+        filter_upper=1.0,
+    )
     tr.train()
     logs = [h for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
     assert [h["step"] for h in logs] == list(range(1, 21))
-    names = ["loss", "prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "prm/token_reward_mean",
-             "prm/token_reward_std", "prm/token_reward_min", "prm/token_reward_max", "filter/kept_fraction",
-             "reward", "entropy", "clip_ratio/region_mean"]
+    names = [
+        "loss",
+        "prm/loss",
+        "prm/pair_accuracy",
+        "prm/abs_accuracy",
+        "prm/token_reward_mean",
+        "prm/token_reward_std",
+        "prm/token_reward_min",
+        "prm/token_reward_max",
+        "filter/kept_fraction",
+        "reward",
+        "entropy",
+        "clip_ratio/region_mean",
+    ]
     for h in logs:
         for n in names:
             assert n in h and h[n] is not None and math.isfinite(h[n]), (h["step"], n)
@@ -508,10 +633,16 @@ def test_config_prime_defaults_coefficients_and_loss_type_warning(tmp_path):
     rloo, grpo = PrimeRLOOConfig(**plain), PrimeGRPOConfig(**plain)
     assert (rloo.learning_rate, rloo.beta, rloo.num_generations, rloo.epsilon) == (5e-7, 0.0, 4, 0.2)
     assert (grpo.learning_rate, grpo.beta, grpo.num_generations, grpo.epsilon, grpo.loss_type) == (
-        5e-7, 0.0, 4, 0.2, "dapo"
+        5e-7,
+        0.0,
+        4,
+        0.2,
+        "dapo",
     )
-    for cls, overridden in ((PrimeRLOOConfig, ("beta", "num_generations", "learning_rate", "epsilon")),
-                            (PrimeGRPOConfig, ("beta", "num_generations", "learning_rate", "epsilon", "loss_type"))):
+    for cls, overridden in (
+        (PrimeRLOOConfig, ("beta", "num_generations", "learning_rate", "epsilon")),
+        (PrimeGRPOConfig, ("beta", "num_generations", "learning_rate", "epsilon", "loss_type")),
+    ):
         doc = " ".join(cls.__doc__.split())
         for name in overridden:
             assert f"``{name}``" in doc, (cls.__name__, name)
@@ -586,16 +717,28 @@ def test_pairwise_and_kto_prm_losses_match_functional(tiny_model_path, tmp_path,
     """The trainer's DPO/NCA/KTO PRM loss (computed on gathered per-sequence log-ratios) equals
     `functional.implicit_prm_loss` on the (B, T) log-probs of the same step, with pairs grouped by prompt."""
     rec = Recorder()
-    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, reward=alternating_reward,
-                  callbacks=[rec], prm_loss=prm_loss)
+    tr = _trainer(
+        PrimeRLOOTrainer,
+        PrimeRLOOConfig,
+        tiny_model_path,
+        tmp_path,
+        reward=alternating_reward,
+        callbacks=[rec],
+        prm_loss=prm_loss,
+    )
     tr.train()
     for prm_ev, ev in zip(rec.events["on_prm_step"], rec.events["on_rollouts_scored"]):
         B = ev["completion_mask"].size(0)
         assert prm_ev["loss_group_ids"].tolist() == [i // K for i in range(B)]
         assert torch.equal(prm_ev["loss_labels"].nan_to_num(-1), prm_ev["labels"].nan_to_num(-1))
         expected = F.implicit_prm_loss(
-            prm_logps=ev["prm_logps"], ref_logps=ev["ref_logps"], mask=ev["completion_mask"], labels=prm_ev["labels"],
-            beta=tr.args.prm_beta, loss_type=prm_loss, group_ids=torch.arange(B) // K,
+            prm_logps=ev["prm_logps"],
+            ref_logps=ev["ref_logps"],
+            mask=ev["completion_mask"],
+            labels=prm_ev["labels"],
+            beta=tr.args.prm_beta,
+            loss_type=prm_loss,
+            group_ids=torch.arange(B) // K,
         )
         assert prm_ev["loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
     assert rec.events["on_rollouts_scored"][1]["token_rewards"].abs().max() > 0  # step 2 checks non-zero rewards

@@ -14,14 +14,28 @@ from trl_prime import PRLConfig, PRLGRPOTrainer
 from trl_prime import functional as F
 from trl_prime.modeling import unwrap
 
+
 K = 4
 
 
 def _config(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=8, num_generations=K, max_completion_length=10, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2, prl_eta=2.0, prl_step_split="length",
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=10,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-2,
+        prl_eta=2.0,
+        prl_step_split="length",
         prl_step_len=3,
     )
     kw.update(overrides)
@@ -35,11 +49,17 @@ class Spy(PRLGRPOTrainer):
         self.rounds, self.loss_inputs = [], []
         super().__init__(*a, **kw)
 
-    def _prl_step(self, output, cap):
-        out = super()._prl_step(output, cap)
-        self.rounds.append(dict(self._prl_last, completion_ids=output["completion_ids"].clone(),
-                                prompt_ids=output["prompt_ids"].clone(), prompt_mask=output["prompt_mask"].clone(),
-                                local_advantages=out["advantages"].clone()))
+    def _algorithm_step(self, output, cap):
+        out = super()._algorithm_step(output, cap)
+        self.rounds.append(
+            dict(
+                self._prl_last,
+                completion_ids=output["completion_ids"].clone(),
+                prompt_ids=output["prompt_ids"].clone(),
+                prompt_mask=output["prompt_mask"].clone(),
+                local_advantages=out["advantages"].clone(),
+            )
+        )
         return out
 
     def _compute_loss(self, model, inputs):
@@ -48,8 +68,12 @@ class Spy(PRLGRPOTrainer):
 
 
 def _run(path, tmp_path, reward=None, cls=Spy, n_prompts=8, **overrides):
-    tr = cls(model=path, reward_funcs=reward or contains_reward("e"), args=_config(tmp_path, **overrides),
-             train_dataset=tiny_prompt_dataset(n_prompts))
+    tr = cls(
+        model=path,
+        reward_funcs=reward or contains_reward("e"),
+        args=_config(tmp_path, **overrides),
+        train_dataset=tiny_prompt_dataset(n_prompts),
+    )
     tr.train()
     return tr
 
@@ -75,9 +99,11 @@ def test_config_defaults_and_validation(tmp_path):
     assert (d.prl_eta, d.prl_step_split, d.prl_step_len, d.prl_order) == (200.0, "length", 256, "advantage_first")
     assert (d.zero_fill_compat, d.scale_rewards, d.beta, d.loss_type, d.prl_eps) == (False, "group", 0.0, "dapo", 1e-6)
     bad = [
-        (dict(prl_eta=0.0), "prl_eta"), (dict(prl_eta=-1.0), "prl_eta"),
+        (dict(prl_eta=0.0), "prl_eta"),
+        (dict(prl_eta=-1.0), "prl_eta"),
         (dict(prl_step_split="paragraph"), "prl_step_split"),
-        (dict(prl_step_len=0), "prl_step_len"), (dict(prl_order="kl_first"), "prl_order"),
+        (dict(prl_step_len=0), "prl_step_len"),
+        (dict(prl_order="kl_first"), "prl_order"),
         (dict(scale_rewards="batch"), "scale_rewards"),
         (dict(loss_type="luspo", importance_sampling_level="sequence"), "loss_type"),
         (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
@@ -89,8 +115,9 @@ def test_config_defaults_and_validation(tmp_path):
     with pytest.raises(TypeError, match="PRLConfig"):
         from trl import GRPOConfig
 
-        PRLGRPOTrainer(model="x", reward_funcs=contains_reward(),
-                       args=GRPOConfig(str(tmp_path), use_cpu=True, bf16=False))
+        PRLGRPOTrainer(
+            model="x", reward_funcs=contains_reward(), args=GRPOConfig(str(tmp_path), use_cpu=True, bf16=False)
+        )
 
 
 @pytest.mark.parametrize(
@@ -99,8 +126,13 @@ def test_config_defaults_and_validation(tmp_path):
         dict(prl_step_split="length", prl_step_len=3),
         dict(prl_step_split="double_newline", zero_fill_compat=True, scale_rewards="none"),
         dict(prl_step_split="newline", prl_order="process_first"),
-        dict(prl_step_split="token", num_iterations=2, gradient_accumulation_steps=2, per_device_train_batch_size=4,
-             max_steps=4),
+        dict(
+            prl_step_split="token",
+            num_iterations=2,
+            gradient_accumulation_steps=2,
+            per_device_train_batch_size=4,
+            max_steps=4,
+        ),
     ],
     ids=["length", "double_newline-compat-noscale", "process_first", "token-old-logps-from-trl"],
 )
@@ -134,13 +166,25 @@ def test_trainer_advantages_equal_functional(tiny_model_path, tmp_path, options)
             assert r["step_ends"] is None
             ends = mask
         else:
-            ends = F.step_end_mask(r["completion_ids"], mask, tr.processing_class, split=a.prl_step_split,
-                                   step_len=a.prl_step_len if a.prl_step_split == "length" else None)
+            ends = F.step_end_mask(
+                r["completion_ids"],
+                mask,
+                tr.processing_class,
+                split=a.prl_step_split,
+                step_len=a.prl_step_len if a.prl_step_split == "length" else None,
+            )
             assert torch.equal(r["step_ends"] & mask, ends)
         expected = F.prl_advantages(
-            r["outcome_rewards"], r["old_logps"], r["ref_logps"], mask, torch.arange(mask.size(0)) // K,
-            eta=a.prl_eta, step_ends=None if r["step_ends"] is None else ends, order=a.prl_order,
-            scale_rewards=a.scale_rewards != "none", zero_fill_compat=a.zero_fill_compat,
+            r["outcome_rewards"],
+            r["old_logps"],
+            r["ref_logps"],
+            mask,
+            torch.arange(mask.size(0)) // K,
+            eta=a.prl_eta,
+            step_ends=None if r["step_ends"] is None else ends,
+            order=a.prl_order,
+            scale_rewards=a.scale_rewards != "none",
+            zero_fill_compat=a.zero_fill_compat,
         )
         torch.testing.assert_close(r["advantages"], expected, atol=1e-6, rtol=1e-6)
         # by hand: A - S_t/eta, held constant within each step (per-token when every token ends a step)
@@ -166,7 +210,9 @@ def test_trainer_advantages_equal_functional(tiny_model_path, tmp_path, options)
     for inputs in tr.loss_inputs:
         assert inputs["advantages"].shape == inputs["completion_ids"].shape
         for i in range(inputs["completion_ids"].size(0)):
-            assert torch.equal(inputs["advantages"][i], want[_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])])
+            assert torch.equal(
+                inputs["advantages"][i], want[_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])]
+            )
     if options.get("num_iterations") == 2:
         assert all("old_per_token_logps" in x for x in tr.loss_inputs)  # TRL's own rollout log-probs were reused
 
@@ -186,17 +232,32 @@ def test_eta_huge_is_grpo(tiny_model_path, tmp_path):
             grpo_logs.append(out)
             return out
 
-    cfg = GRPOConfig(output_dir=str(tmp_path / "grpo"), bf16=False, gradient_checkpointing=False, use_cpu=True,
-                     report_to=[], disable_tqdm=True, num_generations=K, max_completion_length=10, max_steps=2,
-                     logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2, per_device_train_batch_size=8)
-    van = Vanilla(model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg,
-                  train_dataset=tiny_prompt_dataset(8))
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path / "grpo"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        num_generations=K,
+        max_completion_length=10,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-2,
+        per_device_train_batch_size=8,
+    )
+    van = Vanilla(
+        model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(8)
+    )
     van.train()
     for step in range(2):
         r, g = prl.rounds[step], grpo_logs[step]
         assert torch.equal(r["completion_ids"], g["completion_ids"])
-        torch.testing.assert_close(r["local_advantages"], g["advantages"][:, None].expand_as(r["mask"]) * r["mask"],
-                                   atol=1e-7, rtol=1e-6)
+        torch.testing.assert_close(
+            r["local_advantages"], g["advantages"][:, None].expand_as(r["mask"]) * r["mask"], atol=1e-7, rtol=1e-6
+        )
     assert prl.rounds[1]["old_logps"].sub(prl.rounds[1]["ref_logps"])[prl.rounds[1]["mask"]].abs().max() > 1e-4
     pl = [h["loss"] for h in prl.state.log_history if "loss" in h and "train_runtime" not in h]
     gl = [h["loss"] for h in van.state.log_history if "loss" in h and "train_runtime" not in h]
@@ -218,11 +279,16 @@ def test_eta_huge_is_grpo(tiny_model_path, tmp_path):
 
 def test_equal_outcomes_give_pure_kl_to_go(tiny_model_path, tmp_path):
     """All outcomes equal: A = 0 and the weights are -S_t/eta at each step end, the metrics say no sign flip."""
+
     def always_one(completions, **kw):
         return [1.0] * len(completions)
 
-    tr = Spy(model=tiny_model_path, reward_funcs=always_one, train_dataset=tiny_prompt_dataset(8),
-             args=_config(tmp_path, prl_step_split="length", prl_step_len=4, prl_eta=3.0, max_steps=1))
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=always_one,
+        train_dataset=tiny_prompt_dataset(8),
+        args=_config(tmp_path, prl_step_split="length", prl_step_len=4, prl_eta=3.0, max_steps=1),
+    )
     torch.manual_seed(0)
     with torch.no_grad():  # move the policy away from its reference copy (A = 0 alone would never move it)
         for p in tr.model.parameters():
@@ -259,11 +325,22 @@ def test_exact_zero_step_value_survives(tiny_model_path, tmp_path, compat):
     """Outcomes (1, 0, 1, 0) per group, no std scaling: A = +-0.5. With eta 0.5 and steps of 2 tokens, row 0's first
     step ends with rho_1 = 0.5 - 0.25 / 0.5 = 0 exactly. The explicit step-end mask keeps that 0 for the whole step; the
     released non-zero fill (zero_fill_compat) replaces it by the next step's value (0.5)."""
+
     def alternating(completions, **kw):
         return [float(i % 2 == 0) for i in range(len(completions))]
 
-    tr = _run(tiny_model_path, tmp_path, cls=ZeroStepSpy, reward=alternating, max_steps=1, scale_rewards="none",
-              prl_eta=0.5, prl_step_split="length", prl_step_len=2, zero_fill_compat=compat)
+    tr = _run(
+        tiny_model_path,
+        tmp_path,
+        cls=ZeroStepSpy,
+        reward=alternating,
+        max_steps=1,
+        scale_rewards="none",
+        prl_eta=0.5,
+        prl_step_split="length",
+        prl_step_len=2,
+        zero_fill_compat=compat,
+    )
     r = tr.rounds[0]
     assert r["outcome_rewards"][0] == 1.0 and int(r["mask"][0].sum()) >= 4
     adv = r["advantages"][0]
@@ -289,8 +366,9 @@ def test_newline_split_from_decoded_text(style, split):
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r)] = 1
-    fake = SimpleNamespace(args=SimpleNamespace(prl_order="advantage_first", prl_step_split=split, prl_step_len=256),
-                           _tokenizer=tok)
+    fake = SimpleNamespace(
+        args=SimpleNamespace(prl_order="advantage_first", prl_step_split=split, prl_step_len=256), _tokenizer=tok
+    )
     ends = PRLGRPOTrainer._prl_step_ends(fake, ids, mask)
     for i, text in enumerate(texts):
         n = len(rows[i])
@@ -321,8 +399,13 @@ def test_reference_options(tiny_model_path, tmp_path):
     assert tr.prl_reference == "trl" and tr.prl_ref_model is None and tr.ref_model is not None
     assert "kl" in tr.state.log_history[0]
 
-    tr = Spy(model=tiny_model_path, reward_funcs=contains_reward("e"), args=_config(tmp_path / "peft", max_steps=2),
-             train_dataset=tiny_prompt_dataset(8), peft_config=LoraConfig(**lora))
+    tr = Spy(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        args=_config(tmp_path / "peft", max_steps=2),
+        train_dataset=tiny_prompt_dataset(8),
+        peft_config=LoraConfig(**lora),
+    )
     assert tr.prl_reference == "adapters_disabled" and tr.prl_ref_model is None
     tr.train()
     r0, r1 = tr.rounds
@@ -335,8 +418,12 @@ def test_reference_options(tiny_model_path, tmp_path):
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.05)  # a "trained" adapter: the base is no longer the initial policy
-    tr = Spy(model=peft_model, reward_funcs=contains_reward("e"), args=_config(tmp_path / "adapter", max_steps=1),
-             train_dataset=tiny_prompt_dataset(8))
+    tr = Spy(
+        model=peft_model,
+        reward_funcs=contains_reward("e"),
+        args=_config(tmp_path / "adapter", max_steps=1),
+        train_dataset=tiny_prompt_dataset(8),
+    )
     assert tr.prl_reference == "adapter" and "ref" in tr.model.peft_config
     ref_before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if ".ref." in n}
     tr.train()
@@ -352,8 +439,16 @@ def test_ten_step_run_logs_prl_metrics(tiny_model_path, tmp_path):
     logs = [h for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
     assert [h["step"] for h in logs] == list(range(1, 11))
     for h in logs:
-        for n in ("loss", "prl/kl_to_go_mean", "prl/kl_to_go_min", "prl/kl_to_go_max", "prl/sign_flip_fraction",
-                  "prl/steps_per_completion", "reward", "entropy"):
+        for n in (
+            "loss",
+            "prl/kl_to_go_mean",
+            "prl/kl_to_go_min",
+            "prl/kl_to_go_max",
+            "prl/sign_flip_fraction",
+            "prl/steps_per_completion",
+            "reward",
+            "entropy",
+        ):
             assert n in h and math.isfinite(h[n]), (h["step"], n)
         assert 0.0 <= h["prl/sign_flip_fraction"] <= 1.0
         assert h["prl/kl_to_go_min"] <= h["prl/kl_to_go_mean"] <= h["prl/kl_to_go_max"]

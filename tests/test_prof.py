@@ -15,12 +15,20 @@ import torch
 from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
-from trl_prime import ProfFilter, ProfGRPOConfig, ProfGRPOTrainer, PrimeGRPOConfig, PrimeGRPOTrainer
-from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
+from trl_prime import (
+    PrimeGRPOConfig,
+    PrimeGRPOTrainer,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    ProfFilter,
+    ProfGRPOConfig,
+    ProfGRPOTrainer,
+)
 from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback
 from trl_prime.prof.config import QWEN_PRM_SYSTEM_PROMPT
 from trl_prime.prof.step_prm import StepBatch, TokenClassificationStepPRM, load_step_prm
+
 
 N = 8
 NEWLINE_BIAS = {"sequence_bias": {(build_tokenizer().convert_tokens_to_ids("Ċ"),): 4.0}}
@@ -33,9 +41,21 @@ def step_prm_path(tmp_path_factory):
 
 def _kwargs(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=16, num_generations=N, max_completion_length=12, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2, generation_kwargs=NEWLINE_BIAS,
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=16,
+        num_generations=N,
+        max_completion_length=12,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-2,
+        generation_kwargs=NEWLINE_BIAS,
     )
     kw.update(overrides)
     return kw
@@ -46,8 +66,12 @@ class _Record:
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        self.rounds.append({"output": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()},
-                            "prof": dict(self.prof_filter.last) if self.prof_filter is not None else {}})
+        self.rounds.append(
+            {
+                "output": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()},
+                "prof": dict(self.prof_filter.last) if self.prof_filter is not None else {},
+            }
+        )
         return out
 
     def _compute_loss(self, model, inputs):
@@ -74,26 +98,43 @@ def _scores(step_values, step_mask):
 def test_config_defaults_and_validation(tmp_path):
     prime = PrimeGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True)
     assert (prime.prof_mode, prime.prof_prm, prime.prof_penalty, prime.prof_min_steps, prime.prof_max_steps) == (
-        "off", "implicit", 10.0, 2, 30)
+        "off",
+        "implicit",
+        10.0,
+        2,
+        30,
+    )
     assert (prime.prof_penalty_position, prime.prof_rounding, prime.prof_center) == ("reference", "half_even", "none")
     cfg = ProfGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True)
     assert (cfg.prof_mode, cfg.num_generations, cfg.prof_keep_count(), cfg.prof_prm) == (
-        "both", 8, 4, "Qwen/Qwen2.5-Math-PRM-7B")
-    c = PrimeGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True, num_generations=8, prof_mode="both",
-                        prof_num_remove=4)
+        "both",
+        8,
+        4,
+        "Qwen/Qwen2.5-Math-PRM-7B",
+    )
+    c = PrimeGRPOConfig(
+        output_dir=str(tmp_path), bf16=False, use_cpu=True, num_generations=8, prof_mode="both", prof_num_remove=4
+    )
     assert c.prof_keep_count() == 4 and c.prof_prm == "implicit"
     assert ProfGRPOConfig(**_kwargs(tmp_path, prof_num_keep=3)).prof_keep_count() == 3
     bad = [
         (dict(prof_mode="pos"), "prof_mode"),
         (dict(prof_num_keep=4, prof_num_remove=4), "prof_num_keep"),
-        (dict(prof_num_keep=9), "prof_num_keep"), (dict(prof_num_keep=0), "prof_num_keep"),
-        (dict(prof_num_remove=8), "prof_num_remove"), (dict(prof_num_remove=-1), "prof_num_remove"),
-        (dict(prof_min_steps=5, prof_max_steps=3), "prof_min_steps"), (dict(prof_penalty=-1.0), "prof_penalty"),
-        (dict(prof_penalty_position="after"), "prof_penalty_position"), (dict(prof_rounding="floor"), "prof_rounding"),
-        (dict(prof_center="prompt"), "prof_center"), (dict(prof_implicit_temperature=0.0), "prof_implicit_temperature"),
-        (dict(loss_type="grpo"), "loss_type"), (dict(loss_type="dr_grpo"), "loss_type"),
+        (dict(prof_num_keep=9), "prof_num_keep"),
+        (dict(prof_num_keep=0), "prof_num_keep"),
+        (dict(prof_num_remove=8), "prof_num_remove"),
+        (dict(prof_num_remove=-1), "prof_num_remove"),
+        (dict(prof_min_steps=5, prof_max_steps=3), "prof_min_steps"),
+        (dict(prof_penalty=-1.0), "prof_penalty"),
+        (dict(prof_penalty_position="after"), "prof_penalty_position"),
+        (dict(prof_rounding="floor"), "prof_rounding"),
+        (dict(prof_center="prompt"), "prof_center"),
+        (dict(prof_implicit_temperature=0.0), "prof_implicit_temperature"),
+        (dict(loss_type="grpo"), "loss_type"),
+        (dict(loss_type="dr_grpo"), "loss_type"),
         (dict(loss_type="bnpo"), "loss_type"),
-        (dict(prof_prm="implicit"), "prof_prm"), (dict(prof_prm=""), "prof_prm"),
+        (dict(prof_prm="implicit"), "prof_prm"),
+        (dict(prof_prm=""), "prof_prm"),
         (dict(scale_rewards="batch"), "scale_rewards"),
     ]
     for kw, name in bad:
@@ -131,7 +172,9 @@ def test_figure_example_5_correct_3_incorrect_keep_4():
     expected = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     torch.testing.assert_close(adv, torch.tensor([expected, 0, expected, 0, 0, 0, -expected, -expected]))
     # PROF-POS
-    pos = [_filter(mode="correct", seed=1).select(gid, scores, smask, outcome, step=s)["kept"] for s in (5, 5, 6, 7, 8)]
+    pos = [
+        _filter(mode="correct", seed=1).select(gid, scores, smask, outcome, step=s)["kept"] for s in (5, 5, 6, 7, 8)
+    ]
     assert torch.equal(pos[0], pos[1])
     for k in pos:
         assert k[[0, 2]].all() and not k[[1, 3, 4]].any() and int(k[5:].sum()) == 2
@@ -167,13 +210,20 @@ def test_external_token_classification_prm(step_prm_path, tmp_path):
     args = ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, prof_prm_micro_batch_size=2))
     prm = load_step_prm(step_prm_path, args)
     assert isinstance(prm, TokenClassificationStepPRM)
-    prompts = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is 2 + 3?"}],
-               f"{QWEN_PRM_SYSTEM_PROMPT} Compute 7 * 6.", "Short one"]
-    completions = [[{"role": "assistant", "content": "First, add.\n\n\n\nSo 5.\n\nThe answer is \\boxed{5}."}],
-                   "  Step one: 7 * 6 = 42.\n\nSo the answer is \\boxed{42}.  ", "no steps here"]
+    prompts = [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is 2 + 3?"}],
+        f"{QWEN_PRM_SYSTEM_PROMPT} Compute 7 * 6.",
+        "Short one",
+    ]
+    completions = [
+        [{"role": "assistant", "content": "First, add.\n\n\n\nSo 5.\n\nThe answer is \\boxed{5}."}],
+        "  Step one: 7 * 6 = 42.\n\nSo the answer is \\boxed{42}.  ",
+        "no steps here",
+    ]
     conv = prm.conversations(prompts, completions)
     assert conv[0] == [
-        {"role": "system", "content": QWEN_PRM_SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "system", "content": QWEN_PRM_SYSTEM_PROMPT},
+        {"role": "user", "content": "What is 2 + 3?"},
         {"role": "assistant", "content": "First, add.<extra_0>So 5.<extra_0>The answer is \\boxed{5}.<extra_0>"},
     ]
     assert conv[1][1]["content"] == "Compute 7 * 6."  # the system prompt string is removed from the user text
@@ -183,7 +233,9 @@ def test_external_token_classification_prm(step_prm_path, tmp_path):
     built = prm.conversations(["q"] * len(cases), [c["inputs"]["response_text"] for c in cases])
     assert [m[-1]["content"] for m in built] == [c["outputs"]["assistant_content"] for c in cases]
     ids = torch.zeros(3, 4, dtype=torch.long)
-    batch = StepBatch(prompts=prompts, completions=completions, completion_ids=ids, completion_mask=torch.ones_like(ids))
+    batch = StepBatch(
+        prompts=prompts, completions=completions, completion_ids=ids, completion_mask=torch.ones_like(ids)
+    )
     scores, smask = prm.step_scores(batch)
     assert smask.sum(-1).tolist() == [3, 2, 1] and scores.shape == (3, 3)
     model = AutoModelForTokenClassification.from_pretrained(step_prm_path).eval()
@@ -214,7 +266,8 @@ def test_prof_grpo_trainer_external_prm_ten_steps(tiny_model_path, step_prm_path
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     tr = _spy(ProfGRPOTrainer)(
-        model=tiny_model_path, reward_funcs=contains_reward("e"),
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
         args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, max_steps=10)),
         train_dataset=tiny_prompt_dataset(20, conversational=True),
     )
@@ -237,8 +290,11 @@ def test_prof_grpo_trainer_external_prm_ten_steps(tiny_model_path, step_prm_path
             steps = F.split_steps(text)
             prompt_ids = out["prompt_ids"][i][out["prompt_mask"][i].bool()]
             question = tr.processing_class.decode(prompt_ids).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
-            messages = [{"role": "system", "content": QWEN_PRM_SYSTEM_PROMPT}, {"role": "user", "content": question},
-                        {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"}]
+            messages = [
+                {"role": "system", "content": QWEN_PRM_SYSTEM_PROMPT},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"},
+            ]
             one = tok(tok.apply_chat_template(messages, tokenize=False), return_tensors="pt", add_special_tokens=False)
             with torch.no_grad():
                 p = model(**one).logits[0].softmax(-1)[:, 1][one["input_ids"][0] == sep]
@@ -270,16 +326,31 @@ def test_prof_grpo_trainer_external_prm_ten_steps(tiny_model_path, step_prm_path
         assert logs[0][k] == pytest.approx(v, nan_ok=True), k
 
 
-@pytest.mark.parametrize("cls,cfg_cls", [(PrimeGRPOTrainer, PrimeGRPOConfig), (PrimeRLOOTrainer, PrimeRLOOConfig)],
-                         ids=["prime-grpo", "prime-rloo"])
+@pytest.mark.parametrize(
+    "cls,cfg_cls",
+    [(PrimeGRPOTrainer, PrimeGRPOConfig), (PrimeRLOOTrainer, PrimeRLOOConfig)],
+    ids=["prime-grpo", "prime-rloo"],
+)
 def test_implicit_prof_inside_prime(tiny_model_path, tmp_path, cls, cfg_cls):
     """PrimeGRPOConfig(prof_mode="both", prof_prm="implicit", prof_num_remove=4), n = 8: exactly 4 of 8 per prompt,
     chosen on the sigmoid of the online implicit PRM's step rewards (no extra model); the PRIME advantages are computed
     on the kept rows only and the dropped rows have loss weight 0; the PRM still trains on every row."""
     tr = _spy(cls)(
-        model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(8),
-        args=cfg_cls(**_kwargs(tmp_path, prof_mode="both", prof_prm="implicit", prof_num_remove=4, max_steps=2,
-                               filter_lower=0.0, filter_upper=1.0, prm_learning_rate=1e-2)),
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(8),
+        args=cfg_cls(
+            **_kwargs(
+                tmp_path,
+                prof_mode="both",
+                prof_prm="implicit",
+                prof_num_remove=4,
+                max_steps=2,
+                filter_lower=0.0,
+                filter_upper=1.0,
+                prm_learning_rate=1e-2,
+            )
+        ),
     )
     events = []
 
@@ -303,17 +374,21 @@ def test_implicit_prof_inside_prime(tiny_model_path, tmp_path, cls, cfg_cls):
         kept = torch.zeros(16, dtype=torch.bool)
         kept[F.prof_select(gid, cons, H, outcome, num_remove=4)] = True
         assert torch.equal(last["kept"], kept) and kept.view(2, N).sum(1).tolist() == [4, 4]
-        opts = tr._prime_advantage_options()
-        expected = F.prime_advantages(process_rewards=ev["token_rewards"],
-                                      outcome_rewards=torch.where(kept, outcome, torch.nan), mask=mask,
-                                      group_ids=gid, **opts)
+        opts = tr._advantage_options()
+        expected = F.prime_advantages(
+            process_rewards=ev["token_rewards"],
+            outcome_rewards=torch.where(kept, outcome, torch.nan),
+            mask=mask,
+            group_ids=gid,
+            **opts,
+        )
         torch.testing.assert_close(ev["advantages"], expected, atol=1e-6, rtol=1e-5)
         assert torch.equal(ev["loss_mask"], ev["completion_mask"] * kept[:, None])
         assert ev["kept_mask"].all()  # the prompt filter (off here) is reported apart from PROF
         assert rnd["output"]["num_items_in_batch"].item() == ev["loss_mask"].sum().item()
     prm_logs = [h for h in tr.state.log_history if "prm/loss" in h]
     assert len(prm_logs) == 2 and all(h["prof/kept_fraction"] == 0.5 for h in prm_logs)
-    assert tr._prime_num_updates == 2 and events[1]["token_rewards"].abs().max() > 0
+    assert tr.prm_optim.num_updates == 2 and events[1]["token_rewards"].abs().max() > 0
     assert a.prof_keep_count() == 4
 
 
@@ -324,20 +399,27 @@ def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_pat
     are replaced by anything, and equals the gradient of the kept rows alone; changing a kept row changes it. Both
     with the loss skipping zero-weight rows (the default) and with that turned off (the loss masks alone)."""
     if not row_dropping:
-        import trl_prime.rollout
         import trl_prime.prime.trainer
+        import trl_prime.rollout
 
         for mod in (trl_prime.rollout, trl_prime.prime.trainer):
             monkeypatch.setattr(mod, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
     if which == "prof-grpo":
-        tr = _spy(ProfGRPOTrainer)(model=tiny_model_path, reward_funcs=contains_reward("e"),
-                                   train_dataset=tiny_prompt_dataset(8),
-                                   args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, max_steps=1)))
+        tr = _spy(ProfGRPOTrainer)(
+            model=tiny_model_path,
+            reward_funcs=contains_reward("e"),
+            train_dataset=tiny_prompt_dataset(8),
+            args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, max_steps=1)),
+        )
     else:
-        tr = _spy(PrimeRLOOTrainer)(model=tiny_model_path, reward_funcs=contains_reward("e"),
-                                    train_dataset=tiny_prompt_dataset(8),
-                                    args=PrimeRLOOConfig(**_kwargs(tmp_path, prof_mode="both", prof_num_keep=4,
-                                                                   max_steps=1, filter_lower=0.0, filter_upper=1.0)))
+        tr = _spy(PrimeRLOOTrainer)(
+            model=tiny_model_path,
+            reward_funcs=contains_reward("e"),
+            train_dataset=tiny_prompt_dataset(8),
+            args=PrimeRLOOConfig(
+                **_kwargs(tmp_path, prof_mode="both", prof_num_keep=4, max_steps=1, filter_lower=0.0, filter_upper=1.0)
+            ),
+        )
     tr.train()
     inputs = tr.loss_inputs[0]
     weight = inputs["tool_mask"] * inputs["completion_mask"] if "tool_mask" in inputs else inputs["prime_loss_mask"]
@@ -360,7 +442,9 @@ def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_pat
     noisy.update(advantages=adv, completion_ids=ids)
     torch.testing.assert_close(grad(noisy), g, atol=1e-7, rtol=1e-5)
     B = kept.numel()
-    only_kept = {k: (v[kept] if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == B else v) for k, v in inputs.items()}
+    only_kept = {
+        k: (v[kept] if torch.is_tensor(v) and v.dim() > 0 and v.size(0) == B else v) for k, v in inputs.items()
+    }
     torch.testing.assert_close(grad(only_kept), g, atol=1e-6, rtol=1e-4)
     moved = dict(inputs)
     adv = inputs["advantages"].clone()
@@ -377,12 +461,35 @@ def test_options_reach_the_filter(tmp_path):
         def step_scores(self, batch):
             return batch.token_rewards, batch.completion_mask.bool()
 
-    cfg = ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="unused", prof_mode="correct", prof_num_keep=3, prof_penalty=5.0,
-                                   prof_min_steps=1, prof_max_steps=3, prof_penalty_position="paper",
-                                   prof_rounding="half_up", prof_center="batch", prof_correct_threshold=0.5, seed=7))
+    cfg = ProfGRPOConfig(
+        **_kwargs(
+            tmp_path,
+            prof_prm="unused",
+            prof_mode="correct",
+            prof_num_keep=3,
+            prof_penalty=5.0,
+            prof_min_steps=1,
+            prof_max_steps=3,
+            prof_penalty_position="paper",
+            prof_rounding="half_up",
+            prof_center="batch",
+            prof_correct_threshold=0.5,
+            seed=7,
+        )
+    )
     f = ProfFilter.from_trainer(SimpleNamespace(args=cfg, _tokenizer=None), prm=FixedPRM())
-    assert (f.mode, f.num_keep, f.penalty, f.min_steps, f.max_steps, f.penalty_position, f.rounding, f.center,
-            f.correct_threshold, f.seed) == ("correct", 3, 5.0, 1, 3, "paper", "half_up", "batch", 0.5, 7)
+    assert (
+        f.mode,
+        f.num_keep,
+        f.penalty,
+        f.min_steps,
+        f.max_steps,
+        f.penalty_position,
+        f.rounding,
+        f.center,
+        f.correct_threshold,
+        f.seed,
+    ) == ("correct", 3, 5.0, 1, 3, "paper", "half_up", "batch", 0.5, 7)
     g = torch.Generator().manual_seed(0)
     scores = torch.rand(16, 5, generator=g)
     smask = torch.arange(5)[None, :] < torch.randint(1, 6, (16, 1), generator=g)  # 1..5 steps: some penalised
@@ -391,9 +498,21 @@ def test_options_reach_the_filter(tmp_path):
     sel = f.select(gid, scores, smask, outcome, step=3)
     c, H = F.prof_consistency_scores(scores, smask, center="batch")
     torch.testing.assert_close(sel["consistency"], c)
-    idx = F.prof_select(gid, c, H, outcome, num_keep=3, penalty=5.0, min_steps=1, max_steps=3,
-                        penalty_position="paper", mode="correct", rounding="half_up",
-                        generator=torch.Generator().manual_seed(7 * 1_000_003 + 3), correct_threshold=0.5)
+    idx = F.prof_select(
+        gid,
+        c,
+        H,
+        outcome,
+        num_keep=3,
+        penalty=5.0,
+        min_steps=1,
+        max_steps=3,
+        penalty_position="paper",
+        mode="correct",
+        rounding="half_up",
+        generator=torch.Generator().manual_seed(7 * 1_000_003 + 3),
+        correct_threshold=0.5,
+    )
     assert sel["kept"].nonzero().flatten().tolist() == idx.tolist() and int(sel["kept"].sum()) == 6
     assert sel["correct"].tolist() == (outcome >= 0.5).tolist()
     # a ProfFilter needs a mode that filters
@@ -419,10 +538,12 @@ def test_saved_implicit_prm_folder_and_prof_pos_in_prof_grpo(tiny_model_path, tm
     folder = str(tmp_path / "implicit_prm")
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     ImplicitPRM(prm_model, ref, beta=0.05, tokenizer=tok).save_pretrained(folder)
-    tr = _spy(ProfGRPOTrainer)(model=tiny_model_path, reward_funcs=contains_reward("e"),
-                               train_dataset=tiny_prompt_dataset(8),
-                               args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=folder, prof_mode="correct",
-                                                             max_steps=1)))
+    tr = _spy(ProfGRPOTrainer)(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(8),
+        args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=folder, prof_mode="correct", max_steps=1)),
+    )
     assert isinstance(tr.prof_filter.prm, ImplicitStepPRM) and tr.prof_filter.prm.implicit_prm is not None
     assert not any(p.requires_grad for p in tr.prof_filter.prm.implicit_prm.model.parameters())
     tr.train()
@@ -490,12 +611,22 @@ def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_p
     m = ProfFilter.metrics(sel)
     assert m["prof/prm_truncated_fraction"] == 0.25 and math.isfinite(m["prof/consistency_dropped_mean"])
     # through __call__: the metric reaches the trainer's logs and the warning comes once
-    trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), _metrics={"train": defaultdict(list)},
-                              state=SimpleNamespace(global_step=0))
-    output = {"completion_ids": ids, "completion_mask": torch.ones_like(ids), "prompt_ids": ids,
-              "prompt_mask": torch.ones_like(ids)}
-    call = dict(outcome=outcome, eligible=torch.ones(4, dtype=torch.bool), output=output,
-                capture={"prompts": prompts, "completions": completions}, num_generations=4)
+    trainer = SimpleNamespace(
+        accelerator=Accelerator(cpu=True), _metrics={"train": defaultdict(list)}, state=SimpleNamespace(global_step=0)
+    )
+    output = {
+        "completion_ids": ids,
+        "completion_mask": torch.ones_like(ids),
+        "prompt_ids": ids,
+        "prompt_mask": torch.ones_like(ids),
+    }
+    call = dict(
+        outcome=outcome,
+        eligible=torch.ones(4, dtype=torch.bool),
+        output=output,
+        capture={"prompts": prompts, "completions": completions},
+        num_generations=4,
+    )
     with pytest.warns(UserWarning, match="prof_prm_max_length"):
         f(trainer, **call)
     import warnings
@@ -511,11 +642,16 @@ def test_step_delimiter_escapes_and_prof_prm_path_checked_early(tmp_path):
     missing local prof_prm fails at config time naming `prof_prm`; a folder that is not a PRM fails naming it too."""
     from types import SimpleNamespace
 
-    cfg = ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="org/prm", prof_step_delimiter="\\n\\n",
-                                   prof_prm_separator="\\u00b6"))
+    cfg = ProfGRPOConfig(
+        **_kwargs(tmp_path, prof_prm="org/prm", prof_step_delimiter="\\n\\n", prof_prm_separator="\\u00b6")
+    )
     assert cfg.prof_step_delimiter == "\n\n" and cfg.prof_prm_separator == "\u00b6"
-    assert PrimeGRPOConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True,
-                           prof_step_delimiter="\\n").prof_step_delimiter == "\n"
+    assert (
+        PrimeGRPOConfig(
+            output_dir=str(tmp_path), bf16=False, use_cpu=True, prof_step_delimiter="\\n"
+        ).prof_step_delimiter
+        == "\n"
+    )
     assert ProfGRPOConfig(**_kwargs(tmp_path, prof_step_delimiter="\n\n")).prof_step_delimiter == "\n\n"
     for missing in (str(tmp_path / "no_prm"), "./no_prm_here", "~/no_prm_here_xyz", "models/step/prm"):
         with pytest.raises(ValueError, match=r"`prof_prm`=.*does not exist"):
@@ -537,8 +673,9 @@ def test_prof_rounding_help_matches_prof_select():
 
     def kept_correct(n_pos, rounding):
         outcome = torch.tensor([1.0] * n_pos + [0.0] * (8 - n_pos))
-        idx = F.prof_select(None, torch.rand(8), torch.full((8,), 3), outcome, num_keep=3, rounding=rounding,
-                            num_generations=8)
+        idx = F.prof_select(
+            None, torch.rand(8), torch.full((8,), 3), outcome, num_keep=3, rounding=rounding, num_generations=8
+        )
         return int((outcome[idx] == 1).sum())
 
     assert [kept_correct(5, r) for r in ("half_up", "half_down", "half_even")] == [1, 2, 1]
@@ -553,10 +690,13 @@ def test_in_memory_prm_is_frozen_and_placed(tiny_model_path, step_prm_path, tmp_
     model = AutoModelForTokenClassification.from_pretrained(step_prm_path).train()
     assert all(p.requires_grad for p in model.parameters())
     prm = TokenClassificationStepPRM(model, AutoTokenizer.from_pretrained(step_prm_path))
-    tr = ProfGRPOTrainer(model=tiny_model_path, reward_funcs=contains_reward("e"),
-                         train_dataset=tiny_prompt_dataset(8),
-                         args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="Qwen/Qwen2.5-Math-PRM-7B", max_steps=1)),
-                         prof_prm=prm)
+    tr = ProfGRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(8),
+        args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm="Qwen/Qwen2.5-Math-PRM-7B", max_steps=1)),
+        prof_prm=prm,
+    )
     assert tr.prof_filter.prm is prm
     frozen = tr.prof_filter.prm.model
     assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())

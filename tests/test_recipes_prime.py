@@ -40,20 +40,30 @@ def write_eurus_jsonl(path) -> str:
     """Two math rows (gold 1) and two code rows (stdin/stdout tests expecting 1) in the Eurus-2-RL-Data format."""
     rows = []
     for i in range(2):
-        rows.append({
-            "data_source": "numina_synthetic_math", "ability": "math",
-            "prompt": [{"role": "system", "content": SYSTEM},
-                       {"role": "user", "content": f"What is {i} + {1 - i}? Answer in \\boxed{{}}."}],
-            "reward_model": {"style": "rule", "ground_truth": "1"},
-            "extra_info": {"split": "train", "index": i},
-        })
-        rows.append({
-            "data_source": "taco", "ability": "code",
-            "prompt": [{"role": "system", "content": SYSTEM},
-                       {"role": "user", "content": f"Write Python code that prints 1 (task {i})."}],
-            "reward_model": {"style": "rule", "ground_truth": CODE_TESTS},
-            "extra_info": {"split": "train", "index": 10 + i},
-        })
+        rows.append(
+            {
+                "data_source": "numina_synthetic_math",
+                "ability": "math",
+                "prompt": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"What is {i} + {1 - i}? Answer in \\boxed{{}}."},
+                ],
+                "reward_model": {"style": "rule", "ground_truth": "1"},
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
+        rows.append(
+            {
+                "data_source": "taco",
+                "ability": "code",
+                "prompt": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"Write Python code that prints 1 (task {i})."},
+                ],
+                "reward_model": {"style": "rule", "ground_truth": CODE_TESTS},
+                "extra_info": {"split": "train", "index": 10 + i},
+            }
+        )
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -85,7 +95,7 @@ def build_coin_model(path, data_path, steps: int = 120) -> str:
         n = len(p) + len(c)
         ids[i, :n] = torch.tensor(p + c)
         mask[i, :n] = 1
-        labels[i, len(p):n] = torch.tensor(c)
+        labels[i, len(p) : n] = torch.tensor(c)
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     threads = torch.get_num_threads()
@@ -142,20 +152,54 @@ def coin_model(tmp_path_factory, eurus_jsonl) -> str:
 def _overrides(model: str, data: str, out: str, *, batch: int, ddp: bool = False, zero3: bool = False) -> list[str]:
     """Model, data, steps, and what a CPU needs; no ``--config``: the recipe must default to its own YAML."""
     return [
-        "--model_name_or_path", model, "--dataset_name", data, "--output_dir", out, "--max_steps", "2",
-        "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps", "1",
-        "--max_completion_length", "32", "--save_strategy", "no", "--dtype", "float32",
-        "--use_vllm", "false", "--bf16", "false", "--gradient_checkpointing", "false",
-        "--use_cpu", "false" if zero3 else "true",
+        "--model_name_or_path",
+        model,
+        "--dataset_name",
+        data,
+        "--output_dir",
+        out,
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        str(batch),
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_completion_length",
+        "32",
+        "--save_strategy",
+        "no",
+        "--dtype",
+        "float32",
+        "--use_vllm",
+        "false",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--use_cpu",
+        "false" if zero3 else "true",
     ]
 
 
 # the YAML's values the tests check survived the overrides (PRIME arXiv 2502.01456, section 4.1 and Table 5, and the released code's options)
 PAPER_OPTIONS = {
-    "num_generations": 4, "filter_lower": 0.2, "filter_upper": 0.8, "prm_beta": 0.05, "prm_learning_rate": 1e-6,
-    "learning_rate": 5e-7, "prm_update": "double", "prime_baseline": "reference", "process_reward_norm": "batch_norm",
-    "process_coef": 5.0, "outcome_coef": 5.0, "whiten_advantages": True, "include_last_token": False, "beta": 0.0,
-    "epsilon": 0.2, "num_iterations": 1, "vllm_mode": "colocate",
+    "num_generations": 4,
+    "filter_lower": 0.2,
+    "filter_upper": 0.8,
+    "prm_beta": 0.05,
+    "prm_learning_rate": 1e-6,
+    "learning_rate": 5e-7,
+    "prm_update": "double",
+    "prime_baseline": "reference",
+    "process_reward_norm": "batch_norm",
+    "process_coef": 5.0,
+    "outcome_coef": 5.0,
+    "whiten_advantages": True,
+    "include_last_token": False,
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "num_iterations": 1,
+    "vllm_mode": "colocate",
 }
 
 
@@ -163,8 +207,15 @@ def _check_logs(logs: list[dict], prm_lr: float = 1e-6) -> None:
     """Two PRIME steps: the PRM was updated each step, on a mixed batch of math and code rows."""
     assert len(logs) == 2
     for h in logs:
-        for k in ("loss", "prm/loss", "prm/pair_accuracy", "prm/abs_accuracy", "prm/token_reward_std",
-                  "filter/kept_fraction", "prm/grad_norm"):
+        for k in (
+            "loss",
+            "prm/loss",
+            "prm/pair_accuracy",
+            "prm/abs_accuracy",
+            "prm/token_reward_std",
+            "filter/kept_fraction",
+            "prm/grad_norm",
+        ):
             assert h[k] is not None and math.isfinite(h[k]), (k, h.get(k))
         assert 0.0 <= h["prm/pair_accuracy"] <= 1.0 and 0.0 < h["filter/kept_fraction"] <= 1.0
         assert h["prm/grad_norm"] > 0 and h["prm/learning_rate"] == pytest.approx(prm_lr)
@@ -199,11 +250,19 @@ def test_without_config_the_recipes_read_their_own_yaml():
         yaml_path = os.path.join(RECIPES, "configs", f"{name}.yaml")
         assert os.path.samefile(mod.DEFAULT_CONFIG, yaml_path)
         assert normalize_argv(["--max_steps", "3"], mod.DEFAULT_CONFIG) == [
-            "--config", mod.DEFAULT_CONFIG, "--max_steps", "3"]
+            "--config",
+            mod.DEFAULT_CONFIG,
+            "--max_steps",
+            "3",
+        ]
         assert normalize_argv(["--config", "x.yaml"], mod.DEFAULT_CONFIG) == ["--config", "x.yaml"]
         # `--config=<path>` names a config too (split in two: TrlParser only knows `--config <path>`)
         assert normalize_argv(["--config=x.yaml", "--seed", "1"], mod.DEFAULT_CONFIG) == [
-            "--config", "x.yaml", "--seed", "1"]
+            "--config",
+            "x.yaml",
+            "--seed",
+            "1",
+        ]
 
 
 def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
@@ -215,18 +274,24 @@ def test_prime_qwen7b_yaml_is_the_papers_setup(tmp_path):
     assert (raw["bf16"], raw["use_vllm"], raw["vllm_mode"], raw["dtype"]) == (True, True, "colocate", "bfloat16")
     mod = _recipe("prime_qwen7b")
     data, args, model = prime.parse_args(
-        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"], mod.DEFAULT_CONFIG)
+        ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"], mod.DEFAULT_CONFIG
+    )
     assert data.trainer == raw["trainer"] == "prime_rloo" and type(args).__name__ == "PrimeRLOOConfig"
     assert model.model_name_or_path == "PRIME-RL/Eurus-2-7B-SFT" and args.prm_model is None
     assert data.dataset_name == ["PRIME-RL/Eurus-2-RL-Data"] and data.reward == "outcome"
     for k, v in PAPER_OPTIONS.items():
         assert getattr(args, k) == pytest.approx(v) if isinstance(v, float) else getattr(args, k) == v, k
     assert (args.max_completion_length, args.prm_reference, args.prm_loss, args.prime_estimator) == (
-        3072, "sft", "ce", "rloo")
+        3072,
+        "sft",
+        "ce",
+        "rloo",
+    )
     # `--config=<path>` is understood too, not rejected as an unknown argument
     _, args_eq, _ = prime.parse_args(
         [f"--config={mod.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"],
-        mod.DEFAULT_CONFIG)
+        mod.DEFAULT_CONFIG,
+    )
     assert args_eq.prm_update == "double" and args_eq.gradient_accumulation_steps == 16
     # 256 prompts per step on 8 GPUs: 8 x 8 completions x 16 accumulation steps / K
     assert 8 * args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations == 256
@@ -243,18 +308,37 @@ def test_prime_qwen7b_one_process(coin_model, eurus_jsonl, tmp_path):
     assert isinstance(trainer, PrimeRLOOTrainer) and trainer.accelerator.num_processes == 1
     for k, v in PAPER_OPTIONS.items():
         assert getattr(trainer.args, k) == v, k
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     assert trainer.implicit_prm.ref_model is not None and trainer.ref_model is None  # beta 0: PRIME owns the ref
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h])
     _check_saved(out, coin_model)
 
 
 def _launch(config: str, summary: str, recipe_argv: list[str], timeout: int = 600) -> dict:
-    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "accelerate_configs", config),
-           "--main_process_port", str(_free_port()), LAUNCHER, "--recipe", "prime_qwen7b", "--summary", summary,
-           "--", *recipe_argv]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        os.path.join(ROOT, "accelerate_configs", config),
+        "--main_process_port",
+        str(_free_port()),
+        LAUNCHER,
+        "--recipe",
+        "prime_qwen7b",
+        "--summary",
+        summary,
+        "--",
+        *recipe_argv,
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"{config} launch failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     with open(summary) as f:
@@ -287,8 +371,9 @@ def test_prime_qwen7b_zero3_two_processes(coin_model, eurus_jsonl, tmp_path):
     own DeepSpeed engine; weights are gathered for the checksums and for saving."""
     pytest.importorskip("deepspeed")
     out = str(tmp_path / "zero3")
-    s = _launch("cpu_zero3.yaml", str(tmp_path / "summary.json"),
-                _overrides(coin_model, eurus_jsonl, out, batch=4, zero3=True))
+    s = _launch(
+        "cpu_zero3.yaml", str(tmp_path / "summary.json"), _overrides(coin_model, eurus_jsonl, out, batch=4, zero3=True)
+    )
     assert s["distributed_type"] == "DistributedType.DEEPSPEED" and s["zero_stage"] == 3
     assert s["prm_engine"] == "DeepSpeedEngine"
     _check_summary(s, coin_model, eurus_jsonl)
@@ -305,10 +390,14 @@ def test_prime_lora_one_process_two_adapters_on_one_base(coin_model, eurus_jsonl
     out = str(tmp_path / "lora")
     data, args, model_args = prime.parse_args(_overrides(coin_model, eurus_jsonl, out, batch=8), mod.DEFAULT_CONFIG)
     assert (model_args.use_peft, model_args.load_in_4bit, model_args.lora_r, args.prm_learning_rate) == (
-        True, False, 32, 1e-5)
+        True,
+        False,
+        32,
+        1e-5,
+    )
     assert data.trainer == "prime_rloo"
     trainer = prime.main(data, args, model_args, require_peft=True)
-    assert trainer.state.global_step == 2 and trainer._prime_num_updates == 2
+    assert trainer.state.global_step == 2 and trainer.prm_optim.num_updates == 2
     _check_logs([h for h in trainer.state.log_history if "prm/loss" in h], prm_lr=1e-5)
 
     peft_model = unwrap(trainer.model)
@@ -349,8 +438,9 @@ def test_prime_lora_8bit_without_cuda_or_4bit_without_bitsandbytes_is_a_clear_er
         prime.main(data, args, model_args, require_peft=True)
     _, args, model_args = prime.parse_args([*cpu, "--load_in_4bit", "true"], mod.DEFAULT_CONFIG)
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(
-        name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a)
+    )
     with pytest.raises(ValueError, match=r"`load_in_4bit`=true needs bitsandbytes: `pip install bitsandbytes`"):
         prime.check_args(args, model_args, require_peft=True)
     monkeypatch.undo()
@@ -358,7 +448,8 @@ def test_prime_lora_8bit_without_cuda_or_4bit_without_bitsandbytes_is_a_clear_er
         prime.check_args(args, model_args, require_peft=True)  # with bitsandbytes, 4-bit on a CPU is fine
     _, args, model_args = prime.parse_args(
         ["--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true", "--use_peft", "false"],
-        mod.DEFAULT_CONFIG)
+        mod.DEFAULT_CONFIG,
+    )
     with pytest.raises(ValueError, match=r"use_peft: true"):
         prime.check_args(args, model_args, require_peft=True)
     prime.check_args(args, model_args)  # `trl-prime prime` itself also trains without LoRA

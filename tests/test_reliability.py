@@ -15,10 +15,17 @@ from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
 from trl_prime import (
-    PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
+    PrimeGRPOConfig,
+    PrimeGRPOTrainer,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    PRLConfig,
+    PRLGRPOTrainer,
+    ProfGRPOConfig,
     ProfGRPOTrainer,
 )
 from trl_prime.modeling import unwrap
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = 4
@@ -26,36 +33,67 @@ K = 4
 
 def _kw(tmp_path, **overrides):
     kw = dict(
-        output_dir=str(tmp_path / "out"), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[],
-        disable_tqdm=True, per_device_train_batch_size=8, num_generations=K, max_completion_length=8, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-3,
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
     )
     kw.update(overrides)
     return kw
 
 
-def _prime(path, tmp_path, reward=None, cls=PrimeRLOOTrainer, cfg=PrimeRLOOConfig, dataset=None, callbacks=None,
-           trainer_kwargs=None, **overrides):
+def _prime(
+    path,
+    tmp_path,
+    reward=None,
+    cls=PrimeRLOOTrainer,
+    cfg=PrimeRLOOConfig,
+    dataset=None,
+    callbacks=None,
+    trainer_kwargs=None,
+    **overrides,
+):
     overrides.setdefault("prm_learning_rate", 1e-2)
     overrides.setdefault("filter_lower", 0.0)
     overrides.setdefault("filter_upper", 1.0)
-    return cls(model=path, reward_funcs=reward or contains_reward("e"), args=cfg(**_kw(tmp_path, **overrides)),
-               train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16), callbacks=callbacks,
-               **(trainer_kwargs or {}))
+    return cls(
+        model=path,
+        reward_funcs=reward or contains_reward("e"),
+        args=cfg(**_kw(tmp_path, **overrides)),
+        train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
+        callbacks=callbacks,
+        **(trainer_kwargs or {}),
+    )
 
 
 def _prl(path, tmp_path, reward=None, dataset=None, callbacks=None, **overrides):
-    return PRLGRPOTrainer(model=path, reward_funcs=reward or contains_reward("e"),
-                          args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)),
-                          train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
-                          callbacks=callbacks)
+    return PRLGRPOTrainer(
+        model=path,
+        reward_funcs=reward or contains_reward("e"),
+        args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)),
+        train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
+        callbacks=callbacks,
+    )
 
 
 def _prof(path, prm, tmp_path, reward=None, dataset=None, callbacks=None, **overrides):
-    return ProfGRPOTrainer(model=path, reward_funcs=reward or contains_reward("e"),
-                           args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=prm, prof_num_keep=2, **overrides)),
-                           train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
-                           callbacks=callbacks)
+    return ProfGRPOTrainer(
+        model=path,
+        reward_funcs=reward or contains_reward("e"),
+        args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=prm, prof_num_keep=2, **overrides)),
+        train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
+        callbacks=callbacks,
+    )
 
 
 def _snap(module):
@@ -139,8 +177,9 @@ def test_streaming_dataset_is_not_called_empty():
     assert stream.column_names == ["prompt", "solution"] and not hasattr(stream, "__len__")
     check_train_dataset(stream, [math_reward])  # no error
     with pytest.raises(ValueError, match=r"no `prompt` column"):
-        check_train_dataset(Dataset.from_dict({"question": ["1 + 1?"], "solution": ["2"]}).to_iterable_dataset(),
-                            [math_reward])
+        check_train_dataset(
+            Dataset.from_dict({"question": ["1 + 1?"], "solution": ["2"]}).to_iterable_dataset(), [math_reward]
+        )
 
 
 def test_prm_path_check_honours_trust_remote_code(tmp_path):
@@ -156,10 +195,15 @@ def test_prm_path_check_honours_trust_remote_code(tmp_path):
         "from transformers import Qwen2Config\n\n\nclass TinyRemoteConfig(Qwen2Config):\n"
         "    model_type = 'tiny_remote_prm'\n"
     )
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "tiny_remote_prm", "architectures": ["TinyRemoteForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_tiny_remote.TinyRemoteConfig"},
-    }))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "tiny_remote_prm",
+                "architectures": ["TinyRemoteForCausalLM"],
+                "auto_map": {"AutoConfig": "configuration_tiny_remote.TinyRemoteConfig"},
+            }
+        )
+    )
     with pytest.raises(ValueError, match=r"(?s)`prm_model`=.*could not be loaded.*trust_remote_code"):
         check_causal_lm_source(str(d), "prm_model")
     check_causal_lm_source(str(d), "prm_model", trust_remote_code=True)  # no error
@@ -188,8 +232,15 @@ def test_nonfinite_reward_skips_the_step_weights_unchanged(tiny_model_path, step
     if which == "prime_rloo":
         tr = _prime(tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
     elif which == "prime_grpo":
-        tr = _prime(tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3, cls=PrimeGRPOTrainer,
-                    cfg=PrimeGRPOConfig)
+        tr = _prime(
+            tiny_model_path,
+            tmp_path,
+            reward=reward,
+            callbacks=[snaps],
+            max_steps=3,
+            cls=PrimeGRPOTrainer,
+            cfg=PrimeGRPOConfig,
+        )
     elif which == "prl":
         tr = _prl(tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
     else:
@@ -202,7 +253,10 @@ def test_nonfinite_reward_skips_the_step_weights_unchanged(tiny_model_path, step
     if snaps.prm:
         assert _same(snaps.prm[1], snaps.prm[2]) and not _same(snaps.prm[2], snaps.prm[3])
     text = caplog.text
-    assert "Non-finite values at step 2 (non-finite rewards)" in text and "rows of the global generation batch: [5]" in text
+    assert (
+        "Non-finite values at step 2 (non-finite rewards)" in text
+        and "rows of the global generation batch: [5]" in text
+    )
     assert "sample ids: ['What is" in text
     logs = {h["step"]: h for h in tr.state.log_history if "loss" in h and "train_runtime" not in h}
     assert logs[2].get("guard/skipped_steps") == 1.0 and "guard/skipped_steps" not in logs[3]
@@ -236,8 +290,16 @@ def test_nonfinite_in_first_of_several_generation_batches_per_step_still_skips(t
         return out
 
     snaps = Snapshots()
-    tr = _prime(tiny_model_path, tmp_path, reward=inf_in_third_call, callbacks=[snaps], max_steps=3,
-                per_device_train_batch_size=K, gradient_accumulation_steps=2, steps_per_generation=1)
+    tr = _prime(
+        tiny_model_path,
+        tmp_path,
+        reward=inf_in_third_call,
+        callbacks=[snaps],
+        max_steps=3,
+        per_device_train_batch_size=K,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+    )
     snaps.trainer = tr
     tr.train()
     assert calls["n"] == 6
@@ -261,7 +323,12 @@ def test_guarded_step_under_fp16_grad_scaler():
 
     class AcceleratedOptimizer:  # accelerate's wrapper, as far as the guard and the Trainer use it
         def __init__(self):
-            self.optimizer, self.scaler, self._is_overflow, self.param_groups = inner, scaler, False, inner.param_groups
+            self.optimizer, self.scaler, self._is_overflow, self.param_groups = (
+                inner,
+                scaler,
+                False,
+                inner.param_groups,
+            )
 
         def zero_grad(self, set_to_none=True):
             inner.zero_grad(set_to_none=set_to_none)
@@ -278,8 +345,11 @@ def test_guarded_step_under_fp16_grad_scaler():
     tr = Fake()
     tr.optimizer, tr.is_deepspeed_enabled = AcceleratedOptimizer(), False
     tr.accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), is_main_process=True)
-    tr.args, tr.state, tr._metrics = SimpleNamespace(max_nonfinite_skips=1), SimpleNamespace(global_step=0), {
-        "train": defaultdict(list)}
+    tr.args, tr.state, tr._metrics = (
+        SimpleNamespace(max_nonfinite_skips=1),
+        SimpleNamespace(global_step=0),
+        {"train": defaultdict(list)},
+    )
     tr.train_dataset, tr.reward_funcs = None, []
     tr._guard_setup()
     tr._guard_wrap_optimizer()
@@ -322,7 +392,7 @@ def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_pat
     tr.train()
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.prm[1], snaps.prm[2])
     assert not _same(snaps.prm[2], snaps.prm[3]) and not _same(snaps.policy[2], snaps.policy[3])
-    assert tr._prime_num_updates == 2  # steps 1 and 3
+    assert tr.prm_optim.num_updates == 2  # steps 1 and 3
     monkeypatch.undo()
 
     class NaNLogps(PRLGRPOTrainer):
@@ -334,8 +404,13 @@ def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_pat
             return old, ref
 
     snaps = Snapshots()
-    tr = NaNLogps(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-                  args=PRLConfig(**_kw(tmp_path / "prl", prl_eta=2.0)), callbacks=[snaps])
+    tr = NaNLogps(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=PRLConfig(**_kw(tmp_path / "prl", prl_eta=2.0)),
+        callbacks=[snaps],
+    )
     snaps.trainer = tr
     pol0 = _snap(tr.model)
     tr.train()
@@ -361,7 +436,9 @@ def test_none_rewards_are_excluded_not_zeroed(tiny_model_path, tmp_path):
     # three correct rows would get a positive outcome advantage
     zeroed = F.prl_advantages(**{**inputs, "outcome_rewards": o.nan_to_num(0.0)})
     no_kl = F.prl_advantages(**{**inputs, "old_logps": inputs["ref_logps"]})
-    assert torch.all(no_kl[[0, 2, 3]] == 0) and torch.all(zeroed[0][inputs["mask"][0]] > last["advantages"][0][inputs["mask"][0]])
+    assert torch.all(no_kl[[0, 2, 3]] == 0) and torch.all(
+        zeroed[0][inputs["mask"][0]] > last["advantages"][0][inputs["mask"][0]]
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -370,6 +447,7 @@ def test_none_rewards_are_excluded_not_zeroed(tiny_model_path, tmp_path):
 def test_degenerate_batches_no_crash_no_nan_warning_metrics(tiny_model_path, tmp_path):
     """Every completion truncated at length 1, every reward equal, every group filtered out (PRIME's default filter
     drops accuracy-1 groups), and in PRL a completion of length 0: finite losses and weights, warning metrics."""
+
     def ones(completions, **kw):
         return [1.0] * len(completions)
 
@@ -384,14 +462,19 @@ def test_degenerate_batches_no_crash_no_nan_warning_metrics(tiny_model_path, tmp
     assert all(torch.isfinite(v).all() for v in _snap(tr.model).values()) and _same(pol0, _snap(tr.model))
 
     class EmptyRow(PRLGRPOTrainer):
-        def _prl_step(self, output, cap):
+        def _algorithm_step(self, output, cap):
             output["completion_mask"] = output["completion_mask"].clone()
             output["completion_mask"][0] = 0  # a completion of length 0
-            return super()._prl_step(output, cap)
+            return super()._algorithm_step(output, cap)
 
-    tr = EmptyRow(model=tiny_model_path, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(16),
-                  args=PRLConfig(**_kw(tmp_path / "prl", prl_eta=2.0, max_completion_length=2,
-                                       prl_step_split="length", prl_step_len=1)))
+    tr = EmptyRow(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=PRLConfig(
+            **_kw(tmp_path / "prl", prl_eta=2.0, max_completion_length=2, prl_step_split="length", prl_step_len=1)
+        ),
+    )
     tr.train()
     assert torch.isfinite(tr._prl_last["advantages"]).all()
     logs = [h for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
@@ -451,11 +534,21 @@ class StopAt(TrainerCallback):
 def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_path, which):
     """Stop at step 2 (checkpoint), resume to step 4: metrics and policy (and PRM) weights equal, bit for bit, those
     of the uninterrupted 4-step run."""
+
     def make(out, callbacks=None):
         common = dict(max_steps=4, save_strategy="steps", save_steps=2, output_dir=str(out))
         if which == "prime_prof":
-            return _prime(tiny_model_path, tmp_path, callbacks=callbacks, prof_mode="both", prof_prm="implicit",
-                          prof_num_keep=2, cls=PrimeGRPOTrainer, cfg=PrimeGRPOConfig, **common)
+            return _prime(
+                tiny_model_path,
+                tmp_path,
+                callbacks=callbacks,
+                prof_mode="both",
+                prof_prm="implicit",
+                prof_num_keep=2,
+                cls=PrimeGRPOTrainer,
+                cfg=PrimeGRPOConfig,
+                **common,
+            )
         if which == "prl":
             return _prl(tiny_model_path, tmp_path, callbacks=callbacks, **common)
         return _prof(tiny_model_path, step_prm_path, tmp_path, callbacks=callbacks, **common)
@@ -469,8 +562,11 @@ def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_pa
     second.train(resume_from_checkpoint=True)
 
     def rows(tr):
-        return {h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
-                for h in tr.state.log_history if "loss" in h and "train_runtime" not in h}
+        return {
+            h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
+            for h in tr.state.log_history
+            if "loss" in h and "train_runtime" not in h
+        }
 
     a, b = rows(full), rows(second)
     for step in (3, 4):
@@ -481,7 +577,7 @@ def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_pa
     assert _same(_snap(full.model), _snap(second.model))
     if which == "prime_prof":
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
-        assert second._prime_num_updates == full._prime_num_updates == 4
+        assert second.prm_optim.num_updates == full.prm_optim.num_updates == 4
 
 
 def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
@@ -515,7 +611,11 @@ def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
         tr.accelerator = SimpleNamespace(wait_for_everyone=lambda: None)
         tr.state = TrainerState(global_step=step)
         tr._guard_saving, tr._guard_staging_root, tr._guard_consecutive_skips, tr._guard_total_skips = (
-            False, None, 0, 0)
+            False,
+            None,
+            0,
+            0,
+        )
         tr._save_checkpoint(None, None)
         assert tr.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{step}")
     with open(tmp_path / "checkpoint-3" / "trainer_state.json") as f:
@@ -528,17 +628,34 @@ def test_checkpoint_killed_mid_save_never_replaces_the_last_good_one(tiny_model_
     out = tmp_path / "run"
     script = os.path.join(ROOT, "tests", "scripts", "reliability_kill_save.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, script, "--model", tiny_model_path, "--out", str(out), "--kill_at", "2"],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, script, "--model", tiny_model_path, "--out", str(out), "--kill_at", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 17, proc.stderr[-4000:]  # os._exit(17) in the middle of the save
     names = sorted(os.listdir(out))
     assert "checkpoint-1" in names and "checkpoint-2" not in names, names
     ck1 = out / "checkpoint-1"
-    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "prm",
-            "guard_state.json"} <= set(os.listdir(ck1))
+    assert {
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "trainer_state.json",
+        "prm",
+        "guard_state.json",
+    } <= set(os.listdir(ck1))
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "prime_state.json"} <= set(os.listdir(ck1 / "prm"))
-    proc = subprocess.run([sys.executable, script, "--model", tiny_model_path, "--out", str(out), "--resume"],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, script, "--model", tiny_model_path, "--out", str(out), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "RESUMED_FROM checkpoint-1 GLOBAL_STEP 3 PRM_UPDATES 3" in proc.stdout
     names = sorted(os.listdir(out))

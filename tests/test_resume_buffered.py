@@ -21,10 +21,17 @@ from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
 from trl_prime import (
-    PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig,
+    PrimeGRPOConfig,
+    PrimeGRPOTrainer,
+    PrimeRLOOConfig,
+    PrimeRLOOTrainer,
+    PRLConfig,
+    PRLGRPOTrainer,
+    ProfGRPOConfig,
     ProfGRPOTrainer,
 )
 from trl_prime.modeling import unwrap
+
 
 K = 4
 MAX_STEPS = 6
@@ -61,17 +68,50 @@ def recording_reward(seen: list, inf_at_step: int | None = None):
     return reward_e
 
 
-def make(which, model_path, prm_path, out, seen, *, spg, num_iterations, grad_accum, save_steps, callbacks=None,
-         inf_at_step=None, num_prompts=16, max_steps=MAX_STEPS, **extra):
+def make(
+    which,
+    model_path,
+    prm_path,
+    out,
+    seen,
+    *,
+    spg,
+    num_iterations,
+    grad_accum,
+    save_steps,
+    callbacks=None,
+    inf_at_step=None,
+    num_prompts=16,
+    max_steps=MAX_STEPS,
+    **extra,
+):
     kw = dict(
-        output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        per_device_train_batch_size=8, num_generations=K, max_completion_length=8, max_steps=max_steps,
-        logging_steps=1, save_strategy="steps", save_steps=save_steps, seed=0, learning_rate=1e-3,
-        steps_per_generation=spg, num_iterations=num_iterations, gradient_accumulation_steps=grad_accum,
+        output_dir=str(out),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=8,
+        max_steps=max_steps,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        seed=0,
+        learning_rate=1e-3,
+        steps_per_generation=spg,
+        num_iterations=num_iterations,
+        gradient_accumulation_steps=grad_accum,
     )
     kw.update(extra)
-    common = dict(model=model_path, reward_funcs=recording_reward(seen, inf_at_step),
-                  train_dataset=tiny_prompt_dataset(num_prompts), callbacks=callbacks)
+    common = dict(
+        model=model_path,
+        reward_funcs=recording_reward(seen, inf_at_step),
+        train_dataset=tiny_prompt_dataset(num_prompts),
+        callbacks=callbacks,
+    )
     prime = dict(prm_learning_rate=1e-2, filter_lower=0.0, filter_upper=1.0)
     if which == "prime_rloo":
         return PrimeRLOOTrainer(args=PrimeRLOOConfig(**kw, **prime), **common)
@@ -91,8 +131,11 @@ def _same(a, b):
 
 
 def _rows(tr):
-    return {h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
-            for h in tr.state.log_history if "loss" in h and "train_runtime" not in h}
+    return {
+        h["step"]: {k: v for k, v in h.items() if "time" not in k and "per_second" not in k}
+        for h in tr.state.log_history
+        if "loss" in h and "train_runtime" not in h
+    }
 
 
 # (trainer, steps_per_generation, num_iterations, gradient_accumulation_steps, checkpoint step): every checkpoint lies
@@ -109,17 +152,35 @@ CASES = [
 ]
 
 
-def check_resume(which, model_path, prm_path, tmp_path, *, spg, num_iterations, grad_accum, ckpt, num_prompts=16,
-                 max_steps=MAX_STEPS):
+def check_resume(
+    which,
+    model_path,
+    prm_path,
+    tmp_path,
+    *,
+    spg,
+    num_iterations,
+    grad_accum,
+    ckpt,
+    num_prompts=16,
+    max_steps=MAX_STEPS,
+):
     """Uninterrupted run vs run stopped after step ckpt + 1 and resumed from checkpoint-<ckpt>: bit for bit."""
-    opts = dict(spg=spg, num_iterations=num_iterations, grad_accum=grad_accum, save_steps=ckpt,
-                num_prompts=num_prompts, max_steps=max_steps)
+    opts = dict(
+        spg=spg,
+        num_iterations=num_iterations,
+        grad_accum=grad_accum,
+        save_steps=ckpt,
+        num_prompts=num_prompts,
+        max_steps=max_steps,
+    )
     seen_full, seen_first = [], []
     full = make(which, model_path, prm_path, tmp_path / "full", seen_full, **opts)
     full.train()
     assert full.state.global_step == max_steps
-    first = make(which, model_path, prm_path, tmp_path / "resumed", seen_first, callbacks=[StopAfter(ckpt + 1)],
-                 **opts)
+    first = make(
+        which, model_path, prm_path, tmp_path / "resumed", seen_first, callbacks=[StopAfter(ckpt + 1)], **opts
+    )
     first.train()
     assert first.state.global_step == ckpt + 1
     checkpoint = tmp_path / "resumed" / f"checkpoint-{ckpt}"
@@ -144,32 +205,56 @@ def check_resume(which, model_path, prm_path, tmp_path, *, spg, num_iterations, 
     if hasattr(full, "implicit_prm"):
         assert _same(_snap(full.prm_model), _snap(second.prm_model))
         generations = -(-max_steps * grad_accum // (spg * num_iterations))  # one PRM update per generation batch
-        assert second._prime_num_updates == full._prime_num_updates == generations
+        assert second.prm_optim.num_updates == full.prm_optim.num_updates == generations
     return torch.load(checkpoint / "generation_state_0.pt", weights_only=True)
 
 
-
-
-@pytest.mark.parametrize("which,spg,num_iterations,grad_accum,ckpt", CASES,
-                         ids=[f"{c[0]}-spg{c[1]}-it{c[2]}-ga{c[3]}-ckpt{c[4]}" for c in CASES])
-def test_resume_inside_a_generation_window_is_bit_identical(tiny_model_path, step_prm_path, tmp_path, which, spg,
-                                                            num_iterations, grad_accum, ckpt):
+@pytest.mark.parametrize(
+    "which,spg,num_iterations,grad_accum,ckpt",
+    CASES,
+    ids=[f"{c[0]}-spg{c[1]}-it{c[2]}-ga{c[3]}-ckpt{c[4]}" for c in CASES],
+)
+def test_resume_inside_a_generation_window_is_bit_identical(
+    tiny_model_path, step_prm_path, tmp_path, which, spg, num_iterations, grad_accum, ckpt
+):
     assert (ckpt * grad_accum) % (spg * num_iterations) != 0  # the checkpoint is taken mid-window
-    state = check_resume(which, tiny_model_path, step_prm_path, tmp_path, spg=spg, num_iterations=num_iterations,
-                         grad_accum=grad_accum, ckpt=ckpt)
+    state = check_resume(
+        which,
+        tiny_model_path,
+        step_prm_path,
+        tmp_path,
+        spg=spg,
+        num_iterations=num_iterations,
+        grad_accum=grad_accum,
+        ckpt=ckpt,
+    )
     # the checkpoint holds the buffered generation batch and TRL's micro-step counter
     assert state["step"] == ckpt * grad_accum and len(state["buffered_inputs"]) == spg
 
 
-@pytest.mark.parametrize("which,spg,num_iterations,ckpt,max_steps", [("prl", 1, 1, 3, 6), ("prime_rloo", 2, 2, 5, 10)],
-                         ids=["prl-spg1-it1-ckpt3", "prime_rloo-spg2-it2-ckpt5"])
-def test_resume_in_a_later_epoch_is_bit_identical(tiny_model_path, tmp_path, which, spg, num_iterations, ckpt,
-                                                  max_steps):
+@pytest.mark.parametrize(
+    "which,spg,num_iterations,ckpt,max_steps",
+    [("prl", 1, 1, 3, 6), ("prime_rloo", 2, 2, 5, 10)],
+    ids=["prl-spg1-it1-ckpt3", "prime_rloo-spg2-it2-ckpt5"],
+)
+def test_resume_in_a_later_epoch_is_bit_identical(
+    tiny_model_path, tmp_path, which, spg, num_iterations, ckpt, max_steps
+):
     """4 prompts: an epoch is 2 steps (spg=1, it=1) or 4 steps (spg=2, it=2); the checkpoint lies in the second
     epoch (at a generation boundary, then inside a generation window), and the run goes on into the third: each
     epoch's prompt order, which TRL's RepeatSampler draws after the previous epochs', is the uninterrupted run's."""
-    state = check_resume(which, tiny_model_path, None, tmp_path, spg=spg, num_iterations=num_iterations,
-                         grad_accum=1, ckpt=ckpt, num_prompts=4, max_steps=max_steps)
+    state = check_resume(
+        which,
+        tiny_model_path,
+        None,
+        tmp_path,
+        spg=spg,
+        num_iterations=num_iterations,
+        grad_accum=1,
+        ckpt=ckpt,
+        num_prompts=4,
+        max_steps=max_steps,
+    )
     assert (state["buffered_inputs"] is None) == (ckpt % (spg * num_iterations) == 0)
 
 
@@ -218,19 +303,44 @@ def test_two_processes_resume_inside_a_generation_window(tiny_model_path, tmp_pa
     (generation_state_<rank>.pt); the resumed PRIME-RLOO run equals the uninterrupted one bit for bit (and a CPU
     process's device, "cpu:0", loads the PRM optimizer state)."""
     import subprocess
-    import sys
 
     from test_prime_distributed import ACCELERATE, _free_port
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([
-        ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        os.path.join(root, "tests", "scripts", "resume_buffered_distributed.py"), "--model", tiny_model_path, "--out",
-        str(tmp_path),
-    ], capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
+    proc = subprocess.run(
+        [
+            ACCELERATE,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+            os.path.join(root, "tests", "scripts", "resume_buffered_distributed.py"),
+            "--model",
+            tiny_model_path,
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     with open(tmp_path / "result.json") as f:
         r = json.load(f)

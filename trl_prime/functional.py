@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 
 __all__ = [
     # implicit PRM
@@ -57,6 +58,8 @@ __all__ = [
     "grpo_advantages",
     "prime_advantages",
     "single_row_group_mask",
+    # policy loss
+    "token_ppo_clip_loss",
     # PRIME metrics and filter
     "prompt_accuracy_mask",
     "prm_pair_accuracy",
@@ -94,7 +97,7 @@ __all__ = [
     "PAIR_ACCURACY_TIES",
 ]
 
-GroupIds = Union[torch.Tensor, Sequence[Any]]
+GroupIds = torch.Tensor | Sequence[Any]
 
 # ----------------------------------------------------------------------------------------------------
 # option tuples: the one source of the choices every config field and every function here accepts
@@ -111,8 +114,15 @@ PRM_UPDATES = ("single", "double")
 PRM_REFERENCES = ("sft", "policy")
 #: ``transformers.get_scheduler`` names offered for the PRM optimizer: ``PrimeOptions.prm_lr_scheduler``
 PRM_SCHEDULERS = (
-    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
-    "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay",
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
 )
 #: PRIME advantage estimators (PRIME Eq. 5 and Appendix B.3): ``PrimeOptions.prime_estimator``,
 #: :func:`prime_advantages` ``estimator``
@@ -234,7 +244,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
-def _as_int(value: Any) -> Optional[int]:
+def _as_int(value: Any) -> int | None:
     """``value`` as a Python int if it is integral (int, numpy integer, 0-d integer tensor), else None."""
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         return None
@@ -258,8 +268,8 @@ def _hashable_id(g: Any) -> Any:
 
 
 def _group_index(
-    group_ids: Optional[GroupIds],
-    num_generations: Optional[int],
+    group_ids: GroupIds | None,
+    num_generations: int | None,
     batch_size: int,
     device: torch.device,
     *,
@@ -395,7 +405,7 @@ def _check_eps(eps: Any) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over the positions where ``mask`` is true.
 
     Args:
@@ -526,7 +536,9 @@ def discounted_cumsum(values: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     local = xb @ W  # local[..., k, t] = sum_{s>=t in block k} gamma^(s-t) x_s
     bidx = torch.arange(nb, device=x.device)
     bdiff = (bidx[:, None] - bidx[None, :]).to(wd)  # j - k
-    Wb = torch.where(bdiff >= 0, torch.pow(g, (bdiff * block).clamp(min=0)), torch.zeros((), dtype=wd, device=x.device))
+    Wb = torch.where(
+        bdiff >= 0, torch.pow(g, (bdiff * block).clamp(min=0)), torch.zeros((), dtype=wd, device=x.device)
+    )
     starts = local[..., 0] @ Wb  # R at the first token of each block
     nxt = torch.cat([starts[..., 1:], torch.zeros_like(starts[..., :1])], dim=-1)  # R at the next block start
     carry_w = torch.pow(g, (block - idx).to(wd))  # gamma^(block - t)
@@ -536,7 +548,7 @@ def discounted_cumsum(values: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
 
 
 def process_reward_batch_norm(
-    token_rewards: torch.Tensor, mask: Optional[torch.Tensor] = None, *, eps: float = 1e-6
+    token_rewards: torch.Tensor, mask: torch.Tensor | None = None, *, eps: float = 1e-6
 ) -> torch.Tensor:
     """PRIME's ``batch_norm`` of process rewards: divide by the batch's max |reverse cumulative sum|.
 
@@ -620,7 +632,7 @@ def fill_from_step_end(values: torch.Tensor, step_ends: torch.Tensor) -> torch.T
 
 def implicit_token_rewards(
     prm_logps: torch.Tensor,
-    ref_logps: Optional[torch.Tensor],
+    ref_logps: torch.Tensor | None,
     mask: torch.Tensor,
     *,
     beta: float = 0.05,
@@ -663,7 +675,7 @@ def token_logps(
     ids: torch.Tensor,
     *,
     chunk_size: int = 1024,
-    dtype: Optional[torch.dtype] = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Per-token log-probabilities ``log softmax(logits)[ids]`` without materialising (B, T, V) log-softmax.
 
@@ -710,7 +722,7 @@ def sequence_logps(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    prompt_lengths: Union[torch.Tensor, int],
+    prompt_lengths: torch.Tensor | int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean log-prob of each completion under a causal LM.
 
@@ -798,7 +810,7 @@ def implicit_prm_loss(
     *,
     beta: float = 0.05,
     loss_type: str = "ce",
-    group_ids: Optional[GroupIds] = None,
+    group_ids: GroupIds | None = None,
 ) -> torch.Tensor:
     """Implicit PRM loss on outcome labels only, with ``r(y) = beta * sum_t (prm - ref)_t * mask_t``.
 
@@ -1027,8 +1039,8 @@ def step_end_mask(
     tokenizer: Any = None,
     *,
     split: str = "double_newline",
-    step_len: Optional[int] = None,
-    delimiter: Optional[str] = None,
+    step_len: int | None = None,
+    delimiter: str | None = None,
 ) -> torch.Tensor:
     """Which completion tokens end a reasoning step; the last valid token always ends one.
 
@@ -1129,11 +1141,11 @@ def step_end_mask(
 
 def grpo_advantages(
     rewards: torch.Tensor,
-    group_ids: Optional[GroupIds] = None,
+    group_ids: GroupIds | None = None,
     *,
     scale_rewards: bool = True,
     eps: float = 1e-6,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
     single_row_compat: bool = False,
 ) -> torch.Tensor:
     """Group-normalised outcome advantage: ``(r_i - mean_g) / (std_g + eps)``.
@@ -1186,9 +1198,9 @@ def grpo_advantages(
 
 def single_row_group_mask(
     rewards: torch.Tensor,
-    group_ids: Optional[GroupIds] = None,
+    group_ids: GroupIds | None = None,
     *,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
 ) -> torch.Tensor:
     """Rows that are the only scorable row of their group: no baseline, so advantage 0.
 
@@ -1222,8 +1234,8 @@ def _prime_advantages_impl(
     process_rewards: torch.Tensor,
     outcome_rewards: torch.Tensor,
     mask: torch.Tensor,
-    group_ids: Optional[GroupIds],
-    num_generations: Optional[int],
+    group_ids: GroupIds | None,
+    num_generations: int | None,
     *,
     estimator: str,
     process_coef: float = 1.0,
@@ -1347,7 +1359,7 @@ def rloo_advantages(
     process_rewards: torch.Tensor,
     outcome_rewards: torch.Tensor,
     mask: torch.Tensor,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
     *,
     process_coef: float = 1.0,
     outcome_coef: float = 1.0,
@@ -1357,7 +1369,7 @@ def rloo_advantages(
     whiten: bool = False,
     process_reward_norm: str = "none",
     include_last_token: bool = True,
-    group_ids: Optional[GroupIds] = None,
+    group_ids: GroupIds | None = None,
     whiten_eps: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PRIME advantages with leave-one-out baselines (PRIME Eq. 5).
@@ -1431,17 +1443,42 @@ def rloo_advantages(
 
 _PRIME_OPTIONS = {
     "rloo": {
-        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "baseline", "whiten",
-        "process_reward_norm", "include_last_token", "whiten_eps", "num_generations",
+        "process_coef",
+        "outcome_coef",
+        "gamma",
+        "outcome_gamma",
+        "baseline",
+        "whiten",
+        "process_reward_norm",
+        "include_last_token",
+        "whiten_eps",
+        "num_generations",
     },
     "grpo": {
-        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
-        "include_last_token", "whiten_eps", "scale_rewards", "eps", "grpo_process_form", "grpo_process_scale",
+        "process_coef",
+        "outcome_coef",
+        "gamma",
+        "outcome_gamma",
+        "whiten",
+        "process_reward_norm",
+        "include_last_token",
+        "whiten_eps",
+        "scale_rewards",
+        "eps",
+        "grpo_process_form",
+        "grpo_process_scale",
         "num_generations",
     },
     "reinforce": {
-        "process_coef", "outcome_coef", "gamma", "outcome_gamma", "whiten", "process_reward_norm",
-        "include_last_token", "whiten_eps", "num_generations",
+        "process_coef",
+        "outcome_coef",
+        "gamma",
+        "outcome_gamma",
+        "whiten",
+        "process_reward_norm",
+        "include_last_token",
+        "whiten_eps",
+        "num_generations",
     },
 }
 
@@ -1450,7 +1487,7 @@ def prime_advantages(
     process_rewards: torch.Tensor,
     outcome_rewards: torch.Tensor,
     mask: torch.Tensor,
-    group_ids: Optional[GroupIds],
+    group_ids: GroupIds | None,
     *,
     estimator: str = "rloo",
     **options: Any,
@@ -1559,15 +1596,73 @@ def prime_advantages(
 # ----------------------------------------------------------------------------------------------------
 
 
+def token_ppo_clip_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    normalizer: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Token-level PPO-clip policy loss: ``sum_t -min(rho_t A_t, clip(rho_t, 1-eps_low, 1+eps_high) A_t) m_t / N``.
+
+    ``rho_t = exp(logps_t - old_logps_t) = pi_theta(y_t) / pi_old(y_t)`` is the importance ratio of each sampled
+    token; every token carries its own advantage ``A_t`` (PRIME's ``(B, T)`` advantages, Eq. 5), so the clip acts per
+    token rather than per sequence.
+
+    Args:
+        logps: ``(B, T)`` float log-probs (nats) of the sampled tokens under the current policy ``pi_theta``; keeps
+            the autograd graph.
+        old_logps: ``(B, T)`` log-probs under the rollout policy ``pi_old``; ``None`` uses ``logps.detach()``
+            (ratio exactly 1: on-policy, the loss is ``-A_t`` with the policy gradient).
+        advantages: ``(B, T)`` per-token advantages, or ``(B,)`` one advantage per sequence (broadcast over tokens).
+        mask: ``(B, T)`` loss weight of each token (0/1 or bool; 0 = not in the loss: padding, filtered rows),
+            cast to the dtype of ``logps``.
+        epsilon_low: lower clip range ``eps_low`` (ratio clipped below at ``1 - epsilon_low``).
+        epsilon_high: upper clip range ``eps_high`` (ratio clipped above at ``1 + epsilon_high``; DAPO's clip-higher
+            when larger than ``epsilon_low``).
+        normalizer: ``N``, what the masked token sum is divided by (a 0-dim tensor or a float; e.g. the number of
+            loss tokens of the whole optimisation step); ``None`` uses ``mask.sum().clamp(min=1)`` (the token mean).
+
+    Returns:
+        0-dim loss tensor in the dtype of ``logps`` (with the autograd graph of ``logps``).
+
+    Raises:
+        ValueError: when ``logps`` is not 2-D, or ``old_logps`` / ``mask`` / a 2-D ``advantages`` do not have its
+            shape, or a 1-D ``advantages`` does not have ``B`` rows.
+
+    Source: PRIME Eq. 6 (the PPO clip surrogate with token-level advantages, Algorithm 1 line 10).
+    """
+    _check_2d("logps", logps)
+    _check_same_shape("logps", logps, "mask", mask)
+    if old_logps is not None:
+        _check_same_shape("logps", logps, "old_logps", old_logps)
+    if advantages.dim() == 1:
+        _check_rows("advantages", advantages, logps.size(0))
+        advantages = advantages.unsqueeze(1)
+    else:
+        _check_same_shape("logps", logps, "advantages", advantages)
+    mask = mask.to(logps.dtype)
+    old = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(logps - old)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * advantages, clipped * advantages)
+    if normalizer is None:
+        normalizer = mask.sum().clamp(min=1.0)
+    return (per_token_loss * mask).sum() / normalizer
+
+
 def prompt_accuracy_mask(
     outcome_rewards: torch.Tensor,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
     *,
     lower: float = 0.2,
     upper: float = 0.8,
-    completion_lengths: Optional[torch.Tensor] = None,
-    max_completion_length: Optional[int] = None,
-    group_ids: Optional[GroupIds] = None,
+    completion_lengths: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+    group_ids: GroupIds | None = None,
 ) -> torch.Tensor:
     """PRIME online prompt filter: keep a group iff ``lower <= mean(r_o) <= upper`` (inclusive).
 
@@ -1619,9 +1714,9 @@ def prompt_accuracy_mask(
 def prm_pair_accuracy(
     sequence_rewards: torch.Tensor,
     outcome_rewards: torch.Tensor,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
     *,
-    group_ids: Optional[GroupIds] = None,
+    group_ids: GroupIds | None = None,
     ties: str = "reference",
 ) -> float:
     """Weighted pairwise ranking accuracy of the PRM inside each group (``prm/pair_accuracy``).
@@ -1714,18 +1809,18 @@ def prl_advantages(
     old_logps: torch.Tensor,
     ref_logps: torch.Tensor,
     mask: torch.Tensor,
-    group_ids: Optional[GroupIds],
+    group_ids: GroupIds | None,
     *,
     eta: float = 200.0,
-    step_ends: Optional[torch.Tensor] = None,
+    step_ends: torch.Tensor | None = None,
     order: str = "advantage_first",
     scale_rewards: bool = True,
     eps: float = 1e-6,
     zero_fill_compat: bool = False,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
     return_step_end_values: bool = False,
     single_row_compat: bool = False,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PRL per-token weights ``rho_t = A - S_t / eta`` (KL-regularised reward-to-go).
 
     ``k_t = log pi_old(y_t) - log pi_ref(y_t)`` (detached, 0 outside the mask), ``S_t = sum_{s>=t} k_s``
@@ -1793,8 +1888,14 @@ def prl_advantages(
     if order == "advantage_first":
         if group_ids is None and num_generations is None:
             raise ValueError('prl_advantages(order="advantage_first") needs `group_ids` (or `num_generations`).')
-        A = grpo_advantages(o_raw, group_ids, scale_rewards=scale_rewards, eps=eps, num_generations=num_generations,
-                            single_row_compat=single_row_compat)
+        A = grpo_advantages(
+            o_raw,
+            group_ids,
+            scale_rewards=scale_rewards,
+            eps=eps,
+            num_generations=num_generations,
+            single_row_compat=single_row_compat,
+        )
     else:
         if group_ids is not None or num_generations is not None:
             _group_index(group_ids, num_generations, B, dev, fn="prl_advantages")  # validate only
@@ -1827,7 +1928,7 @@ def prl_advantages(
 def prof_step_scores_from_logits(
     logits: torch.Tensor,
     separator_mask: torch.Tensor,
-    max_steps: Optional[int] = None,
+    max_steps: int | None = None,
     *,
     positive_label: int = 1,
     padding_value: float = 0.0,
@@ -1974,17 +2075,17 @@ def prof_select(
     num_steps: torch.Tensor,
     outcome_rewards: torch.Tensor,
     *,
-    num_remove: Optional[int] = None,
+    num_remove: int | None = None,
     penalty: float = 10.0,
     min_steps: int = 2,
     max_steps: int = 30,
     penalty_position: str = "reference",
     mode: str = "both",
     rounding: str = "half_even",
-    generator: Optional[torch.Generator] = None,
-    num_keep: Optional[int] = None,
+    generator: torch.Generator | None = None,
+    num_keep: int | None = None,
     correct_threshold: float = 1.0,
-    num_generations: Optional[int] = None,
+    num_generations: int | None = None,
 ) -> torch.Tensor:
     """PROF selection: keep ``m = n - num_remove`` completions per prompt, balanced between correct and incorrect.
 

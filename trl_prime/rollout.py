@@ -9,15 +9,84 @@
 - :func:`replace_logged_advantages`: put the advantages that really reach the loss into TRL's completions log.
 - :func:`drop_zero_weight_rows` / :class:`DropZeroWeightRowsMixin`: the policy's loss forward and backward skip the
   rows whose loss weight is 0 (prompts removed by the online filter or by PROF, unscorable rows).
+- :class:`RolloutMixin` / :class:`Rollout`: the one hook into TRL's generation step shared by the PRIME, PRL and PROF
+  trainers: it captures what TRL produced, runs the common outcome preamble and calls the trainer's
+  ``_algorithm_step``.
+- :data:`MM_KEYS` (TRL's multimodal inputs); :func:`resolve_trainer_args`, the start of the trainers' constructors
+  (config or a default one, ``peft_config``, both checked).
+
+The trainers hook into TRL's private methods through this module: importing it checks the installed TRL version
+(:func:`trl_prime._compat.check_trl_version_once`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from accelerate.utils import gather
+
+from trl_prime._compat import check_trl_version_once
+from trl_prime.guards import check_peft_config
+
+
+check_trl_version_once()  # warns if the installed TRL is outside the tested range
+
+
+#: TRL's multimodal inputs of ``_get_per_token_logps_and_entropies``, passed through from the generation output
+MM_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def resolve_trainer_args(
+    trainer,
+    model,
+    args,
+    trainer_args: tuple,
+    trainer_kwargs: dict,
+    *,
+    config_class: type,
+    method: str,
+    accepted: type | None = None,
+):
+    """The start of a trl-prime trainer's ``__init__``: its config and ``peft_config``, checked.
+
+    Returns ``(args, peft_config)``: ``args``, or ``config_class("<model name>-<method>")`` when ``None``; the
+    ``peft_config`` given to TRL's trainer, the 8th positional argument after ``args`` in both ``RLOOTrainer`` and
+    ``GRPOTrainer`` (``trainer_args``) or the keyword (``None`` when not given), checked against ``model``
+    (:func:`trl_prime.guards.check_peft_config`).
+
+    Raises:
+        TypeError: when ``args`` is not an instance of ``accepted`` (default ``config_class``), e.g. a plain TRL config
+            without the method's options.
+        ValueError: on a ``peft_config`` the trainers cannot train (see :func:`~trl_prime.guards.check_peft_config`).
+    """
+    if args is None:
+        from trl.trainer.utils import get_config_model_id
+
+        name = model if isinstance(model, str) else get_config_model_id(model.config)
+        args = config_class(f"{name.split('/')[-1]}-{method}")
+    if not isinstance(args, accepted or config_class):
+        name = config_class.__name__
+        raise TypeError(
+            f"{type(trainer).__name__} needs `args` to be a {name} (got {type(args).__name__}); build it with "
+            f"{name}(output_dir=..., ...) to get the {method} options."
+        )
+    peft_config = trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+    check_peft_config(peft_config, model)  # start-up checks (trl_prime/guards.py)
+    return args, peft_config
 
 
 def outcome_rewards(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -68,8 +137,14 @@ ROW_COUNT_FREE_LOSS_TYPES = ("dapo", "bnpo", "cispo", "vespo")
 
 # multimodal inputs are not row-aligned (e.g. pixel_values holds patches): batches carrying them keep every row
 _NOT_ROW_ALIGNED = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "image_position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "image_position_ids",
 )
 
 
@@ -99,7 +174,8 @@ def drop_zero_weight_rows(inputs: dict[str, Any], weight: torch.Tensor, accelera
     live = weight.reshape(B, -1).ne(0).any(dim=1)
     # lists are row-aligned in TRL's batches but cannot be sliced like tensors; multimodal inputs are not row-aligned
     keep_all = any(inputs.get(k) is not None for k in _NOT_ROW_ALIGNED) or any(
-        isinstance(v, (list, tuple)) for v in inputs.values())
+        isinstance(v, (list, tuple)) for v in inputs.values()
+    )
     n = B if keep_all else max(int(live.sum()), 1)
     if accelerator is not None and accelerator.num_processes > 1:  # the same decision and row count on every rank
         n = int(accelerator.reduce(torch.tensor(n, device=weight.device), reduction="max"))
@@ -107,8 +183,12 @@ def drop_zero_weight_rows(inputs: dict[str, Any], weight: torch.Tensor, accelera
         return inputs
     order = torch.argsort((~live).to(torch.int8), stable=True)  # weighted rows first, each part in batch order
     rows = order[:n].sort().values
-    return {k: v.index_select(0, rows.to(v.device)) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == B
-            else v for k, v in inputs.items()}
+    return {
+        k: v.index_select(0, rows.to(v.device))
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == B
+        else v
+        for k, v in inputs.items()
+    }
 
 
 class DropZeroWeightRowsMixin:
@@ -121,8 +201,139 @@ class DropZeroWeightRowsMixin:
     ratios with sequence-level importance sampling) are over the rows that reached the loss."""
 
     def _compute_loss(self, model, inputs):
-        if (self.loss_type in ROW_COUNT_FREE_LOSS_TYPES and inputs.get("tool_mask") is not None
-                and not self.aux_loss_enabled):
+        if (
+            self.loss_type in ROW_COUNT_FREE_LOSS_TYPES
+            and inputs.get("tool_mask") is not None
+            and not self.aux_loss_enabled
+        ):
             weight = inputs["completion_mask"] * inputs["tool_mask"]
             inputs = drop_zero_weight_rows(inputs, weight, self.accelerator)
         return super()._compute_loss(model, inputs)
+
+
+@dataclass
+class Rollout:
+    """One generation round after TRL scored it, as the common preamble of :class:`RolloutMixin` leaves it.
+
+    ``B`` local rows (this process), ``B_global`` rows over all processes (``B_global = B * num_processes``, rows of
+    process ``p`` at ``local`` for ``p``), ``T`` completion tokens, ``K`` completions per prompt (``num_generations``).
+
+    Attributes:
+        mode: ``"train"`` or ``"eval"``.
+        num_generations: ``K`` (TRL's ``num_generations``, or ``num_generations_eval`` in evaluation).
+        local: this process's rows of the global batch.
+        input_ids: ``(B, P + T)`` prompt and completion ids; ``attention_mask`` the same shape, its mask.
+        outcome: ``(B_global,)`` float outcome rewards (weighted sum of the reward functions); ``NaN`` where no
+            function scored the row and where a reward was infinite.
+        scorable: ``(B_global,)`` bool, ``~isnan(outcome)``.
+        flagged: ``(B_global,)`` bool, the rows the guard found non-finite (infinite rewards, or non-finite values in
+            ``logps``); in training such a row poisons the batch (its optimizer steps are skipped).
+        logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (:meth:`RolloutMixin._rollout_logps`).
+        capture: what TRL's step produced on the way (local): ``rewards_per_func`` ``(B_global, n_funcs)``,
+            ``prompts``, ``completions``, ``completion_lengths`` (list of ints) and, for trainers that record them,
+            log-probs (``policy_logps``, ``trl_ref_logps``).
+    """
+
+    mode: str
+    num_generations: int
+    local: slice
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    outcome: torch.Tensor
+    scorable: torch.Tensor
+    flagged: torch.Tensor
+    logps: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    capture: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutMixin:
+    """The hook into TRL's generation step shared by the PRIME, PRL and PROF trainers.
+
+    ``_calculate_rewards`` records the reward functions' values, the prompts and the completions of the round;
+    ``_generate_and_score_completions`` runs TRL's step, then the outcome preamble common to every method (weighted
+    sum of the reward functions, guard inspection of the rewards and of the log-probs the trainer names, infinite
+    rewards turned into ``NaN``, scorable mask: :class:`Rollout`), then ``self._algorithm_step(output, rollout)``,
+    the method's own work, which returns the (modified) output TRL's loss consumes.
+
+    Place it first in the bases, before the guards mixin (``_guard_inspect``) and TRL's trainer. A trainer may set
+    ``_rollout_class`` to a subclass of :class:`Rollout` (with defaults for its extra fields) to carry its own state.
+    """
+
+    _rollout_class: type = Rollout
+    _rollout_capture: dict | None = None  # {} while TRL's generation step runs
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._rollout_capture is not None:
+            self._rollout_capture.update(
+                rewards_per_func=rewards_per_func,
+                prompts=prompts,
+                completions=completions,
+                completion_lengths=[len(c) for c in completion_ids_list],
+            )
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._rollout_capture = {}
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            capture = self._rollout_capture
+        finally:
+            self._rollout_capture = None
+        return self._algorithm_step(output, self._score_rollout(output, capture))
+
+    def _score_rollout(self, output: dict, capture: dict) -> Rollout:
+        """The outcome preamble: outcome rewards, guard inspection, ``inf -> NaN``, scorable mask. Collective."""
+        mode = "train" if self.model.training else "eval"
+        completion_mask = output["completion_mask"]
+        B = completion_mask.size(0)
+        rank = self.accelerator.process_index
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+        outcome = outcome_rewards(self, capture["rewards_per_func"])  # (B_global,)
+        logps = self._rollout_logps(output, input_ids, attention_mask, mode)
+        # an inf reward poisons the batch (no optimizer step; trl_prime/guards.py); NaN = unscorable, excluded
+        flagged = self._guard_inspect(
+            mode,
+            global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
+            local_rows=logps,
+            masks=dict.fromkeys(logps, completion_mask),
+        )
+        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
+        return self._rollout_class(
+            mode=mode,
+            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            local=slice(rank * B, (rank + 1) * B),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            outcome=outcome,
+            scorable=~torch.isnan(outcome),
+            flagged=flagged,
+            logps=logps,
+            capture=capture,
+        )
+
+    def _hand_advantages(
+        self, output: dict, rollout: Rollout, advantages_g: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> None:
+        """Hand the global advantages to TRL's loss: this process's rows of ``advantages_g`` (``(B_global,)``, or
+        ``(B_global, T_max)`` cut to the completion length) become ``output["advantages"]``; rows outside ``keep``
+        (``(B_global,)`` bool; ``None``: every row) get loss weight 0 (:func:`mask_loss_rows`, collective); TRL's
+        completions log shows the advantages that reach the loss (the first token's for per-token advantages)."""
+        if advantages_g.dim() == 1:
+            output["advantages"] = advantages_g[rollout.local]
+        else:
+            output["advantages"] = advantages_g[rollout.local, : output["completion_ids"].size(1)]
+        if keep is not None:
+            mask_loss_rows(self.accelerator, output, keep[rollout.local])
+        replace_logged_advantages(self, advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])
+
+    def _rollout_logps(
+        self, output: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str
+    ) -> dict[str, torch.Tensor | None]:
+        """The ``(B, T)`` log-probs to judge with the rewards (name -> tensor; ``None`` = absent); none by default."""
+        return {}
+
+    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
+        """The method's own work on a scored generation round; returns the output for TRL's loss."""
+        raise NotImplementedError

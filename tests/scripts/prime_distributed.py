@@ -21,6 +21,7 @@ import json
 import os
 import sys
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
@@ -56,7 +57,8 @@ def main():
             accelerator_config={"use_configured_state": True},
             deepspeed={
                 "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}
-                if zero_stage == 3 else {"stage": 2},
+                if zero_stage == 3
+                else {"stage": 2},
                 "train_micro_batch_size_per_gpu": "auto",
                 "gradient_accumulation_steps": "auto",
                 "train_batch_size": "auto",
@@ -81,18 +83,34 @@ def main():
             self.prm_steps = []
 
         def on_rollouts_scored(self, args, state, control, **kw):
-            self.steps.append({
-                k: (v.detach().cpu() if torch.is_tensor(v) else v)
-                for k, v in kw.items()
-                if k in ("token_rewards", "completion_mask", "outcome_rewards", "kept_mask", "advantages",
-                         "completion_ids", "sequence_rewards", "prompt_ids", "prompt_mask", "prompts")
-            })
+            self.steps.append(
+                {
+                    k: (v.detach().cpu() if torch.is_tensor(v) else v)
+                    for k, v in kw.items()
+                    if k
+                    in (
+                        "token_rewards",
+                        "completion_mask",
+                        "outcome_rewards",
+                        "kept_mask",
+                        "advantages",
+                        "completion_ids",
+                        "sequence_rewards",
+                        "prompt_ids",
+                        "prompt_mask",
+                        "prompts",
+                    )
+                }
+            )
 
         def on_prm_step(self, args, state, control, **kw):
-            self.prm_steps.append({
-                k: (v.detach().cpu() if torch.is_tensor(v) else v)
-                for k, v in kw.items() if k in ("loss", "grad_norm", "loss_group_ids", "loss_labels")
-            })
+            self.prm_steps.append(
+                {
+                    k: (v.detach().cpu() if torch.is_tensor(v) else v)
+                    for k, v in kw.items()
+                    if k in ("loss", "grad_norm", "loss_group_ids", "loss_labels")
+                }
+            )
 
     def split_reward(completions, **kwargs):
         """1, 0, 1 on rank 0 and 0, 1, 0 on rank 1: every group of 2 is mixed, including the one split across ranks."""
@@ -127,10 +145,16 @@ def main():
     if cli.mode == "ddp_lora":
         from peft import LoraConfig
 
-        peft = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+        peft = dict(
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        )
     trainer = PrimeRLOOTrainer(
-        model=cli.model, reward_funcs=split_reward, args=args, train_dataset=tiny_prompt_dataset(12),
-        callbacks=[dump], **peft,
+        model=cli.model,
+        reward_funcs=split_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(12),
+        callbacks=[dump],
+        **peft,
     )
     mark("trainer")
     acc = trainer.accelerator
@@ -179,7 +203,10 @@ def main():
         prm1 = full_params(trainer.implicit_prm.model)
         pol1 = full_params(trainer.model_wrapped if zero_stage else trainer.model)
         ref1 = full_params(trainer.implicit_prm.ref_model)
-        sizes = [p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in unwrap(trainer.implicit_prm.model).parameters()]
+        sizes = [
+            p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+            for p in unwrap(trainer.implicit_prm.model).parameters()
+        ]
         names = [n for n, _ in unwrap(trainer.implicit_prm.model).named_parameters()]
         frozen = [n for n, a, b in zip(names, prm0.split(sizes), prm1.split(sizes)) if torch.equal(a, b)]
         assert not frozen, f"PRM tensors that did not train: {frozen}"  # lm_head included (fused head under ZeRO-3)
@@ -202,9 +229,11 @@ def main():
                     if gids[i] == gids[j]:
                         assert prompts[i] == prompts[j], f"rows {i} and {j} share a PRM loss group but not a prompt"
     if zero_stage:
-        assert trainer._prime_engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
-    torch.save({"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._prime_advantage_options()},
-               os.path.join(cli.out, f"rank{rank}.pt"))
+        assert trainer.prm_optim.engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
+    torch.save(
+        {"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._advantage_options()},
+        os.path.join(cli.out, f"rank{rank}.pt"),
+    )
     if acc.is_main_process:
         logs = [h for h in trainer.state.log_history if "prm/loss" in h]
         ckpt = os.path.join(cli.out, f"checkpoint-{cli.max_steps}")
@@ -214,7 +243,7 @@ def main():
             "prm_checkpoint_files": sorted(os.listdir(os.path.join(ckpt, "prm"))),
             "checkpoint_files": sorted(os.listdir(ckpt)),
             "prm_numel": prm1.numel(),
-            "num_updates": trainer._prime_num_updates,
+            "num_updates": trainer.prm_optim.num_updates,
         }
         with open(os.path.join(cli.out, "summary.json"), "w") as f:
             json.dump(summary, f)

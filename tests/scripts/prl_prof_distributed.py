@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
@@ -36,16 +37,30 @@ def main():
     from tiny import build_tokenizer, contains_reward, exit_launched_process, tiny_prompt_dataset
 
     from trl_prime import (
-        PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer,
-        ProfGRPOConfig, ProfGRPOTrainer,
+        PrimeGRPOConfig,
+        PrimeGRPOTrainer,
+        PrimeRLOOConfig,
+        PrimeRLOOTrainer,
+        PRLConfig,
+        PRLGRPOTrainer,
+        ProfGRPOConfig,
+        ProfGRPOTrainer,
     )
     from trl_prime.callbacks import PrimeCallback
     from trl_prime.modeling import unwrap
 
     bias = {"sequence_bias": {(build_tokenizer().convert_tokens_to_ids("Ċ"),): 4.0}}
     common = dict(
-        bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        max_completion_length=10, logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        max_completion_length=10,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-2,
     )
 
     def cpu(x):
@@ -64,16 +79,22 @@ def main():
             self._cap_logps = super()._prl_logps(*a, **kw)
             return self._cap_logps
 
-        def _prl_step(self, output, cap):
+        def _algorithm_step(self, output, cap):
             ends = self._prl_step_ends(output["completion_ids"], output["completion_mask"])
-            out = super()._prl_step(output, cap)
+            out = super()._algorithm_step(output, cap)
             last = self._prl_last
             same_on_both_ranks(last["advantages"], "PRL global advantages")
-            self.records.append(dict(
-                old=cpu(self._cap_logps[0]), ref=cpu(self._cap_logps[1]), mask=cpu(output["completion_mask"]),
-                step_ends=cpu(ends), advantages=cpu(out["advantages"]), outcome=cpu(last["outcome_rewards"]),
-                num_items=cpu(out["num_items_in_batch"]),
-            ))
+            self.records.append(
+                dict(
+                    old=cpu(self._cap_logps[0]),
+                    ref=cpu(self._cap_logps[1]),
+                    mask=cpu(output["completion_mask"]),
+                    step_ends=cpu(ends),
+                    advantages=cpu(out["advantages"]),
+                    outcome=cpu(last["outcome_rewards"]),
+                    num_items=cpu(out["num_items_in_batch"]),
+                )
+            )
             return out
 
     class ProfSpy(ProfGRPOTrainer):
@@ -81,11 +102,18 @@ def main():
             out = super()._generate_and_score_completions(inputs)
             last = self.prof_filter.last
             same_on_both_ranks(last["kept"].long(), "PROF selection")
-            self.records.append(dict(
-                kept=cpu(last["kept"]), outcome=cpu(last["outcome"]), consistency=cpu(last["consistency"]),
-                num_steps=cpu(last["num_steps"]), mask=cpu(out["completion_mask"]), tool_mask=cpu(out["tool_mask"]),
-                advantages=cpu(out["advantages"]), num_items=cpu(out["num_items_in_batch"]),
-            ))
+            self.records.append(
+                dict(
+                    kept=cpu(last["kept"]),
+                    outcome=cpu(last["outcome"]),
+                    consistency=cpu(last["consistency"]),
+                    num_steps=cpu(last["num_steps"]),
+                    mask=cpu(out["completion_mask"]),
+                    tool_mask=cpu(out["tool_mask"]),
+                    advantages=cpu(out["advantages"]),
+                    num_items=cpu(out["num_items_in_batch"]),
+                )
+            )
             return out
 
     class PrimeRec(PrimeCallback):
@@ -95,11 +123,17 @@ def main():
         def on_rollouts_scored(self, args, state, control, **kw):
             last = self.trainer.prof_filter.last
             same_on_both_ranks(last["kept"].long(), "PROF selection (PRIME)")
-            self.trainer.records.append(dict(
-                kept=cpu(last["kept"]), outcome=cpu(kw["outcome_rewards"]), token_rewards=cpu(kw["token_rewards"]),
-                mask=cpu(kw["completion_mask"]), loss_mask=cpu(kw["loss_mask"]), advantages=cpu(kw["advantages"]),
-                options=self.trainer._prime_advantage_options(),
-            ))
+            self.trainer.records.append(
+                dict(
+                    kept=cpu(last["kept"]),
+                    outcome=cpu(kw["outcome_rewards"]),
+                    token_rewards=cpu(kw["token_rewards"]),
+                    mask=cpu(kw["completion_mask"]),
+                    loss_mask=cpu(kw["loss_mask"]),
+                    advantages=cpu(kw["advantages"]),
+                    options=self.trainer._advantage_options(),
+                )
+            )
 
     runs = {}
 
@@ -118,10 +152,21 @@ def main():
         return trainer
 
     # PRL: groups of 4, 6 rows per rank: group 1 = global rows 4..7 is split across the ranks
-    tr = PRLSpy(model=cli.model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(40),
-                args=PRLConfig(output_dir=os.path.join(cli.out, "prl"), per_device_train_batch_size=6, num_generations=4,
-                               max_steps=cli.steps, prl_eta=2.0, prl_step_split="newline", generation_kwargs=bias,
-                               **common))
+    tr = PRLSpy(
+        model=cli.model,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(40),
+        args=PRLConfig(
+            output_dir=os.path.join(cli.out, "prl"),
+            per_device_train_batch_size=6,
+            num_generations=4,
+            max_steps=cli.steps,
+            prl_eta=2.0,
+            prl_step_split="newline",
+            generation_kwargs=bias,
+            **common,
+        ),
+    )
     tr.records = []
     ref0 = params(tr.prl_ref_model)
     run("prl", tr, cli.steps)
@@ -129,19 +174,42 @@ def main():
 
     # PROF on GRPO with the external step PRM: groups of 8, 12 rows per rank: group 1 = rows 8..15 is split
     prof_common = dict(per_device_train_batch_size=12, num_generations=8, generation_kwargs=bias, **common)
-    tr = ProfSpy(model=cli.model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(40),
-                 args=ProfGRPOConfig(output_dir=os.path.join(cli.out, "prof"), max_steps=cli.steps, prof_prm=cli.prm,
-                                     prof_num_keep=4, **prof_common))
+    tr = ProfSpy(
+        model=cli.model,
+        reward_funcs=contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(40),
+        args=ProfGRPOConfig(
+            output_dir=os.path.join(cli.out, "prof"),
+            max_steps=cli.steps,
+            prof_prm=cli.prm,
+            prof_num_keep=4,
+            **prof_common,
+        ),
+    )
     tr.records = []
     run("prof", tr, cli.steps)
 
     # PROF inside PRIME (implicit PRM)
-    for name, cls, cfg_cls in (("prime_grpo", PrimeGRPOTrainer, PrimeGRPOConfig),
-                               ("prime_rloo", PrimeRLOOTrainer, PrimeRLOOConfig)):
-        tr = cls(model=cli.model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(12),
-                 args=cfg_cls(output_dir=os.path.join(cli.out, name), max_steps=2, prof_mode="both", prof_prm="implicit",
-                              prof_num_remove=4, filter_lower=0.0, filter_upper=1.0, prm_learning_rate=1e-2,
-                              **prof_common))
+    for name, cls, cfg_cls in (
+        ("prime_grpo", PrimeGRPOTrainer, PrimeGRPOConfig),
+        ("prime_rloo", PrimeRLOOTrainer, PrimeRLOOConfig),
+    ):
+        tr = cls(
+            model=cli.model,
+            reward_funcs=contains_reward("e"),
+            train_dataset=tiny_prompt_dataset(12),
+            args=cfg_cls(
+                output_dir=os.path.join(cli.out, name),
+                max_steps=2,
+                prof_mode="both",
+                prof_prm="implicit",
+                prof_num_remove=4,
+                filter_lower=0.0,
+                filter_upper=1.0,
+                prm_learning_rate=1e-2,
+                **prof_common,
+            ),
+        )
         tr.records = []
         tr.add_callback(PrimeRec(tr))
         run(name, tr, 2)

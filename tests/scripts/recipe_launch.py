@@ -43,11 +43,13 @@ def main():
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--summary", required=True)
     cli = parser.parse_args(argv[:split])
-    recipe_argv = argv[split + 1:]
+    recipe_argv = argv[split + 1 :]
 
     import torch
 
-    deepspeed_on_cpu = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available()
+    deepspeed_on_cpu = (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available()
+    )
     if deepspeed_on_cpu:
         from accelerate import PartialState
 
@@ -98,13 +100,32 @@ def main():
             "zero_stage": acc.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None,
             "prm_engine": type(trainer.implicit_prm.model).__name__,
             "global_step": trainer.state.global_step,
-            "num_prm_updates": trainer._prime_num_updates,
+            "num_prm_updates": trainer.prm_optim.num_updates,
             "logs": [h for h in trainer.state.log_history if "prm/loss" in h],
-            "args": {k: getattr(args, k) for k in (
-                "num_generations", "filter_lower", "filter_upper", "prm_beta", "prm_learning_rate", "learning_rate",
-                "prm_update", "prime_baseline", "process_reward_norm", "process_coef", "outcome_coef",
-                "whiten_advantages", "include_last_token", "beta", "epsilon", "num_iterations", "vllm_mode",
-                "use_vllm", "max_steps")},
+            "args": {
+                k: getattr(args, k)
+                for k in (
+                    "num_generations",
+                    "filter_lower",
+                    "filter_upper",
+                    "prm_beta",
+                    "prm_learning_rate",
+                    "learning_rate",
+                    "prm_update",
+                    "prime_baseline",
+                    "process_reward_norm",
+                    "process_coef",
+                    "outcome_coef",
+                    "whiten_advantages",
+                    "include_last_token",
+                    "beta",
+                    "epsilon",
+                    "num_iterations",
+                    "vllm_mode",
+                    "use_vllm",
+                    "max_steps",
+                )
+            },
             "model_name_or_path": model_args.model_name_or_path,
             "dataset_name": data_args.dataset_name,
             "checksums": per_rank,

@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,9 +60,20 @@ def main():
     n_proc = int(os.environ.get("WORLD_SIZE", "1"))  # accelerate launch sets it; the trainer checks it below
     per_device = 12 // n_proc
     common = dict(
-        bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        per_device_train_batch_size=per_device, num_generations=4, max_completion_length=6, max_steps=2,
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-3, shuffle_dataset=False,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=per_device,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
+        shuffle_dataset=False,
     )
 
     class PrimeDet(PrimeRLOOTrainer):
@@ -77,20 +89,35 @@ def main():
 
     runs = {
         "prime": lambda: PrimeDet(
-            model=cli.model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(9),
-            args=PrimeRLOOConfig(output_dir=os.path.join(cli.out, "prime"), prm_learning_rate=1e-2,
-                                 filter_lower=0.0, filter_upper=0.8, prof_mode="both", prof_prm="implicit",
-                                 prof_num_keep=2, prm_micro_batch_size=4, **common)),
+            model=cli.model,
+            reward_funcs=contains_reward("e"),
+            train_dataset=tiny_prompt_dataset(9),
+            args=PrimeRLOOConfig(
+                output_dir=os.path.join(cli.out, "prime"),
+                prm_learning_rate=1e-2,
+                filter_lower=0.0,
+                filter_upper=0.8,
+                prof_mode="both",
+                prof_prm="implicit",
+                prof_num_keep=2,
+                prm_micro_batch_size=4,
+                **common,
+            ),
+        ),
         "prl": lambda: PRLDet(
-            model=cli.model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(9),
-            args=PRLConfig(output_dir=os.path.join(cli.out, "prl"), prl_eta=2.0, prl_step_split="length",
-                           prl_step_len=2, **common)),
+            model=cli.model,
+            reward_funcs=contains_reward("e"),
+            train_dataset=tiny_prompt_dataset(9),
+            args=PRLConfig(
+                output_dir=os.path.join(cli.out, "prl"), prl_eta=2.0, prl_step_split="length", prl_step_len=2, **common
+            ),
+        ),
     }
     for name, make in runs.items():
         tr = make()
         assert tr.accelerator.num_processes == n_proc
         records = []
-        real_step = tr._prime_step if name == "prime" else tr._prl_step
+        real_step = tr._algorithm_step
 
         def spy(output, cap, real_step=real_step, records=records):
             out = real_step(output, cap)
@@ -98,15 +125,17 @@ def main():
             if lm is None:
                 tm = out.get("tool_mask")
                 lm = out["completion_mask"] * (tm if tm is not None else 1)
-            records.append({"advantages": out["advantages"].detach().cpu().clone(), "loss_mask": lm.detach().cpu().clone(),
-                            "completion_ids": out["completion_ids"].cpu().clone(),
-                            "num_items": float(out["num_items_in_batch"])})
+            records.append(
+                {
+                    "advantages": out["advantages"].detach().cpu().clone(),
+                    "loss_mask": lm.detach().cpu().clone(),
+                    "completion_ids": out["completion_ids"].cpu().clone(),
+                    "num_items": float(out["num_items_in_batch"]),
+                }
+            )
             return out
 
-        if name == "prime":
-            tr._prime_step = spy
-        else:
-            tr._prl_step = spy
+        tr._algorithm_step = spy
         tr.train()
         result = {"records": records}
         if tr.accelerator.is_main_process:

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,13 +35,29 @@ def main():
     from trl_prime import ImplicitPRM, PrimeRLOOConfig, PrimeRLOOTrainer
 
     args = PrimeRLOOConfig(
-        output_dir=cli.out, bf16=False, gradient_checkpointing=False, use_cpu=True, report_to=[], disable_tqdm=True,
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=6, max_steps=3, logging_steps=1,
-        save_strategy="steps", save_steps=1, save_total_limit=1, seed=0, learning_rate=1e-3, prm_learning_rate=1e-2,
-        filter_lower=0.0, filter_upper=1.0,
+        output_dir=cli.out,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=1,
+        seed=0,
+        learning_rate=1e-3,
+        prm_learning_rate=1e-2,
+        filter_lower=0.0,
+        filter_upper=1.0,
     )
-    trainer = PrimeRLOOTrainer(model=cli.model, reward_funcs=contains_reward("e"), args=args,
-                               train_dataset=tiny_prompt_dataset(24))
+    trainer = PrimeRLOOTrainer(
+        model=cli.model, reward_funcs=contains_reward("e"), args=args, train_dataset=tiny_prompt_dataset(24)
+    )
     if cli.kill_at is not None:
         real = ImplicitPRM.save_pretrained
 
@@ -53,8 +70,11 @@ def main():
     if cli.resume:
         last = get_last_checkpoint(cli.out)
         trainer.train(resume_from_checkpoint=True)
-        print(f"RESUMED_FROM {os.path.basename(last)} GLOBAL_STEP {trainer.state.global_step} "
-              f"PRM_UPDATES {trainer._prime_num_updates}", flush=True)
+        print(
+            f"RESUMED_FROM {os.path.basename(last)} GLOBAL_STEP {trainer.state.global_step} "
+            f"PRM_UPDATES {trainer.prm_optim.num_updates}",
+            flush=True,
+        )
     else:
         trainer.train()
 

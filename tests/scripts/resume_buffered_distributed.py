@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]
 
@@ -39,12 +40,16 @@ def main():
     checkpoint = os.path.join(a.out, "resumed", "checkpoint-2")
     second.train(resume_from_checkpoint=checkpoint)
     if PartialState().is_main_process:
-        rows = {name: {s: r["loss"] for s, r in _rows(tr).items() if s >= 3} for name, tr in (("full", full),
-                                                                                             ("resumed", second))}
+        rows = {
+            name: {s: r["loss"] for s, r in _rows(tr).items() if s >= 3}
+            for name, tr in (("full", full), ("resumed", second))
+        }
         result = dict(
-            losses=rows, files=sorted(os.listdir(checkpoint)),
-            policy=[digest(full.model), digest(second.model)], prm=[digest(full.prm_model), digest(second.prm_model)],
-            prm_updates=[full._prime_num_updates, second._prime_num_updates],
+            losses=rows,
+            files=sorted(os.listdir(checkpoint)),
+            policy=[digest(full.model), digest(second.model)],
+            prm=[digest(full.prm_model), digest(second.prm_model)],
+            prm_updates=[full.prm_optim.num_updates, second.prm_optim.num_updates],
         )
         with open(os.path.join(a.out, "result.json"), "w") as f:
             json.dump(result, f)

@@ -22,36 +22,26 @@ import torch
 from accelerate.utils import is_peft_model
 from torch import nn
 from trl import GRPOTrainer
-from trl.trainer.utils import get_config_model_id
 
 from trl_prime import functional as F
-from trl_prime._compat import check_trl_version_once
 from trl_prime.checkpointing import CheckpointMixin
-from trl_prime.guards import GuardsMixin, check_peft_config
+from trl_prime.guards import GuardsMixin
 from trl_prime.modeling import copy_adapter, eval_mode, load_model_copy, prepare_frozen, reference_logps
 from trl_prime.prl.config import PRLConfig
 from trl_prime.rollout import (
+    MM_KEYS,
     DropZeroWeightRowsMixin,
+    Rollout,
+    RolloutMixin,
     gather_padded,
-    mask_loss_rows,
-    outcome_rewards,
-    replace_logged_advantages,
+    resolve_trainer_args,
 )
-
-check_trl_version_once()  # warns if the installed TRL is outside the tested range
 
 
 PRL_REF_ADAPTER = "ref"  # TRL's name for the frozen copy of a pre-trained adapter
 
 
-# TRL's multimodal inputs of `_get_per_token_logps_and_entropies`, passed through from the generation output
-_MM_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-)
-
-
-class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
 
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,
@@ -90,24 +80,15 @@ class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPO
     _name = "PRL"
 
     def __init__(self, model, reward_funcs=None, args: PRLConfig | None = None, *trainer_args, **trainer_kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = PRLConfig(f"{name.split('/')[-1]}-PRL")
-        if not isinstance(args, PRLConfig):
-            raise TypeError(
-                f"PRLGRPOTrainer needs `args` to be a PRLConfig (got {type(args).__name__}); build it with "
-                "PRLConfig(output_dir=..., ...) to get the PRL options."
-            )
-        # `peft_config` is the 8th argument after `args` of GRPOTrainer
-        peft_config = trainer_args[7] if len(trainer_args) > 7 else trainer_kwargs.get("peft_config")
+        args, peft_config = resolve_trainer_args(
+            self, model, args, trainer_args, trainer_kwargs, config_class=PRLConfig, method="PRL"
+        )
         self._prl_pretrained_adapter = isinstance(model, nn.Module) and is_peft_model(model)
         owns_copy = args.beta == 0.0 and peft_config is None and not self._prl_pretrained_adapter
         # the copy is made before TRL loads, patches or wraps the policy
-        check_peft_config(peft_config, model)
         ref = load_model_copy(model, args) if owns_copy else None
-        self._prl_capture: dict | None = None
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
-        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/_guards.py)
+        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/guards.py)
         self.prl_ref_model = None
         self._prl_ref_adapter = None
         if ref is not None:
@@ -131,22 +112,12 @@ class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPO
         return "adapter" if self._prl_ref_adapter is not None else "adapters_disabled"
 
     # ----------------------------------------------------------------------------------------------------------
-    # Hooks into TRL
+    # One PRL step (TRL's generation step calls it through RolloutMixin, trl_prime/rollout.py)
     # ----------------------------------------------------------------------------------------------------------
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self._prl_capture is not None:
-            self._prl_capture["rewards_per_func"] = rewards_per_func
-        return rewards_per_func
-
-    def _generate_and_score_completions(self, inputs):
-        self._prl_capture = {}
-        try:
-            output = super()._generate_and_score_completions(inputs)
-            capture = self._prl_capture
-        finally:
-            self._prl_capture = None
-        return self._prl_step(output, capture)
+    def _rollout_logps(self, output: dict, input_ids, attention_mask, mode: str) -> dict:
+        """``pi_old`` and ``pi_ref`` log-probs of the round, judged with the rewards by the guard."""
+        old, ref = self._prl_logps(output, input_ids, attention_mask, output["completion_ids"].size(1), mode)
+        return {"old_logps": old, "ref_logps": ref}
 
     def _prl_step_ends(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor | None:
         """``(B, T)`` bool step ends of the local completions (``None``: every token is its own step)."""
@@ -154,20 +125,25 @@ class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPO
         if a.prl_order == "process_first" or a.prl_step_split == "token":
             return None
         return F.step_end_mask(
-            completion_ids, completion_mask, self._tokenizer, split=a.prl_step_split,
+            completion_ids,
+            completion_mask,
+            self._tokenizer,
+            split=a.prl_step_split,
             step_len=a.prl_step_len if a.prl_step_split == "length" else None,
         )
 
     def _prl_logps(self, output: dict, input_ids, attention_mask, T: int, mode: str):
         """Rollout-policy and reference log-probs ``(B, T)`` of the local completions."""
         bs = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        mm = {k: output.get(k) for k in _MM_KEYS if output.get(k) is not None}
+        mm = {k: output.get(k) for k in MM_KEYS if output.get(k) is not None}
         old = output.get("old_per_token_logps")
         if old is None:  # TRL skips them when generation and optimisation are aligned: pi_old = the current policy
             from trl.models.utils import disable_gradient_checkpointing
 
-            with torch.no_grad(), eval_mode(self.model), disable_gradient_checkpointing(
-                self.model, self.args.gradient_checkpointing_kwargs
+            with (
+                torch.no_grad(),
+                eval_mode(self.model),
+                disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
             ):
                 old = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention_mask, T, batch_size=bs, **mm
@@ -175,33 +151,27 @@ class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPO
         ref = output.get("ref_per_token_logps")
         if ref is None:
             ref = reference_logps(
-                self, input_ids, attention_mask, T, ref_model=self.prl_ref_model, adapter_name=self._prl_ref_adapter,
-                batch_size=bs, **mm,
+                self,
+                input_ids,
+                attention_mask,
+                T,
+                ref_model=self.prl_ref_model,
+                adapter_name=self._prl_ref_adapter,
+                batch_size=bs,
+                **mm,
             )
         return old.detach(), ref.detach()
 
-    def _prl_step(self, output: dict, cap: dict) -> dict:
+    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
+        """PRL's step (PRL Algorithm 1) on a scored round: step ends, token weights over the global batch, loss
+        mask."""
         a = self.args
-        mode = "train" if self.model.training else "eval"
-        K = self.num_generations if mode == "train" else self.num_generations_eval
-        acc = self.accelerator
+        mode, K, local, acc = rollout.mode, rollout.num_generations, rollout.local, self.accelerator
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        B, T = completion_ids.shape
-        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
-        local = slice(acc.process_index * B, (acc.process_index + 1) * B)
-
-        outcome = outcome_rewards(self, cap["rewards_per_func"])  # (B_g,)
-        old, ref = self._prl_logps(output, input_ids, attention_mask, T, mode)
-        # inf rewards / non-finite log-probs poison the batch (its step is skipped); NaN rewards are unscorable rows
-        bad = self._guard_inspect(
-            mode, global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
-            local_rows={"old_logps": old, "ref_logps": ref}, masks={"old_logps": completion_mask, "ref_logps": completion_mask},
-        )
-        if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
+        old, ref = rollout.logps["old_logps"], rollout.logps["ref_logps"]
+        if bool(rollout.flagged.any()):  # the step is skipped; keep the rest of the batch's computation finite
             old, ref = (torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in (old, ref))
-        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
-        scorable = ~torch.isnan(outcome)
+        outcome, scorable = rollout.outcome, rollout.scorable
         ends = self._prl_step_ends(completion_ids, completion_mask)
 
         # advantages over the global batch (pad, gather, compute, slice)
@@ -210,18 +180,24 @@ class PRLGRPOTrainer(CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPO
         ends_g = gather_padded(acc, ends.long()).bool() if ends is not None else None
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
         adv_inputs = dict(
-            outcome_rewards=outcome, old_logps=old_g, ref_logps=ref_g, mask=mask_g, group_ids=group_ids,
-            eta=a.prl_eta, step_ends=ends_g, order=a.prl_order, scale_rewards=a.scale_rewards != "none",
-            eps=a.prl_eps, zero_fill_compat=a.zero_fill_compat,
+            outcome_rewards=outcome,
+            old_logps=old_g,
+            ref_logps=ref_g,
+            mask=mask_g,
+            group_ids=group_ids,
+            eta=a.prl_eta,
+            step_ends=ends_g,
+            order=a.prl_order,
+            scale_rewards=a.scale_rewards != "none",
+            eps=a.prl_eps,
+            zero_fill_compat=a.zero_fill_compat,
         )
         advantages_g = F.prl_advantages(**adv_inputs)
         self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
         self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
-        output["advantages"] = advantages_g[local, :T]
-        if not bool(scorable.all()):  # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
-            mask_loss_rows(acc, output, scorable[local])
-        replace_logged_advantages(self, advantages_g[:, 0])
+        # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
+        self._hand_advantages(output, rollout, advantages_g, keep=None if bool(scorable.all()) else scorable)
         self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)
         self._prl_last = dict(adv_inputs, advantages=advantages_g, process_slice=local)  # for tests and debugging
         return output

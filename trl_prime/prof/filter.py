@@ -104,10 +104,17 @@ class ProfFilter:
         step_prm = _step_prm_for(trainer, args.prof_prm if prm is None else prm)
         _freeze_step_prm(step_prm, trainer)
         return cls(
-            step_prm, num_keep=args.prof_keep_count(), mode=args.prof_mode, penalty=args.prof_penalty,
-            min_steps=args.prof_min_steps, max_steps=args.prof_max_steps,
-            penalty_position=args.prof_penalty_position, rounding=args.prof_rounding, center=args.prof_center,
-            correct_threshold=args.prof_correct_threshold, seed=args.seed,
+            step_prm,
+            num_keep=args.prof_keep_count(),
+            mode=args.prof_mode,
+            penalty=args.prof_penalty,
+            min_steps=args.prof_min_steps,
+            max_steps=args.prof_max_steps,
+            penalty_position=args.prof_penalty_position,
+            rounding=args.prof_rounding,
+            center=args.prof_center,
+            correct_threshold=args.prof_correct_threshold,
+            seed=args.seed,
         )
 
     # --------------------------------------------------------------------------------------------------------
@@ -135,7 +142,9 @@ class ProfFilter:
         unscored = step_mask & torch.isnan(step_scores)
         truncated = unscored.any(-1)
         c, _ = F.prof_consistency_scores(
-            torch.where(unscored, torch.zeros_like(step_scores), step_scores), step_mask & ~unscored, center=self.center
+            torch.where(unscored, torch.zeros_like(step_scores), step_scores),
+            step_mask & ~unscored,
+            center=self.center,
         )
         H = step_mask.sum(-1)
         c = torch.where(truncated, torch.full_like(c, float("nan")), c)
@@ -143,16 +152,32 @@ class ProfFilter:
         if self.mode == "correct":
             gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(step))
         idx = F.prof_select(
-            group_ids, c, H, outcome_rewards, num_keep=self.num_keep, penalty=self.penalty, min_steps=self.min_steps,
-            max_steps=self.max_steps, penalty_position=self.penalty_position, mode=self.mode,
-            rounding=self.rounding, generator=gen, correct_threshold=self.correct_threshold,
+            group_ids,
+            c,
+            H,
+            outcome_rewards,
+            num_keep=self.num_keep,
+            penalty=self.penalty,
+            min_steps=self.min_steps,
+            max_steps=self.max_steps,
+            penalty_position=self.penalty_position,
+            mode=self.mode,
+            rounding=self.rounding,
+            generator=gen,
+            correct_threshold=self.correct_threshold,
         )
         kept = torch.zeros_like(outcome_rewards, dtype=torch.bool)
         kept[idx] = True
         eligible = ~torch.isnan(outcome_rewards)
         correct = eligible & (outcome_rewards >= self.correct_threshold)
-        return {"kept": kept, "consistency": c, "num_steps": H, "correct": correct, "eligible": eligible,
-                "truncated": truncated}
+        return {
+            "kept": kept,
+            "consistency": c,
+            "num_steps": H,
+            "correct": correct,
+            "eligible": eligible,
+            "truncated": truncated,
+        }
 
     @staticmethod
     def metrics(sel: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -208,7 +233,9 @@ class ProfFilter:
         acc = trainer.accelerator
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         batch = StepBatch(
-            prompts=capture["prompts"], completions=capture["completions"], completion_ids=completion_ids,
+            prompts=capture["prompts"],
+            completions=capture["completions"],
+            completion_ids=completion_ids,
             completion_mask=completion_mask,
             input_ids=torch.cat([output["prompt_ids"], completion_ids], dim=1),
             attention_mask=torch.cat([output["prompt_mask"], completion_mask], dim=1),
@@ -292,11 +319,21 @@ def _freeze_step_prm(step_prm: StepPRM, trainer) -> None:
             ip.ref_model = prepare_frozen(ip.ref_model, trainer)
 
 
-def prime_prof_rows(trainer, *, mode: str, kept: torch.Tensor, scorable: torch.Tensor, outcome: torch.Tensor,
-                    output: dict, capture: dict, token_rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+def prime_prof_rows(
+    trainer,
+    *,
+    mode: str,
+    kept: torch.Tensor,
+    scorable: torch.Tensor,
+    outcome: torch.Tensor,
+    output: dict,
+    capture: dict,
+    token_rewards: torch.Tensor,
+    num_generations: int,
+) -> torch.Tensor:
     """The rows a PRIME trainer trains its policy on: ``kept`` (the online prompt filter) narrowed by PROF.
 
-    Called from ``PrimeMixin._prime_step`` after the implicit PRM's token rewards and before the advantages. Returns
+    Called from ``PrimeMixin._algorithm_step`` after the implicit PRM's token rewards and before the advantages. Returns
     ``kept`` unchanged when the trainer has no PROF filter (``prof_mode="off"``) or in evaluation. The PRM update is
     not affected (it already ran, on every row of the kept groups).
     """
@@ -304,6 +341,12 @@ def prime_prof_rows(trainer, *, mode: str, kept: torch.Tensor, scorable: torch.T
     if prof is None or mode != "train":
         return kept
     return prof(
-        trainer, outcome=outcome, eligible=kept & scorable, output=output, capture=capture,
-        num_generations=num_generations, token_rewards=token_rewards, mode=mode,
+        trainer,
+        outcome=outcome,
+        eligible=kept & scorable,
+        output=output,
+        capture=capture,
+        num_generations=num_generations,
+        token_rewards=token_rewards,
+        mode=mode,
     )
