@@ -569,7 +569,14 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             num_generations=K,
             mode=r.mode,
         )
-        # rows whose reference / PRM log-probs are computed (prm_score_filtered_rows=False: the kept ones only)
+        self._mark_unscored_rows(r, kept)
+        return kept
+
+    def _mark_unscored_rows(self, r: PrimeRound, kept: torch.Tensor) -> None:
+        """Sets ``r.skip_filtered`` and ``r.unscored`` (this process's ``(B_local,)`` bool rows whose reference / PRM
+        log-probs are not computed): the filtered-out rows when ``prm_score_filtered_rows=False`` (CE loss, no
+        DeepSpeed), else none."""
+        a = self.args
         r.skip_filtered = (
             r.mode == "train"
             and not a.prm_score_filtered_rows
@@ -579,7 +586,6 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         )
         kept_l = kept[r.local]
         r.unscored = ~kept_l if r.skip_filtered else torch.zeros_like(kept_l)
-        return kept
 
     def _check_outcome_labels(self, r: PrimeRound) -> None:
         scored = r.outcome[r.scorable]
