@@ -65,7 +65,10 @@ def check_trl_version(installed: str | None = None, *, stacklevel: int = 2) -> b
 
 
 def check_trl_version_once() -> None:
-    """:func:`check_trl_version` for the installed TRL, once per process (the trainer modules call it on import)."""
+    """:func:`check_trl_version` for the installed TRL, once per process.
+
+    :mod:`trl_prime.rollout`, which every RL trainer imports, calls it on import.
+    """
     global _checked
     if not _checked:
         _checked = True
