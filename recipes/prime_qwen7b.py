@@ -19,7 +19,8 @@ without ``--config`` this file reads ``recipes/configs/prime_qwen7b.yaml``). Thi
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py \\
         --config recipes/configs/prime_qwen7b.yaml
     accelerate launch recipes/prime_qwen7b.py                     # same YAML, accelerate's default config
-    trl-prime prime --config recipes/configs/prime_qwen7b.yaml    # one process (e.g. under a launcher of your own)
+    trl-prime prime --config recipes/configs/prime_qwen7b.yaml --accelerate_config zero3   # the same accelerate launch
+    python recipes/prime_qwen7b.py                                 # one process, no launcher (e.g. under a debugger)
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prime_qwen7b.py \\
         --model_name_or_path /models/Eurus-2-7B-SFT --dataset_name /data/eurus2_rl/train.parquet \\
         --output_dir /ckpt/prime --max_steps 500

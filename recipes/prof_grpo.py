@@ -5,7 +5,8 @@ Usage (TRL script style: every field of :class:`trl_prime.scripts.utils.RLScript
 without ``--config`` this file reads ``recipes/configs/prof_grpo.yaml``). This file is ``trl-prime prof``
 (:mod:`trl_prime.scripts.prof`, ``trainer: prof_grpo``) with that default::
 
-    trl-prime prof --config recipes/configs/prof_grpo.yaml         # one process
+    trl-prime prof --config recipes/configs/prof_grpo.yaml   # through accelerate launch (accelerate's default config)
+    python recipes/prof_grpo.py                              # one process, no launcher (e.g. under a debugger)
 
     # the paper's setup: Qwen2.5-Math-7B, n=8, m=4, Qwen2.5-Math-PRM-7B as step PRM (GPUs and the Hub needed)
     accelerate launch --config_file accelerate_configs/zero3.yaml recipes/prof_grpo.py \\

@@ -140,7 +140,9 @@ def test_sequence_and_step_rewards_and_best_of_n(prm_pair):
     # fixed-length steps
     v4, m4 = iprm.step_rewards(ids, am, cm, step_len=4)
     assert m4.sum(-1).tolist() == [-(-int(n) // 4) for n in cm.sum(-1)]
-    with pytest.raises(ValueError, match="aggregation"):
+    with pytest.raises(
+        ValueError, match="aggregation='max' is not supported; choose one of 'min', 'mean', 'sum', 'last'"
+    ):
         iprm.score(PROMPTS, COMPLETIONS, aggregation="max")
 
 

@@ -390,3 +390,27 @@ def test_pairable_rows_keeps_prompts_with_both_labels():
     )
     out = pairable_rows(d)
     assert out["completion"] == ["1", "3", "7", "8"]  # "b": all correct; "c": 0.5 is neither side
+
+
+def test_script_options_are_checked_against_one_tuple_each():
+    """``reward``, ``prm_prompt`` and best-of-N's ``aggregations`` are checked with ``check_choice`` against one
+    public tuple each (the scripts' :data:`~trl_prime.scripts.utils.REWARDS` / ``PRM_PROMPTS``, and
+    :data:`trl_prime.functional.STEP_AGGREGATIONS`); the message names the field and the choices."""
+    from trl_prime import functional as F
+    from trl_prime.scripts import best_of_n as ebn
+    from trl_prime.scripts import implicit_prm as recipe
+    from trl_prime.scripts.utils import PRM_PROMPTS, REWARDS, RLScriptArguments
+
+    assert PRM_PROMPTS == ("full", "last_turn", "question") and REWARDS == ("outcome", "math")
+    assert F.STEP_AGGREGATIONS == ("min", "mean", "sum", "last")
+    with pytest.raises(ValueError, match=r"prm_prompt='turn' is not supported; choose one of 'full', 'last_turn', "):
+        recipe.ImplicitPRMScriptArguments(prm_prompt="turn")
+    with pytest.raises(ValueError, match=r"reward='code' is not supported; choose one of 'outcome', 'math'\."):
+        recipe.ImplicitPRMScriptArguments(reward="code")
+    with pytest.raises(ValueError, match=r"reward='code' is not supported; choose one of 'outcome', 'math'\."):
+        RLScriptArguments(reward="code")
+    ebn.BestOfNArguments(aggregations=list(F.STEP_AGGREGATIONS), prm_prompt="question").validate()
+    with pytest.raises(ValueError, match=r"--aggregations='max' is not supported; choose one of 'min', 'mean'"):
+        ebn.BestOfNArguments(aggregations=["min", "max"]).validate()
+    with pytest.raises(ValueError, match=r"--prm_prompt='turn' is not supported; choose one of 'full'"):
+        ebn.BestOfNArguments(prm_prompt="turn").validate()

@@ -516,7 +516,7 @@ def test_options_reach_the_filter(tmp_path):
     assert sel["kept"].nonzero().flatten().tolist() == idx.tolist() and int(sel["kept"].sum()) == 6
     assert sel["correct"].tolist() == (outcome >= 0.5).tolist()
     # a ProfFilter needs a mode that filters
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match=r"ProfFilter mode='off' is not supported; choose one of 'both', 'correct'\."):
         ProfFilter(FixedPRM(), num_keep=4, mode="off")
     assert ProfFilter.from_trainer(SimpleNamespace(args=ProfGRPOConfig(**_kwargs(tmp_path, prof_mode="off")))) is None
 

@@ -135,17 +135,9 @@ def replace_logged_advantages(trainer, values: Sequence[float] | torch.Tensor) -
 ROW_COUNT_FREE_LOSS_TYPES = ("dapo", "bnpo", "cispo", "vespo")
 
 
-# multimodal inputs are not row-aligned (e.g. pixel_values holds patches): batches carrying them keep every row
-_NOT_ROW_ALIGNED = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "image_position_ids",
-)
+# multimodal inputs are not row-aligned (e.g. pixel_values holds patches): batches carrying them keep every row;
+# the token type ids are (B, T) like the input ids
+_NOT_ROW_ALIGNED = tuple(k for k in MM_KEYS if k not in ("token_type_ids", "mm_token_type_ids"))
 
 
 def drop_zero_weight_rows(inputs: dict[str, Any], weight: torch.Tensor, accelerator=None) -> dict[str, Any]:

@@ -445,8 +445,7 @@ class ImplicitPRM:
         Returns:
             list of ``len(completions)`` floats (higher is better).
         """
-        if aggregation not in ("min", "mean", "sum", "last"):
-            raise ValueError(f"aggregation must be 'min', 'mean', 'sum' or 'last', got {aggregation!r}.")
+        F.check_choice(aggregation, F.STEP_AGGREGATIONS, "aggregation")
         scores: list[float] = []
         for start in range(0, len(completions), batch_size):
             enc = self.encode(prompts[start : start + batch_size], completions[start : start + batch_size])

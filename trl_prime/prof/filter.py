@@ -14,7 +14,7 @@ never enters the advantage.
   it from the ``prof_*`` fields (:class:`~trl_prime.prof.config.ProfOptions`) of the trainer's ``args`` (``None``
   when ``prof_mode="off"``), and calling it on a generation batch returns the rows kept. The arithmetic is
   :func:`trl_prime.functional.prof_consistency_scores` and :func:`~trl_prime.functional.prof_select`.
-- :func:`prime_prof_rows`: the PRIME trainers' use of the filter (``PrimeMixin._prime_step``): the online prompt
+- :func:`prime_prof_rows`: the PRIME trainers' use of the filter (``PrimeMixin._algorithm_step``): the online prompt
   filter's kept rows narrowed by PROF. :class:`~trl_prime.prof.trainer.ProfGRPOTrainer` composes it with plain GRPO.
 """
 
@@ -70,11 +70,7 @@ class ProfFilter:
         correct_threshold: float = 1.0,
         seed: int = 0,
     ):
-        if mode not in F.PROF_SELECT_MODES:
-            raise ValueError(
-                f"ProfFilter mode={mode!r}: choose one of {', '.join(map(repr, F.PROF_SELECT_MODES))} (no filter: "
-                "build none)."
-            )
+        F.check_choice(mode, F.PROF_SELECT_MODES, "ProfFilter mode")  # no filter (prof_mode="off"): build none
         if isinstance(num_keep, bool) or not isinstance(num_keep, int) or num_keep < 1:
             raise ValueError(f"num_keep={num_keep!r} must be a positive int (m, completions kept per prompt).")
         self.prm = prm

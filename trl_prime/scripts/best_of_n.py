@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from trl_prime.scripts.utils import parse_script_args
+from trl_prime.scripts.utils import PRM_PROMPTS, parse_script_args
 
 
 @dataclass
@@ -110,15 +110,15 @@ class BestOfNArguments:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the argument on inconsistent settings."""
+        from trl_prime.functional import STEP_AGGREGATIONS, check_choice
+
         if not self.ns or min(self.ns) < 1 or max(self.ns) > self.num_samples:
             raise ValueError(f"--ns {self.ns} must be >= 1 and <= --num_samples ({self.num_samples}).")
         if self.temperature <= 0:
             raise ValueError(f"--temperature must be > 0 (sampling), got {self.temperature}.")
-        bad = [a for a in self.aggregations if a not in ("min", "mean", "sum", "last")]
-        if bad:
-            raise ValueError(f"--aggregations {bad}: use min, mean, sum or last.")
-        if self.prm_prompt not in ("full", "last_turn", "question"):
-            raise ValueError(f"--prm_prompt must be 'full', 'last_turn' or 'question', got {self.prm_prompt!r}.")
+        for aggregation in self.aggregations:
+            check_choice(aggregation, STEP_AGGREGATIONS, "--aggregations")
+        check_choice(self.prm_prompt, PRM_PROMPTS, "--prm_prompt")
         if self.max_problems < 1:
             raise ValueError(f"--max_problems must be >= 1, got {self.max_problems}.")
 

@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_prime.scripts.utils import parse_script_args
+from trl_prime.scripts.utils import PRM_PROMPTS, REWARDS, parse_script_args
 
 
 @dataclass
@@ -69,10 +69,10 @@ class ImplicitPRMScriptArguments:
     )
 
     def __post_init__(self):
-        if self.prm_prompt not in ("full", "last_turn", "question"):
-            raise ValueError(f"`prm_prompt`={self.prm_prompt!r}: choose 'full', 'last_turn' or 'question'.")
-        if self.reward not in ("outcome", "math"):
-            raise ValueError(f"`reward`={self.reward!r}: choose 'outcome' or 'math'.")
+        from trl_prime.functional import check_choice
+
+        check_choice(self.prm_prompt, PRM_PROMPTS, "prm_prompt")
+        check_choice(self.reward, REWARDS, "reward")
 
 
 def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):

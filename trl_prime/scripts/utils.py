@@ -36,6 +36,13 @@ COMMAND_TRAINERS = {
     "prl": ("prl_grpo",),
     "prof": ("prof_grpo", "prime_grpo"),
 }
+#: ``reward`` of the scripts: ``"outcome"`` routes each row to the math or code verifier by its ``ability``,
+#: ``"math"`` scores every row with the math verifier
+REWARDS = ("outcome", "math")
+#: ``prm_prompt`` of ``trl-prime implicit-prm`` / ``best-of-n``, the prompt the implicit PRM sees: the whole prompt,
+#: its last turn (:func:`trl_prime.implicit_prm.data.last_turn_prompt`) or the last user message as plain text
+#: (:func:`~trl_prime.implicit_prm.data.question_prompt`)
+PRM_PROMPTS = ("full", "last_turn", "question")
 
 
 @dataclass
@@ -76,10 +83,11 @@ class RLScriptArguments:
     )
 
     def __post_init__(self):
+        from trl_prime.functional import check_choice
+
         if isinstance(self.dataset_name, str):
             self.dataset_name = [self.dataset_name]
-        if self.reward not in ("outcome", "math"):
-            raise ValueError(f"`reward`={self.reward!r}: choose 'outcome' or 'math'.")
+        check_choice(self.reward, REWARDS, "reward")
         if self.trainer is not None and self.trainer not in TRAINERS:
             raise ValueError(f"`trainer`={self.trainer!r}: choose one of {list(TRAINERS)}.")
 
