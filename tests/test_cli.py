@@ -53,6 +53,62 @@ def test_no_command_prints_the_help(capsys):
     assert "trl-prime" in capsys.readouterr().out
 
 
+def _clear_launch_env(monkeypatch):
+    for var in (*cli.DISTRIBUTED_LAUNCH_ENV, *cli.ACCELERATE_LAUNCH_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _exit_status(argv, capsys, **kwargs) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv, **kwargs)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_unknown_arguments_before_the_command_are_an_error(capsys, monkeypatch):
+    """argparse's rule (exit status 2, usage, ``error:``): an unknown argument before the command is not dropped, and
+    arguments without a command are not answered with the help and status 0."""
+    monkeypatch.setattr(cli, "launch", lambda *args: pytest.fail("launched"))
+    monkeypatch.setattr(prl, "run", lambda argv: pytest.fail("ran"))
+    code, err = _exit_status(["--bogus"], capsys)
+    assert code == 2 and err.startswith("usage: trl-prime")
+    assert "trl-prime: error: unrecognized arguments: --bogus (no command given" in err
+    code, err = _exit_status(["--bogus", "prl", "--max_steps", "1"], capsys)
+    assert code == 2 and "trl-prime: error: unrecognized arguments: --bogus (before the command 'prl')" in err
+    code, err = _exit_status(["--bogus=1", "-x", "prl"], capsys, launch_training=False)
+    assert code == 2 and "unrecognized arguments: --bogus=1 -x (before the command 'prl')" in err
+
+
+def test_command_line_mistakes_name_the_flag_and_exit_2(tmp_path, capsys, monkeypatch):
+    """A missing ``--config`` file, a trainer the command does not train with (flag or YAML key) and a bad
+    ``--accelerate_config`` give ``trl-prime <command>: error: ...`` and status 2, not a traceback; nothing is
+    launched or run."""
+    monkeypatch.setattr(cli, "launch", lambda *args: pytest.fail("launched"))
+    for module in (prime, prl, evaluate):
+        monkeypatch.setattr(module, "run", lambda argv: pytest.fail("ran"))
+    missing = str(tmp_path / "missing.yaml")
+    for argv, launch_training in [(["prime", "--config", missing], None), (["eval", f"--config={missing}"], None)]:
+        code, err = _exit_status(argv, capsys, launch_training=launch_training)
+        assert code == 2 and f": error: --config {missing}: no such file" in err, err
+        assert err.startswith(f"trl-prime {argv[0]}: error:") and "Give the path of an existing YAML file" in err
+    code, err = _exit_status(["prime", "--trainer", "prl_grpo"], capsys, launch_training=False)
+    assert code == 2 and err.startswith("trl-prime prime: error: `trainer`='prl_grpo': this command trains with")
+    assert "(read from --trainer); pass --trainer prime_rloo (the default)" in err
+    code, err = _exit_status(["prof", "--config", os.path.join(CONFIGS, "prl_grpo.yaml")], capsys)
+    assert code == 2 and "(read from the `trainer` key of --config " in err and "pass --trainer prof_grpo" in err
+
+
+def test_bad_accelerate_config_is_an_error_before_the_launch(capsys, monkeypatch):
+    launched = []
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", lambda args: launched.append(args))
+    for argv in (["--accelerate_config", "zero4"], ["--max_steps", "1", "--accelerate_config"]):
+        code, err = _exit_status(["prl", *argv], capsys, launch_training=True)
+        assert code == 2 and err.startswith("trl-prime prl: error: --accelerate_config: "), err
+        assert "trl-prime's configs: cpu_ddp, cpu_zero3" in err and "the path of an Accelerate config file" in err
+    assert launched == []
+    with pytest.raises(cli.CommandLineError):  # a ValueError, as before
+        cli.resolve_accelerate_config(["--accelerate_config", "zero4"])
+
+
 # a flag of each command's own dataclasses, which its --help must list
 COMMAND_FLAGS = {
     "prime": ["--trainer", "--prm_beta", "--filter_lower", "--lora_r", "--dataset_name"],
@@ -238,20 +294,45 @@ def test_package_data_ships_the_configs():
 
 @pytest.mark.parametrize("command", ["prime", "prl", "prof", "implicit-prm"])
 def test_training_command_launches_unless_already_launched(command, monkeypatch):
-    """``trl-prime <training command>`` goes through ``accelerate launch``; under it (accelerate's env variable set)
-    or with ``launch_training=False`` it runs in this process (no second launch)."""
+    """``trl-prime <training command>`` goes through ``accelerate launch``; under a launcher (``torchrun``'s
+    ``LOCAL_RANK``) or with ``launch_training=False`` it runs in this process (no second launch)."""
     module = importlib.import_module(f"trl_prime.scripts.{cli.COMMANDS[command][0]}")
     launched, ran = [], []
     monkeypatch.setattr(cli, "launch", lambda *args: launched.append(args))
     monkeypatch.setattr(module, "run", lambda argv: ran.append(argv))
-    monkeypatch.delenv(cli.LAUNCHED_ENV, raising=False)
+    _clear_launch_env(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # a user's own export: still launched
     assert cli.main([command, "--max_steps", "1"]) == 0
     assert launched == [(command, ["--max_steps", "1"])] and ran == []
     assert cli.main([command, "--max_steps", "2"], launch_training=False) == 0
-    monkeypatch.setenv(cli.LAUNCHED_ENV, "no")  # what `accelerate launch` sets in every process it starts
-    assert cli.launched_by_accelerate()
+    monkeypatch.setenv("LOCAL_RANK", "0")  # what torchrun (and accelerate launch of several processes) sets
+    assert cli.already_launched()
     assert cli.main([command, "--max_steps", "3"]) == 0
     assert launched == [(command, ["--max_steps", "1"])] and ran == [["--max_steps", "2"], ["--max_steps", "3"]]
+
+
+def test_already_launched_by_each_launcher(monkeypatch):
+    """Launched: torch.distributed's rank variables (``torchrun``, ``accelerate launch`` of several processes or
+    DeepSpeed, ``deepspeed``), or every variable accelerate's single-process launch sets (taken from accelerate's own
+    ``prepare_simple_launcher_cmd_env``). Not launched: a bare environment, or ``ACCELERATE_*`` variables a user
+    exported."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    _clear_launch_env(monkeypatch)
+    bare = dict(os.environ)
+    assert not cli.already_launched(bare) and not cli.already_launched()
+    torchrun = {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    assert cli.already_launched({**bare, **torchrun})
+    assert cli.already_launched({**bare, "LOCAL_RANK": "0"}) and cli.already_launched({**bare, "WORLD_SIZE": "1"})
+    args = launch_command_parser().parse_args(["--num_processes", "1", "--cpu", "-m", "trl_prime.scripts.prl"])
+    _, accelerate_env = prepare_simple_launcher_cmd_env(_validate_launch_command(args)[0])
+    assert not any(k in accelerate_env for k in cli.DISTRIBUTED_LAUNCH_ENV)  # one process: no rank variables
+    assert cli.already_launched(accelerate_env)
+    for user_export in ({"ACCELERATE_MIXED_PRECISION": "bf16"}, {"ACCELERATE_USE_CPU": "true"}):
+        assert not cli.already_launched({**bare, **user_export})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.already_launched()  # os.environ by default
 
 
 @pytest.mark.parametrize("command", ["eval", "best-of-n", "demo"])
@@ -260,7 +341,7 @@ def test_other_commands_run_in_this_process(command, monkeypatch):
     ran = []
     monkeypatch.setattr(cli, "launch", lambda *args: pytest.fail("launched"))
     monkeypatch.setattr(module, "run", lambda argv: ran.append(argv))
-    monkeypatch.delenv(cli.LAUNCHED_ENV, raising=False)
+    _clear_launch_env(monkeypatch)
     assert cli.main([command, "--seed", "1"]) == 0 and ran == [["--seed", "1"]]
 
 
@@ -270,7 +351,8 @@ def test_console_entry_launches_two_processes(tiny_model_path, math_jsonl, tmp_p
     processes (DDP over gloo) started by ``accelerate launch``; each rank saves its RNG state in the checkpoint."""
     out = tmp_path / "out"
     env = dict(ENV, OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.pop(cli.LAUNCHED_ENV, None)
+    for var in (*cli.DISTRIBUTED_LAUNCH_ENV, *cli.ACCELERATE_LAUNCH_ENV):
+        env.pop(var, None)
     argv = [
         "prl",
         "--config",

@@ -23,11 +23,23 @@ one process per GPU.
     trl-prime demo
     trl-prime prime --help                     # every flag of the command
 
-A training command runs in this process when it already is under ``accelerate launch`` (accelerate's
-``ACCELERATE_MIXED_PRECISION`` variable is set), so ``accelerate launch --config_file accelerate_configs/zero3.yaml -m
-trl_prime.cli prime --config ...`` launches once. ``python -m trl_prime.scripts.<module> ...`` (``prime``, ``prl``,
-``prof``, ``implicit_prm``) or a ``recipes/*.py`` file runs it in this process without accelerate. ``python -m
-trl_prime`` is the same command line.
+A training command runs in this process when a launcher already started it (:func:`already_launched`), so
+``accelerate launch --config_file accelerate_configs/zero3.yaml -m trl_prime.cli prime --config ...`` or ``torchrun
+--nproc_per_node 8 -m trl_prime.cli prime ...`` launches once:
+
+- ``LOCAL_RANK`` or ``WORLD_SIZE`` is set (:data:`DISTRIBUTED_LAUNCH_ENV`): every process of ``torchrun``, of
+  ``accelerate launch`` with several processes or DeepSpeed (which start ``torchrun``'s agent), of ``deepspeed``;
+- all of :data:`ACCELERATE_LAUNCH_ENV` are set: ``accelerate launch`` of one process sets no rank variable, but sets
+  these together (``accelerate.utils.launch.prepare_simple_launcher_cmd_env``). One of them alone is not a launch: a
+  user may ``export ACCELERATE_MIXED_PRECISION=bf16`` and still wants ``trl-prime prime`` to launch.
+
+``python -m trl_prime.scripts.<module> ...`` (``prime``, ``prl``, ``prof``, ``implicit_prm``) or a ``recipes/*.py``
+file runs it in this process without accelerate. ``python -m trl_prime`` is the same command line.
+
+Mistakes on the command line exit with status 2 and a ``trl-prime <command>: error: ...`` line naming the flag and
+its fix (:class:`CommandLineError`): an unknown argument before the command, arguments without a command, a
+``--config`` file that does not exist, a ``--trainer`` (or the YAML's ``trainer``) the command does not train with, an
+``--accelerate_config`` that names no config.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import importlib
 import os
 import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -54,8 +67,17 @@ TRAINING_COMMANDS = ("prime", "prl", "prof", "implicit-prm")
 #: trl-prime's Accelerate configs, the names of ``--accelerate_config`` (package data; the repository's
 #: ``accelerate_configs/`` is a link to this folder)
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
-#: set by ``accelerate launch`` in every process it starts (``accelerate.utils.launch``): already launched
-LAUNCHED_ENV = "ACCELERATE_MIXED_PRECISION"
+#: set by torch.distributed's launchers in every process they start (``torchrun``, so ``accelerate launch`` with several
+#: processes or DeepSpeed, and the ``deepspeed`` launcher): either one set means already launched
+DISTRIBUTED_LAUNCH_ENV = ("LOCAL_RANK", "WORLD_SIZE")
+#: set together by ``accelerate launch`` in every process it starts, a single process included
+#: (``accelerate.utils.launch.prepare_simple_launcher_cmd_env``): all of them set means already launched
+ACCELERATE_LAUNCH_ENV = ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND")
+
+
+class CommandLineError(ValueError):
+    """A flag of ``trl-prime <command>`` that cannot work; the message names the flag and the fix. :func:`main` prints
+    it as ``trl-prime <command>: error: <message>`` and exits with status 2."""
 
 
 def make_parser() -> ArgumentParser:
@@ -78,9 +100,20 @@ def make_parser() -> ArgumentParser:
     return parser
 
 
-def launched_by_accelerate() -> bool:
-    """Whether this process was started by ``accelerate launch`` (then a training command runs in it)."""
-    return LAUNCHED_ENV in os.environ
+def already_launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a launcher started this process (then a training command runs in it instead of launching again).
+
+    Args:
+        environ: the environment variables (default ``os.environ``).
+
+    Returns:
+        True when ``LOCAL_RANK`` or ``WORLD_SIZE`` is set (:data:`DISTRIBUTED_LAUNCH_ENV`: ``torchrun``, ``accelerate
+        launch`` with several processes or DeepSpeed, ``deepspeed``), or when every variable of
+        :data:`ACCELERATE_LAUNCH_ENV` is (``accelerate launch`` of one process); one ``ACCELERATE_*`` variable a user
+        exported is not enough.
+    """
+    environ = os.environ if environ is None else environ
+    return any(k in environ for k in DISTRIBUTED_LAUNCH_ENV) or all(k in environ for k in ACCELERATE_LAUNCH_ENV)
 
 
 def _trl_cli_helpers():
@@ -128,7 +161,8 @@ def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
     applies (``trl.cli.accelerate_config.resolve_accelerate_config_argument``: a file path, else a TRL config name).
 
     Raises:
-        ValueError: no value after ``--accelerate_config``, or a value that is no trl-prime name, file or TRL name.
+        CommandLineError: no value after ``--accelerate_config``, or a value that is no trl-prime name, file or TRL
+            name (a ``ValueError``).
     """
     _, resolve_trl_config = _trl_cli_helpers()
     extra = []
@@ -142,7 +176,38 @@ def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
     try:
         return resolve_trl_config(launch_args) + extra
     except ValueError as error:
-        raise ValueError(f"{error} trl-prime's configs: {', '.join(accelerate_config_names())}.") from error
+        raise CommandLineError(
+            f"--accelerate_config: {error} trl-prime's configs: {', '.join(accelerate_config_names())}; TRL's: a name "
+            "of trl/accelerate_configs/; or the path of an Accelerate config file (`accelerate config` writes one)."
+        ) from error
+
+
+def check_command_argv(command: str, argv: list[str]) -> None:
+    """Check the flags of ``trl-prime <command> <argv>`` that decide how the command is parsed, before it is launched
+    or run: ``--config`` names a file, and (training commands of :data:`trl_prime.scripts.utils.COMMAND_TRAINERS`)
+    the trainer (``--trainer``, else the YAML's ``trainer``) is one the command trains with.
+
+    Raises:
+        CommandLineError: the message names the flag and the fix.
+    """
+    from trl_prime.scripts.utils import COMMAND_TRAINERS, _option, choose_trainer, normalize_argv
+
+    argv = normalize_argv(argv)
+    config = _option(argv, "config")
+    if config is not None and not os.path.isfile(config):
+        raise CommandLineError(
+            f"--config {config}: no such file (relative paths start at {os.getcwd()}). Give the path of an existing "
+            "YAML file, e.g. one of the repository's recipes/configs/."
+        )
+    if command in COMMAND_TRAINERS:
+        try:
+            choose_trainer(argv, COMMAND_TRAINERS[command])
+        except ValueError as error:
+            source = "--trainer" if _option(argv, "trainer") is not None else f"the `trainer` key of --config {config}"
+            raise CommandLineError(
+                f"{str(error).rstrip('.')} (read from {source}); pass --trainer {COMMAND_TRAINERS[command][0]} (the "
+                "default) or another of them."
+            ) from error
 
 
 def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
@@ -157,6 +222,7 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
 
     Raises:
         SystemExit: ``--help`` (after printing the command's flags) or a flag value the command's parser rejects.
+        CommandLineError: a bad ``--accelerate_config`` (:func:`resolve_accelerate_config`).
     """
     from trl_prime.scripts.utils import normalize_argv
 
@@ -174,7 +240,11 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
 
 
 def launch(command: str, argv: list[str]) -> None:
-    """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`)."""
+    """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`).
+
+    Raises:
+        CommandLineError: a bad ``--accelerate_config`` (raised before anything is launched).
+    """
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     launch_command(launch_command_parser().parse_args(accelerate_launch_argv(command, argv)))
@@ -184,21 +254,36 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
     """Run ``trl-prime`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
     ``launch_training``: launch a training command (:data:`TRAINING_COMMANDS`) through ``accelerate launch`` (True) or
-    run it in this process (False); default: launch, unless this process already is under ``accelerate launch``.
+    run it in this process (False); default: launch, unless a launcher already started this process
+    (:func:`already_launched`).
+
+    Raises:
+        SystemExit: status 2 with usage and ``error: ...`` for an unknown argument before the command, arguments
+            without a command, or a :class:`CommandLineError` of the command (``trl-prime <command>: error: ...``);
+            status 0 after ``--help`` / ``--version``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
     args, _ = parser.parse_known_args(argv)
     if args.command is None:
+        if argv:
+            parser.error(f"unrecognized arguments: {' '.join(argv)} (no command given; see `trl-prime --help`)")
         parser.print_help()
         return 0
-    command_argv = argv[argv.index(args.command) + 1 :]
+    position = argv.index(args.command)
+    if position > 0:
+        parser.error(f"unrecognized arguments: {' '.join(argv[:position])} (before the command {args.command!r})")
+    command_argv = argv[position + 1 :]
     if launch_training is None:
-        launch_training = not launched_by_accelerate()
-    if args.command in TRAINING_COMMANDS and launch_training:
-        launch(args.command, command_argv)
-    else:
-        importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}").run(command_argv)
+        launch_training = not already_launched()
+    try:
+        check_command_argv(args.command, command_argv)
+        if args.command in TRAINING_COMMANDS and launch_training:
+            launch(args.command, command_argv)
+        else:
+            importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}").run(command_argv)
+    except CommandLineError as error:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
     return 0
 
 
