@@ -701,3 +701,31 @@ def test_in_memory_prm_is_frozen_and_placed(tiny_model_path, step_prm_path, tmp_
     frozen = tr.prof_filter.prm.model
     assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
     assert {p.device for p in frozen.parameters()} == {tr.accelerator.device}
+
+
+def test_evaluation_logs_non_finite_rewards_without_skipping_a_step(tiny_model_path, step_prm_path, tmp_path, caplog):
+    """In evaluation ProfGRPOTrainer goes through the outcome check PRIME and PRL share (trl_prime/rollout.py): a row
+    with an infinite reward is logged as in evaluation (no optimizer step to skip), the batch is not poisoned and no
+    skipped step is counted; the PROF filter does not run (TRL's evaluation is not filtered)."""
+    import logging
+
+    def reward_inf_first(completions, **kwargs):
+        return [math.inf] + [0.0] * (len(completions) - 1)
+
+    tr = ProfGRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=reward_inf_first,
+        args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, per_device_eval_batch_size=N)),
+        train_dataset=tiny_prompt_dataset(4, conversational=True),
+        eval_dataset=tiny_prompt_dataset(1, conversational=True),
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
+        tr.evaluate()
+    text = caplog.text
+    assert (
+        "Non-finite values in evaluation after step 0 (non-finite rewards): no optimizer step to skip; evaluation "
+        "goes on and its metrics may be non-finite. Offending rows of the global evaluation batch: [0]; sample ids: "
+        "['What is 0 + 0?']"
+    ) in text
+    assert "skipping the optimizer step" not in text
+    assert not tr.guard_poisoned and tr._guard_total_skips == 0 and tr.prof_filter.last == {}

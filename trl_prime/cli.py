@@ -67,8 +67,8 @@ TRAINING_COMMANDS = ("prime", "prl", "prof", "implicit-prm")
 #: trl-prime's Accelerate configs, the names of ``--accelerate_config`` (package data; the repository's
 #: ``accelerate_configs/`` is a link to this folder)
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
-#: set by torch.distributed's launchers in every process they start (``torchrun``, so ``accelerate launch`` with several
-#: processes or DeepSpeed, and the ``deepspeed`` launcher): either one set means already launched
+#: set by torch.distributed's launchers in every process they start (``torchrun``, so ``accelerate launch`` with
+#: several processes or DeepSpeed, and the ``deepspeed`` launcher): either one set means already launched
 DISTRIBUTED_LAUNCH_ENV = ("LOCAL_RANK", "WORLD_SIZE")
 #: set together by ``accelerate launch`` in every process it starts, a single process included
 #: (``accelerate.utils.launch.prepare_simple_launcher_cmd_env``): all of them set means already launched

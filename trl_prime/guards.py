@@ -14,22 +14,23 @@ failures, degenerate batches).
   on a CPU with AVX512-BF16 (below), so LoRA adapters on it train.
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
 
-  * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch
-    (outcome rewards, log-probs, token rewards, advantages) to :meth:`GuardsMixin._guard_inspect`; a row holding
-    ``inf`` / ``NaN`` (a ``NaN`` outcome is *unscorable*, excluded by design, not an error) poisons the generation
-    batch: its policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global
-    row index and sample id), and ``guard/skipped_steps`` counts them. The policy optimizer is wrapped so that a step
+  * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch (outcome
+    rewards, log-probs, token rewards, advantages) to :meth:`GuardsMixin._guard_inspect`; a row holding ``inf`` /
+    ``NaN`` (a ``NaN`` outcome is *unscorable*, excluded by design, not an error) poisons the generation batch: its
+    policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global row index and
+    sample id), and ``guard/skipped_steps`` counts them (in evaluation, where PRIME, PRL and PROF run the same checks,
+    the offending rows are only logged: there is no optimizer step). The policy optimizer is wrapped so that a step
     whose gradients are non-finite is skipped too (gradients zeroed, scheduler not advanced: accelerate's
     ``step_was_skipped``; under fp16 AMP the GradScaler does this for overflows itself, uncounted). The gradient norm
     is the one the Trainer's clipping returns (computed before clipping): a norm that overflows to ``inf`` makes
     ``clip_grad_norm_`` scale every gradient to 0 (finite zeros, which would otherwise step the optimizer and move
-    Adam's moments), so an infinite norm skips the step too ("gradient overflow (no single row)"). PRIME checks its
-    PRM the same way (norm from clipping, and rows whose token rewards are non-finite or beyond
-    ``prm_max_abs_token_reward``) before the PRM's optimizer step. A poisoned
-    generation batch keeps the optimizer step it feeds skipped even when more generation batches feed the same
-    step (``gradient_accumulation_steps > steps_per_generation``). After ``max_nonfinite_skips`` consecutive
-    skipped steps the run stops with a ``RuntimeError``. (Under DeepSpeed the policy step happens inside
-    ``backward``: it is not guarded; only a poisoned batch's PRM step is skipped.)
+    Adam's moments), so an infinite norm skips the step too ("gradient overflow (no single row)"). PRIME checks its PRM
+    the same way (norm from clipping, and rows whose token rewards are non-finite or beyond
+    ``prm_max_abs_token_reward``) before the PRM's optimizer step. A poisoned generation batch keeps the optimizer step
+    it feeds skipped even when more generation batches feed the same step (``gradient_accumulation_steps >
+    steps_per_generation``). After ``max_nonfinite_skips`` consecutive skipped steps the run stops with a
+    ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``: it is not guarded; only a poisoned
+    batch's PRM step is skipped.)
   * **verifier infrastructure failures** (``math/error``: the math worker pool died; ``code/sandbox_error``: the
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
     batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
@@ -475,31 +476,14 @@ class GuardsMixin:
         return bad_g
 
     def _guard_poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
-        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped.
+        """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped. In
+        evaluation (``mode != "train"``) there is no optimizer step: the offending rows are only logged.
 
         ``rows``: the offending rows of the global generation batch; ``None`` when no row can be blamed (a gradient
         that overflows while every row's rewards and log-probs are finite and within bounds)."""
         ids = self._guard_sample_ids(rows) if rows else []
         if self.accelerator.is_main_process:
-            kind = "Non-finite values" if reason.startswith("non-finite") else "Non-finite or out-of-bound values"
-            if rows:
-                logger.warning(
-                    "%s at step %d (%s): skipping the optimizer step. Offending rows of the global generation batch: "
-                    "%s; sample ids: %s",
-                    kind,
-                    self.state.global_step + 1,
-                    reason,
-                    rows,
-                    ids,
-                )
-            else:
-                logger.warning(
-                    "%s at step %d (%s): skipping the optimizer step. Offending rows: none, gradient "
-                    "overflow (no single row).",
-                    kind,
-                    self.state.global_step + 1,
-                    reason,
-                )
+            self._guard_warn(mode, reason, rows, ids)
         if mode != "train":
             return
         # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
@@ -509,6 +493,25 @@ class GuardsMixin:
         else:
             self._guard_poison["reason"] += f"; {reason}"
             self._guard_poison["rows"] = sorted(set(self._guard_poison["rows"]) | set(rows or []))
+
+    def _guard_warn(self, mode: str, reason: str, rows: list[int] | None, ids: list[Any]) -> None:
+        """Log the offending rows of :meth:`_guard_poison_batch`: in training the optimizer step is skipped; in
+        evaluation nothing is skipped (no optimizer step) and the evaluation metrics may hold the values."""
+        kind = "Non-finite values" if reason.startswith("non-finite") else "Non-finite or out-of-bound values"
+        if mode != "train":
+            head = (
+                f"{kind} in evaluation after step {self.state.global_step} ({reason}): no optimizer step to skip; "
+                "evaluation goes on and its metrics may be non-finite."
+            )
+            tail = f"Offending rows of the global evaluation batch: {rows or []}; sample ids: {ids}"
+        else:
+            head = f"{kind} at step {self.state.global_step + 1} ({reason}): skipping the optimizer step."
+            tail = (
+                f"Offending rows of the global generation batch: {rows}; sample ids: {ids}"
+                if rows
+                else "Offending rows: none, gradient overflow (no single row)."
+            )
+        logger.warning("%s %s", head, tail)
 
     @property
     def guard_poisoned(self) -> bool:

@@ -284,7 +284,8 @@ class RolloutMixin:
         attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
         outcome = outcome_rewards(self, capture["rewards_per_func"])  # (B_global,)
         logps = self._rollout_logps(output, input_ids, attention_mask, mode)
-        # an inf reward poisons the batch (no optimizer step; trl_prime/guards.py); NaN = unscorable, excluded
+        # an inf reward poisons the batch (training: no optimizer step; evaluation: logged; trl_prime/guards.py);
+        # NaN = unscorable, excluded
         flagged = self._guard_inspect(
             mode,
             global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
