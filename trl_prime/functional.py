@@ -1350,13 +1350,8 @@ def _prime_advantages_impl(
             proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
             out_adv = o * K / Km1 - S_o / Km1
     elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
-        mean_r, std_r, cnt = _group_mean_std(rbar, valid, gid, G)
+        mean_r, std_r, cnt, mean_o, scale_mean_o, scale_std_o = _grpo_statistics(rbar, o, valid, gid, G, scale)
         usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
-        mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
-        scale_mean_o, scale_std_o = mean_o, std_o  # the divisors' statistics: the group's, or the batch's
-        if scale == "batch":
-            _, std_r = _batch_mean_std(rbar, valid)
-            scale_mean_o, scale_std_o = _batch_mean_std(o, valid)
         proc_tok = P - mean_r[:, None]
         if grpo_process_form == "response":  # sum over the completion = L_i (rbar_i - mean_g rbar): divide by L_i
             proc_tok = proc_tok / L.clamp(min=1)[:, None]
@@ -1391,6 +1386,20 @@ def _prime_advantages_impl(
         adv = returns
     od = _out_dtype(process_rewards)
     return adv.to(od), returns.to(od)
+
+
+def _grpo_statistics(
+    rbar: torch.Tensor, o: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, G: int, scale: str
+) -> tuple[torch.Tensor, ...]:
+    """The "grpo" estimator's per-row statistics: the group means of ``rbar`` and ``o`` (the centring), the group
+    count, and the divisors' statistics, the group's or, with ``scale="batch"``, the batch's: ``(mean_r, std_r, cnt,
+    mean_o, scale_mean_o, scale_std_o)``."""
+    mean_r, std_r, cnt = _group_mean_std(rbar, valid, gid, G)
+    mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
+    if scale == "batch":
+        _, std_r = _batch_mean_std(rbar, valid)
+        return (mean_r, std_r, cnt, mean_o, *_batch_mean_std(o, valid))
+    return mean_r, std_r, cnt, mean_o, mean_o, std_o
 
 
 def rloo_advantages(

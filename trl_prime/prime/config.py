@@ -256,10 +256,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
             )
         if not self.prm_beta > 0:
             raise ValueError(f"`prm_beta`={self.prm_beta} must be > 0 (paper: 0.05).")
-        if not math.isfinite(self.prm_label_threshold):
-            raise ValueError(f"`prm_label_threshold`={self.prm_label_threshold} must be a finite number.")
-        if not (math.isfinite(self.prm_label_temperature) and self.prm_label_temperature > 0):
-            raise ValueError(f"`prm_label_temperature`={self.prm_label_temperature} must be a finite number > 0.")
+        self._validate_prm_label()
         if self.prm_learning_rate < 0:
             raise ValueError(f"`prm_learning_rate`={self.prm_learning_rate} must be >= 0 (paper: 1e-6).")
         if not (0.0 <= self.filter_lower <= 1.0 and 0.0 <= self.filter_upper <= 1.0):
@@ -300,6 +297,14 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError("`process_coef` and `outcome_coef` are both 0: every advantage would be 0. Set one > 0.")
         self._validate_prof()
         self._validate_guards()
+
+    def _validate_prm_label(self) -> None:
+        """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0 (``prm_label`` is checked with
+        the other choices; :func:`trl_prime.functional.prm_labels`)."""
+        if not math.isfinite(self.prm_label_threshold):
+            raise ValueError(f"`prm_label_threshold`={self.prm_label_threshold} must be a finite number.")
+        if not (math.isfinite(self.prm_label_temperature) and self.prm_label_temperature > 0):
+            raise ValueError(f"`prm_label_temperature`={self.prm_label_temperature} must be a finite number > 0.")
 
 
 @dataclass
