@@ -201,10 +201,10 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
     on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
     (:func:`~trl_prime.functional.prm_pair_accuracy` / ``prm_abs_accuracy`` of the sequence rewards ``r(y)`` that fed
-    the advantages against the PRM labels (``prm_label``), over the kept groups; tied rewards score 0.5 (``ties="half"``), so
-    the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5), ``prm/token_reward_{mean,std,min,max}`` (over
-    every completion token of the batch), ``filter/kept_fraction`` (fraction of groups kept), ``prm/grad_norm`` and
-    ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
+    the advantages against the PRM labels (``prm_label``), over the kept groups; tied rewards score 0.5
+    (``ties="half"``), so the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5),
+    ``prm/token_reward_{mean,std,min,max}`` (over every completion token of the batch), ``filter/kept_fraction``
+    (fraction of groups kept), ``prm/grad_norm`` and ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
     (e.g. ``math/<reason>`` counts of :func:`trl_prime.rewards.math_reward`).
 
     Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
@@ -648,7 +648,9 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
     def _update_prm(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, dict]:
         """Algorithm 1 line 8: one PRM update on the PRM labels (``r.labels``) of the kept rows (training;
-        :meth:`_train_prm`), or the PRM's forward alone (evaluation). Returns ``(prm_logps (B, T) detached, stats)``."""
+        :meth:`_train_prm`), or the PRM's forward alone (evaluation).
+
+        Returns ``(prm_logps (B, T) detached, stats)``."""
         completion_mask = output["completion_mask"]
         labels = r.labels[r.local].clone()
         labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
