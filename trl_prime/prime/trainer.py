@@ -204,8 +204,9 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     the advantages against the PRM labels (``prm_label``), over the kept groups; tied rewards score 0.5
     (``ties="half"``), so the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5),
     ``prm/token_reward_{mean,std,min,max}`` (over every completion token of the batch), ``filter/kept_fraction``
-    (fraction of groups kept), ``prm/grad_norm`` and ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
-    (e.g. ``math/<reason>`` counts of :func:`trl_prime.rewards.math_reward`).
+    (fraction of groups kept), ``prm/grad_norm`` and ``prm/learning_rate``; plus TRL's own metrics and whatever the
+    reward functions log through ``log_metric`` (e.g. ``math/<reason>`` counts of
+    :func:`trl_prime.rewards.math_reward`).
 
     Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
     global number of kept rows); under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config
