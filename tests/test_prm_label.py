@@ -171,12 +171,17 @@ def verifier_b(completions, **kwargs):
 WEIGHTED = dict(reward_weights=[0.7, 0.6], filter_lower=0.0, filter_upper=1.0)
 
 
-def test_weighted_verifiers_identity_refused_threshold_and_group_rank_train(tiny_model_path, tmp_path):
+def test_weighted_verifiers_identity_refused_other_labels_train(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match=r"outcome labels in \[0, 1\].*\[0, 1.3\].*prm_label"):
         _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, [verifier_a, verifier_b], max_steps=1, **WEIGHTED).train()
     for cls, label, want in (
         (PrimeRLOOTrainer, dict(prm_label="threshold", prm_label_threshold=0.65), [1.0, 0.0, 1.0, 0.0]),
         (PrimeGRPOTrainer, dict(prm_label="group_rank"), [1.0, 0.0, 1.0, 0.0]),  # group mean 0.65
+        (
+            PrimeRLOOTrainer,
+            dict(prm_label="sigmoid", prm_label_temperature=0.5),
+            torch.sigmoid(torch.tensor([1.3, 0.6, 0.7, 0.0]) / 0.5).tolist(),
+        ),
     ):
         rec = Recorder()
         tr = _prime(cls, tiny_model_path, tmp_path, [verifier_a, verifier_b], rec=rec, **WEIGHTED, **label)
