@@ -1141,3 +1141,124 @@ class TestTokenPPOClipLoss:
             F.token_ppo_clip_loss(logps, None, torch.zeros(3), torch.ones(2, 3))
         with pytest.raises(ValueError, match="`logps` and `advantages`"):
             F.token_ppo_clip_loss(logps, None, torch.zeros(2, 4), torch.ones(2, 3))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PRM labels (prm_label) and TRL's scale_rewards="batch"
+# ----------------------------------------------------------------------------------------------------------------
+NAN = float("nan")
+
+
+def _same(a, b):
+    b = b.to(a.dtype) if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=a.dtype)
+    torch.testing.assert_close(a, b, equal_nan=True, atol=1e-6, rtol=1e-6)
+
+
+def test_prm_labels_hand():
+    """Each prm_label mode on hand-computed cases; NaN (unscorable) passes through every mode."""
+    assert F.PRM_LABELS == ("identity", "threshold", "sigmoid", "group_rank")
+    _same(F.prm_labels(torch.tensor([0.0, 0.5, 1.0, NAN])), [0.0, 0.5, 1.0, NAN])
+    r = torch.tensor([0.2, 0.5, 0.7, NAN, -3.0])
+    _same(F.prm_labels(r, "threshold"), [0.0, 1.0, 1.0, NAN, 0.0])  # default threshold 0.5, inclusive
+    _same(F.prm_labels(r, "threshold", threshold=-3.0), [1.0, 1.0, 1.0, NAN, 1.0])
+    s1 = 1.0 / (1.0 + math.exp(-1.0))  # sigmoid(2 / 2)
+    _same(F.prm_labels(torch.tensor([0.0, 2.0, -2.0, NAN]), "sigmoid", temperature=2.0), [0.5, s1, 1.0 - s1, NAN])
+    # group_rank, K=4: 1 above the group's mean, 0 below; ties to the mean (all-equal groups, a lone scorable row)
+    # get no label
+    r = torch.tensor([3.0, 1.0, 1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 2.0, NAN, 0.0, 1.0, NAN, NAN, 7.0, NAN])
+    want = [1.0, 0.0, 0.0, 1.0] + [NAN] * 4 + [1.0, NAN, 0.0, NAN] + [NAN] * 4
+    _same(F.prm_labels(r, "group_rank", num_generations=4), want)
+    _same(F.prm_labels(100.0 * r - 3.0, "group_rank", num_generations=4), want)  # scale and shift invariant
+    gid = torch.tensor([0, 1, 0, 1])
+    _same(F.prm_labels(torch.tensor([1.0, 4.0, 0.0, 2.0]), "group_rank", group_ids=gid), [1.0, 1.0, 0.0, 0.0])
+    # a 0/1 verifier: group_rank equals identity except in all-equal groups
+    v = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    _same(F.prm_labels(v, "group_rank", num_generations=4), [1.0, 0.0, 0.0, 1.0] + [NAN] * 4)
+    assert F.prm_labels(torch.tensor([0.3], dtype=torch.float64), "sigmoid").dtype == torch.float64
+    assert F.prm_labels(torch.tensor([0.3], dtype=torch.bfloat16), "threshold").dtype == torch.float32
+
+
+def test_prm_labels_weighted_sum_of_two_verifiers():
+    """Two 0/1 verifiers weighted 0.7 and 0.6 (sum 1.3 > 1): identity refuses, the other modes label in [0, 1]."""
+    a = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    b = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    r = 0.7 * a + 0.6 * b  # [1.3, 0.7, 0.6, 0.0]
+    with pytest.raises(ValueError, match=r"prm_label='identity'.*\[0, 1\].*\[0, 1.3\].*'threshold'.*'group_rank'"):
+        F.prm_labels(r)
+    _same(F.prm_labels(r, "threshold", threshold=0.65), [1.0, 1.0, 0.0, 0.0])
+    _same(F.prm_labels(r, "group_rank", num_generations=4), [1.0, 1.0, 0.0, 0.0])  # mean 0.65
+    lab = F.prm_labels(r, "sigmoid")
+    assert bool(((lab > 0) & (lab < 1)).all()) and bool((lab[:-1] > lab[1:]).all())  # monotone in the reward
+
+
+def test_prm_labels_errors():
+    r = torch.tensor([0.0, 1.0])
+    with pytest.raises(ValueError, match=r"prm_label='rank' is not supported; choose one of 'identity'"):
+        F.prm_labels(r, "rank")
+    for t in (0.0, -1.0, NAN, float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            F.prm_labels(r, "sigmoid", temperature=t)
+    with pytest.raises(ValueError, match="threshold"):
+        F.prm_labels(r, "threshold", threshold=NAN)
+    with pytest.raises(ValueError, match="num_generations"):
+        F.prm_labels(r, "group_rank")
+    with pytest.raises(ValueError, match="divisible|divide"):
+        F.prm_labels(torch.zeros(3), "group_rank", num_generations=2)
+    with pytest.raises(ValueError, match=r"shape \(B,\)"):
+        F.prm_labels(torch.zeros(2, 2), "threshold")
+
+
+def test_grpo_advantages_batch_scale_hand():
+    """scale_rewards="batch" (TRL's): centred on the group mean, divided by the std of every scorable reward."""
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, NAN])
+    # scorable: 1,0,0,0,1,1,0 -> mean 3/7, unbiased var (3 (4/7)^2 + 4 (3/7)^2) / 6 = 2/7
+    std_b = math.sqrt(2.0 / 7.0)
+    want = [0.75 / std_b, -0.25 / std_b, -0.25 / std_b, -0.25 / std_b, 1 / 3 / std_b, 1 / 3 / std_b, -2 / 3 / std_b]
+    _same(F.grpo_advantages(r, num_generations=4, scale_rewards="batch", eps=0.0), want + [0.0])
+    _same(F.grpo_advantages(r, num_generations=4, scale_rewards="group"), F.grpo_advantages(r, num_generations=4))
+    _same(
+        F.grpo_advantages(r, num_generations=4, scale_rewards="none"),
+        F.grpo_advantages(r, num_generations=4, scale_rewards=False),
+    )
+    with pytest.raises(ValueError, match=r"scale_rewards='global' is not supported"):
+        F.grpo_advantages(r, num_generations=4, scale_rewards="global")
+
+
+def test_prime_grpo_estimator_batch_scale_hand():
+    """PRIME's "grpo" estimator with scale_rewards="batch": outcome term (o - mean_g) / std_B(o); process term
+    (response form, t=0) (rbar - mean_g rbar) / std_B(o) ("outcome_std") or / std_B(rbar) ("process_std"); a group
+    with equal outcomes keeps its process term."""
+    o = torch.tensor([1.0, 0.0, 1.0, 1.0])  # groups of 2: [1, 0], [1, 1]
+    P = torch.tensor([[0.2, 0.2], [0.0, 0.0], [0.4, 0.4], [0.1, 0.1]])
+    mask = torch.ones(4, 2)
+    kw = dict(num_generations=2, estimator="grpo", scale_rewards="batch", eps=0.0, gamma=1.0)
+    std_o = math.sqrt(((0.25 * 3) * 0.25 + 0.75**2) / 3)  # o: mean 0.75, deviations 0.25 (x3) and -0.75
+    out = F.prime_advantages(P, o, mask, None, process_coef=0.0, **kw)
+    _same(out[:, 0], [0.5 / std_o, -0.5 / std_o, 0.0, 0.0])
+    _same(out[:, 1], out[:, 0])  # the outcome sits at the last token, gamma 1
+    proc = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, **kw)
+    _same(proc[:, 0], [0.1 / std_o, -0.1 / std_o, 0.15 / std_o, -0.15 / std_o])
+    rbar = torch.tensor([0.2, 0.0, 0.4, 0.1], dtype=torch.float64)
+    std_r = rbar.std().item()
+    proc = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, grpo_process_scale="process_std", **kw)
+    _same(proc[:, 0], [0.1 / std_r, -0.1 / std_r, 0.15 / std_r, -0.15 / std_r])
+    # every outcome of the batch equal: no scale for "outcome_std", both terms 0
+    same = F.prime_advantages(P, torch.ones(4), mask, None, **kw)
+    _same(same[:, 0], [0.0] * 4)
+    # "group" keeps the former behaviour (True is "group"), and the equal-outcome group gets process term 0
+    group = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, **dict(kw, scale_rewards="group"))
+    _same(group[2:, 0], [0.0, 0.0])
+    _same(group, F.prime_advantages(P, o, mask, None, outcome_coef=0.0, **dict(kw, scale_rewards=True)))
+
+
+def test_prl_advantages_batch_scale_hand():
+    """PRL's advantage-first order with scale_rewards="batch": A divided by the batch std, then minus S_t / eta."""
+    o = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    old = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-0.5, -0.5], [-1.0, -1.0]])
+    ref = torch.tensor([[-1.5, -2.0], [-1.0, -1.0], [-0.5, -0.5], [-1.0, -1.0]])
+    mask = torch.ones(4, 2)
+    std_o = math.sqrt(0.25)  # unbiased std of [1, 0, 1, 1]: var (3 * 0.0625 + 0.5625) / 3 = 0.25
+    adv = F.prl_advantages(o, old, ref, mask, None, num_generations=2, eta=2.0, scale_rewards="batch", eps=0.0)
+    # row 0: k = [0.5, 0], S = [0.5, 0]; A = 0.5 / 0.5 = 1
+    _same(adv, [[1.0 - 0.25, 1.0], [-1.0, -1.0], [0.0, 0.0], [0.0, 0.0]])
+    assert std_o == 0.5

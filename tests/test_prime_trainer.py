@@ -143,8 +143,8 @@ def test_config_defaults_and_validation(tmp_path):
     for kw, field_name in bad:
         with pytest.raises(ValueError, match=field_name):
             _config(PrimeRLOOConfig, tmp_path, **kw)
-    with pytest.raises(ValueError, match="scale_rewards"):
-        _config(PrimeGRPOConfig, tmp_path, scale_rewards="batch")
+    with pytest.raises(ValueError, match="scale_rewards"):  # "batch" is supported (tests/test_prm_label.py)
+        _config(PrimeGRPOConfig, tmp_path, scale_rewards="global")
     with pytest.raises(ValueError, match="loss_type"):
         _config(PrimeGRPOConfig, tmp_path, loss_type="luspo", importance_sampling_level="sequence")
 

@@ -104,7 +104,7 @@ def test_config_defaults_and_validation(tmp_path):
         (dict(prl_step_split="paragraph"), "prl_step_split"),
         (dict(prl_step_len=0), "prl_step_len"),
         (dict(prl_order="kl_first"), "prl_order"),
-        (dict(scale_rewards="batch"), "scale_rewards"),
+        (dict(scale_rewards="global"), "scale_rewards"),  # "batch" is supported (tests/test_prm_label.py)
         (dict(loss_type="luspo", importance_sampling_level="sequence"), "loss_type"),
         (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
     ]

@@ -129,7 +129,7 @@ class Snapshots(TrainerCallback):
 # ----------------------------------------------------------------------------------------------------------------
 def test_bad_input_fails_at_startup_naming_the_field(tiny_model_path, tmp_path):
     from datasets import Dataset
-    from peft import LoraConfig
+    from peft import LoraConfig, PromptTuningConfig
     from tiny_prm import build_tiny_step_prm
 
     from trl_prime.rewards import math_reward
@@ -145,8 +145,10 @@ def test_bad_input_fails_at_startup_naming_the_field(tiny_model_path, tmp_path):
     empty = Dataset.from_dict({"prompt": ["What is 1 + 1?", "  ", "What is 2 + 2?", ""], "solution": ["2"] * 4})
     with pytest.raises(ValueError, match=r"2 empty prompt\(s\) in column `prompt` \(rows \[1, 3\]\)"):
         _prl(tiny_model_path, tmp_path, dataset=empty)
-    with pytest.raises(ValueError, match=r"`peft_config` has no `task_type`.*CAUSAL_LM"):
-        _prime(tiny_model_path, tmp_path, trainer_kwargs=dict(peft_config=LoraConfig(r=4, target_modules=["q_proj"])))
+    # a LoraConfig without task_type trains, as in TRL (tests/test_prm_label.py); a prompt-learning one is refused
+    _prime(tiny_model_path, tmp_path, trainer_kwargs=dict(peft_config=LoraConfig(r=4, target_modules=["q_proj"])))
+    with pytest.raises(ValueError, match=r"`peft_config` is a PROMPT_TUNING adapter.*no adapter weights"):
+        _prime(tiny_model_path, tmp_path, trainer_kwargs=dict(peft_config=PromptTuningConfig(num_virtual_tokens=4)))
     step_prm = build_tiny_step_prm(tmp_path / "tok_cls")  # a token-classification model is not a causal LM
     with pytest.raises(ValueError, match=r"`prm_model`=.*ForTokenClassification checkpoint, not a causal LM"):
         _prime(tiny_model_path, tmp_path, prm_model=step_prm)

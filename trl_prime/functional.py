@@ -64,6 +64,7 @@ __all__ = [
     "prompt_accuracy_mask",
     "prm_pair_accuracy",
     "prm_abs_accuracy",
+    "prm_labels",
     # PRL
     "prl_advantages",
     # PROF
@@ -84,6 +85,8 @@ __all__ = [
     "GRPO_PROCESS_FORMS",
     "GRPO_PROCESS_SCALES",
     "GROUP_SCALE_REWARDS",
+    "SCALE_REWARDS",
+    "PRM_LABELS",
     "SEQUENCE_LEVEL_LOSS_TYPES",
     "STEP_AGGREGATIONS",
     "PRL_STEP_SPLITS",
@@ -137,6 +140,13 @@ GRPO_PROCESS_FORMS = ("response", "token")
 GRPO_PROCESS_SCALES = ("process_std", "outcome_std")
 #: TRL's ``scale_rewards`` values a group-normalised outcome accepts (GRPO, DeepSeekMath arXiv 2402.03300 Sec. 4.1)
 GROUP_SCALE_REWARDS = ("group", "none")
+#: every TRL ``scale_rewards`` value (TRL 1.16 ``GRPOConfig``): the divisor of the group-centred outcome is the group
+#: std, the std over the batch's scorable rows, or none: :func:`grpo_advantages`, :func:`prime_advantages` ("grpo"),
+#: :func:`prl_advantages`, ``PrimeGRPOConfig`` / ``PRLConfig`` ``scale_rewards``
+SCALE_REWARDS = ("group", "batch", "none")
+#: how the implicit PRM's training label is derived from the outcome reward (PRIME arXiv 2502.01456 Eq. 4 trains
+#: on labels in [0, 1]): ``PrimeOptions.prm_label``, :func:`prm_labels` ``mode``
+PRM_LABELS = ("identity", "threshold", "sigmoid", "group_rank")
 #: TRL ``loss_type`` values that take one advantage per sequence: none of the token-level (B, T) advantages of PRIME
 #: (Eq. 5) or PRL (Algorithm 1) fits them
 SEQUENCE_LEVEL_LOSS_TYPES = ("luspo", "vespo")
@@ -389,6 +399,21 @@ def _divide_by_std(num: torch.Tensor, std: torch.Tensor, eps: float) -> torch.Te
     denom = std + eps
     ok = denom > 0
     return torch.where(ok, num / torch.where(ok, denom, torch.ones_like(denom)), torch.zeros_like(num))
+
+
+def _scale_mode(scale_rewards: bool | str) -> str:
+    """TRL's ``scale_rewards`` as one of :data:`SCALE_REWARDS`: ``True`` is ``"group"``, ``False`` is ``"none"``."""
+    if isinstance(scale_rewards, bool):
+        return "group" if scale_rewards else "none"
+    check_choice(scale_rewards, SCALE_REWARDS, "scale_rewards")
+    return scale_rewards
+
+
+def _batch_mean_std(x: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean and unbiased std of ``x`` over all ``valid`` rows of the batch (one group: the conventions of
+    :func:`_group_mean_std`, i.e. std 0 when the valid values are all equal, mean 0 / std 1 with < 2 valid rows)."""
+    mean, std, _ = _group_mean_std(x, valid, torch.zeros(x.shape[0], dtype=torch.long, device=x.device), 1)
+    return mean, std
 
 
 def _check_eps(eps: Any) -> None:
@@ -1143,12 +1168,16 @@ def grpo_advantages(
     rewards: torch.Tensor,
     group_ids: GroupIds | None = None,
     *,
-    scale_rewards: bool = True,
+    scale_rewards: bool | str = True,
     eps: float = 1e-6,
     num_generations: int | None = None,
     single_row_compat: bool = False,
 ) -> torch.Tensor:
     """Group-normalised outcome advantage: ``(r_i - mean_g) / (std_g + eps)``.
+
+    ``scale_rewards`` is TRL's (:data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
+    divides by the group std, ``"batch"`` by the unbiased std of every scorable reward of the batch (TRL's
+    ``scale_rewards="batch"``: the centring stays per group), ``"none"`` only subtracts the group mean.
 
     ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with fewer than two
     scorable rows has no baseline: its row gets advantage 0 (no signal, as in the leave-one-out estimator of
@@ -1162,7 +1191,8 @@ def grpo_advantages(
     Args:
         rewards: ``(B,)`` per-completion rewards.
         group_ids: ``(B,)`` group ids (any order, any size).
-        scale_rewards: Divide by the group std.
+        scale_rewards: ``"group"`` / ``True`` (divide by the group std), ``"batch"`` (by the batch std) or
+            ``"none"`` / ``False``.
         eps: Added to the std.
         num_generations: Contiguous groups of this size instead of ``group_ids``.
         single_row_compat: A group with a single scorable row keeps its raw reward (released veRL code) instead
@@ -1172,8 +1202,8 @@ def grpo_advantages(
         ``(B,)`` advantages in the dtype of ``rewards``.
 
     Raises:
-        ValueError: on shape mismatch, both/neither grouping given, ``num_generations`` not dividing B, or a
-            negative/non-finite ``eps``.
+        ValueError: on shape mismatch, both/neither grouping given, ``num_generations`` not dividing B, a
+            negative/non-finite ``eps`` or an unknown ``scale_rewards``.
 
     Source: GRPO (DeepSeekMath, Shao et al. 2024) as in veRL ``compute_grpo_outcome_advantage``; PRL §3.3;
     PROF computes it on the kept rows.
@@ -1182,6 +1212,7 @@ def grpo_advantages(
     if rewards.dim() != 1:
         raise ValueError(f"`rewards` must have shape (B,), got {tuple(rewards.shape)}.")
     _check_eps(eps)
+    scale = _scale_mode(scale_rewards)
     B = rewards.shape[0]
     gid, G, _ = _group_index(group_ids, num_generations, B, rewards.device, fn="grpo_advantages")
     wd = _work_dtype(rewards)
@@ -1189,7 +1220,9 @@ def grpo_advantages(
     valid = ~torch.isnan(r)
     mean, std, cnt = _group_mean_std(r, valid, gid, G)
     adv = r - mean
-    if scale_rewards:
+    if scale == "batch":
+        _, std = _batch_mean_std(r, valid)
+    if scale != "none":
         adv = _divide_by_std(adv, std, eps)
     usable = valid if single_row_compat else valid & (cnt >= 2)
     adv = torch.where(usable, adv, torch.zeros_like(adv))
@@ -1246,7 +1279,7 @@ def _prime_advantages_impl(
     whiten: bool = False,
     process_reward_norm: str = "none",
     include_last_token: bool = True,
-    scale_rewards: bool = True,
+    scale_rewards: bool | str = True,
     eps: float = 1e-6,
     grpo_process_form: str = "response",
     grpo_process_scale: str = "outcome_std",
@@ -1258,6 +1291,7 @@ def _prime_advantages_impl(
     check_choice(process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm")
     check_choice(grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form")
     check_choice(grpo_process_scale, GRPO_PROCESS_SCALES, "grpo_process_scale")
+    scale = _scale_mode(scale_rewards)
     _check_2d("process_rewards", process_rewards)
     _check_same_shape("process_rewards", process_rewards, "mask", mask)
     B, T = process_rewards.shape
@@ -1316,20 +1350,19 @@ def _prime_advantages_impl(
             proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
             out_adv = o * K / Km1 - S_o / Km1
     elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
-        mean_r, std_r, cnt = _group_mean_std(rbar, valid, gid, G)
+        mean_r, std_r, cnt, mean_o, scale_mean_o, scale_std_o = _grpo_statistics(rbar, o, valid, gid, G, scale)
         usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
-        mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
         proc_tok = P - mean_r[:, None]
         if grpo_process_form == "response":  # sum over the completion = L_i (rbar_i - mean_g rbar): divide by L_i
             proc_tok = proc_tok / L.clamp(min=1)[:, None]
-        if scale_rewards:
+        if scale != "none":
             if grpo_process_scale == "process_std":
                 proc_tok = _divide_by_std(proc_tok, std_r[:, None], eps)
-            else:  # the outcome's group std; a group with equal outcomes has no scale: process term 0
+            else:  # the outcome's std; a group (batch) with equal outcomes has no scale: process term 0
                 # outcomes equal up to rounding (a weighted sum of rewards in float32) have no scale either
-                spread = std_o > _OUTCOME_SPREAD_RTOL * mean_o.abs().clamp(min=1.0)
-                proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, std_o[:, None], eps), zero)
-        out_adv = _divide_by_std(o - mean_o, std_o, eps) if scale_rewards else o - mean_o
+                spread = scale_std_o > _OUTCOME_SPREAD_RTOL * scale_mean_o.abs().clamp(min=1.0)
+                proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, scale_std_o[:, None], eps), zero)
+        out_adv = _divide_by_std(o - mean_o, scale_std_o, eps) if scale != "none" else o - mean_o
     else:  # reinforce: no baseline
         proc_tok = P
         out_adv = o
@@ -1353,6 +1386,20 @@ def _prime_advantages_impl(
         adv = returns
     od = _out_dtype(process_rewards)
     return adv.to(od), returns.to(od)
+
+
+def _grpo_statistics(
+    rbar: torch.Tensor, o: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, G: int, scale: str
+) -> tuple[torch.Tensor, ...]:
+    """The "grpo" estimator's per-row statistics: the group means of ``rbar`` and ``o`` (the centring), the group
+    count, and the divisors' statistics, the group's or, with ``scale="batch"``, the batch's: ``(mean_r, std_r, cnt,
+    mean_o, scale_mean_o, scale_std_o)``."""
+    mean_r, std_r, cnt = _group_mean_std(rbar, valid, gid, G)
+    mean_o, std_o, _ = _group_mean_std(o, valid, gid, G)
+    if scale == "batch":
+        _, std_r = _batch_mean_std(rbar, valid)
+        return (mean_r, std_r, cnt, mean_o, *_batch_mean_std(o, valid))
+    return mean_r, std_r, cnt, mean_o, mean_o, std_o
 
 
 def rloo_advantages(
@@ -1542,8 +1589,16 @@ def prime_advantages(
       The choice is made on these invariants; the learning benchmark (``benchmarks/learning.py``) runs both
       (``prime_grpo`` and ``prime_grpo_process_std``), see ``benchmarks/RESULTS.md`` for what it measured.
 
-      Extra options: ``scale_rewards`` (False: mean only, no divisor), ``eps``, ``grpo_process_form``,
-      ``grpo_process_scale``.
+      ``scale_rewards`` (TRL's, :data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
+      (default) divides by the group statistics above; ``"batch"`` keeps the centring on the group means but takes
+      every divisor over the batch's scorable rows (TRL's ``scale_rewards="batch"``): the outcome term is
+      ``(r_o^i - mean_g r_o) / (std_B r_o + eps)``, the process term is divided by ``std_B r_o + eps``
+      (``"outcome_std"``; process term 0 when every scorable outcome of the batch is equal) or ``std_B rbar + eps``
+      (``"process_std"``), with ``std_B`` the unbiased std over all scorable rows passed (the trainers pass the rows
+      the policy trains on: the kept groups); a group whose outcomes are all equal keeps its process term.
+      ``"none"`` only centres (no divisor).
+
+      Extra options: ``scale_rewards``, ``eps``, ``grpo_process_form``, ``grpo_process_scale``.
     * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
 
     All estimators share the coefficients, discounts, whitening, process-reward normalisation and the NaN
@@ -1799,6 +1854,95 @@ def prm_abs_accuracy(sequence_rewards: torch.Tensor, outcome_rewards: torch.Tens
     return float(hit[valid].to(torch.float64).mean().item())
 
 
+#: group_rank: a reward within this relative distance of its group's mean (``rtol * max(1, |mean|)``) ties it
+_LABEL_TIE_RTOL = 1e-6
+
+
+def prm_labels(
+    outcome_rewards: torch.Tensor,
+    mode: str = "identity",
+    *,
+    num_generations: int | None = None,
+    group_ids: GroupIds | None = None,
+    threshold: float = 0.5,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """The implicit PRM's training labels in ``[0, 1]`` derived from the outcome rewards (``PrimeOptions.prm_label``).
+
+    PRIME trains its implicit PRM with the cross-entropy ``-[l log sigmoid(r(y)) + (1 - l) log(1 - sigmoid(r(y)))]``
+    against the outcome label ``l`` (PRIME arXiv 2502.01456 Eq. 4; the Implicit PRM's CE loss, arXiv 2412.01981
+    Sec. 3), so ``l`` must lie in ``[0, 1]``. The outcome reward itself keeps its scale for the advantages (as TRL
+    computes them); only the PRM's label (and what is read from it: the online prompt filter's accuracy and the PRM
+    metrics) comes from this function:
+
+    - ``"identity"``: ``l = r`` (a 0/1 verifier, or a fraction of tests passed). A reward outside ``[0, 1]`` raises.
+    - ``"threshold"``: ``l = 1`` if ``r >= threshold`` else ``0`` (e.g. a reward model's score with a cut-off).
+    - ``"sigmoid"``: ``l = sigmoid(r / temperature)``: a soft label, 0.5 at ``r = 0`` (a sequence-classification
+      reward model's logit is such a score); ``threshold`` is not used.
+    - ``"group_rank"``: ``l = 1`` above the mean of the row's group (its prompt's ``K`` completions), ``0`` below:
+      PRIME's pairwise spirit, invariant to the reward's scale and shift. A reward within ``1e-6 * max(1, |mean|)``
+      of its group's mean ties it and gets no label (NaN, excluded from the PRM loss, the filter's accuracy and
+      the metrics); so does a group whose rewards are all equal, and the only scorable row of a group. The group
+      mean is over the group's scorable rows. For a 0/1 verifier the labels equal ``"identity"``'s, except in
+      groups whose rewards are all equal, which get none.
+
+    NaN rewards (unscorable completions) give NaN labels in every mode.
+
+    Args:
+        outcome_rewards: ``(B,)`` float outcome rewards (NaN = unscorable).
+        mode: one of :data:`PRM_LABELS`.
+        num_generations: group size ``K`` for contiguous groups (``"group_rank"``; or pass ``group_ids``).
+        group_ids: ``(B,)`` group ids instead of ``num_generations`` (``"group_rank"``).
+        threshold: ``"threshold"``'s cut-off (any finite number).
+        temperature: ``"sigmoid"``'s temperature (finite, > 0).
+
+    Returns:
+        ``(B,)`` labels in ``[0, 1]`` or NaN, float32 (float64 for float64 rewards), on the rewards' device.
+
+    Raises:
+        ValueError: an unknown ``mode``; ``"identity"`` with a scorable reward outside ``[0, 1]`` (the message names
+            the range and the other modes); a non-finite ``threshold``; a non-positive or non-finite
+            ``temperature``; ``"group_rank"`` without a grouping, or a grouping error.
+
+    Source: PRIME arXiv 2502.01456 Eq. 4 (CE on the outcome label); Implicit PRM arXiv 2412.01981 Sec. 3.
+    """
+    check_choice(mode, PRM_LABELS, "prm_label")
+    _check_tensor("outcome_rewards", outcome_rewards)
+    if outcome_rewards.dim() != 1:
+        raise ValueError(f"`outcome_rewards` must have shape (B,), got {tuple(outcome_rewards.shape)}.")
+    od = torch.float64 if outcome_rewards.dtype == torch.float64 else torch.float32
+    r = outcome_rewards.detach().to(torch.float64)
+    valid = ~torch.isnan(r)
+    nan = torch.full_like(r, float("nan"))
+    if mode == "identity":
+        scored = r[valid]
+        if bool(((scored < 0) | (scored > 1)).any()):
+            raise ValueError(
+                f"prm_label='identity' uses the outcome reward as the implicit PRM's cross-entropy label, which must "
+                f"lie in [0, 1], but the rewards span [{scored.min().item():.4g}, {scored.max().item():.4g}]. Set "
+                "prm_label='threshold' (label 1 at reward >= prm_label_threshold), 'sigmoid' (sigmoid(reward / "
+                "prm_label_temperature)) or 'group_rank' (1 above the group's mean, 0 below)."
+            )
+        labels = r
+    elif mode == "threshold":
+        if not math.isfinite(float(threshold)):
+            raise ValueError(f"threshold={threshold!r} must be a finite number.")
+        labels = torch.where(valid, (r >= float(threshold)).to(r.dtype), nan)
+    elif mode == "sigmoid":
+        if not (math.isfinite(float(temperature)) and float(temperature) > 0):
+            raise ValueError(f"temperature={temperature!r} must be a finite number > 0.")
+        labels = torch.sigmoid(r / float(temperature))  # NaN stays NaN
+    else:
+        if group_ids is None and num_generations is None:
+            raise ValueError("prm_labels(mode='group_rank') needs `num_generations` (or `group_ids`).")
+        gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_labels")
+        cnt = _group_sum(valid.to(r.dtype), gid, G)
+        mean = (_group_sum(torch.where(valid, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
+        tie = (r - mean).abs() <= _LABEL_TIE_RTOL * mean.abs().clamp(min=1.0)
+        labels = torch.where(valid & ~tie, (r > mean).to(r.dtype), nan)
+    return labels.to(od)
+
+
 # ----------------------------------------------------------------------------------------------------
 # PRL
 # ----------------------------------------------------------------------------------------------------
@@ -1814,7 +1958,7 @@ def prl_advantages(
     eta: float = 200.0,
     step_ends: torch.Tensor | None = None,
     order: str = "advantage_first",
-    scale_rewards: bool = True,
+    scale_rewards: bool | str = True,
     eps: float = 1e-6,
     zero_fill_compat: bool = False,
     num_generations: int | None = None,
@@ -1825,8 +1969,9 @@ def prl_advantages(
 
     ``k_t = log pi_old(y_t) - log pi_ref(y_t)`` (detached, 0 outside the mask), ``S_t = sum_{s>=t} k_s``
     (suffix sum including t). ``order="advantage_first"`` (default): ``A`` is the GRPO outcome advantage
-    (:func:`grpo_advantages`: group mean, unbiased std, ``eps``; ``scale_rewards=False`` subtracts the mean
-    only); ``"process_first"``: ``A`` is the raw outcome, no normalisation.
+    (:func:`grpo_advantages`: group mean, unbiased std, ``eps``; ``scale_rewards="batch"`` divides by the std over
+    the batch's scorable rows instead, ``"none"`` / ``False`` subtracts the mean only); ``"process_first"``: ``A``
+    is the raw outcome, no normalisation.
 
     A group with fewer than two scorable rows has no baseline: with ``"advantage_first"`` its row's outcome
     advantage ``A`` is 0 (``single_row_compat=True``: the released code's mean 0, std 1, i.e. the raw outcome
@@ -1851,7 +1996,7 @@ def prl_advantages(
         eta: Inverse KL coefficient (> 0; default 200, paper range 100-300).
         step_ends: Optional ``(B, T)`` bool step-end mask (see :func:`step_end_mask`).
         order: ``"advantage_first"`` | ``"process_first"``.
-        scale_rewards, eps: GRPO normalisation options.
+        scale_rewards, eps: GRPO normalisation options (``scale_rewards``: :data:`SCALE_REWARDS` or a bool).
         zero_fill_compat: Use the released non-zero fill.
         num_generations: Contiguous groups instead of ``group_ids``.
         return_step_end_values: Also return the values at the step ends (0 elsewhere), i.e. the tensor the

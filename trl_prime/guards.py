@@ -7,9 +7,9 @@ failures, degenerate batches).
   :func:`check_grpo_outcome_options`: TRL's ``scale_rewards``, ``multi_objective_aggregation`` and ``loss_type``) and
   their constant learning-rate schedule (:func:`constant_lr_schedule`).
 - Start-up checks (:func:`check_peft_config`, :func:`check_causal_lm_source`, :func:`check_train_dataset`): a
-  missing prompt or gold-answer column, empty prompts, a PEFT config without ``task_type``, a PRM that is not a
-  causal LM fail before training with a message naming the field and the fix (a prompt-learning ``peft_config``:
-  :func:`trl_prime.modeling.check_peft_adapter_supported`).
+  missing prompt or gold-answer column, empty prompts, a prompt-learning ``peft_config`` (prefix / prompt tuning:
+  no adapter weights in the layers; a tuner-layer config without ``task_type`` trains, as in TRL), a PRM that is
+  not a causal LM fail before training with a message naming the field and the fix.
 - :func:`keep_4bit_layers_differentiable`: a 4-bit (bitsandbytes NF4/FP4) base keeps the layout that backpropagates
   on a CPU with AVX512-BF16 (below), so LoRA adapters on it train.
 - :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
@@ -58,7 +58,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from trl_prime.functional import GROUP_SCALE_REWARDS, SEQUENCE_LEVEL_LOSS_TYPES, single_row_group_mask
+from trl_prime.functional import (
+    GROUP_SCALE_REWARDS,
+    SCALE_REWARDS,
+    SEQUENCE_LEVEL_LOSS_TYPES,
+    check_choice,
+    single_row_group_mask,
+)
+from trl_prime.modeling import prompt_learning_error
 
 
 logger = logging.getLogger(__name__)
@@ -161,14 +168,16 @@ def check_sum_then_normalize(args, why: str) -> None:
         raise ValueError(f"`multi_objective_aggregation`={value!r}: {why}; use 'sum_then_normalize'.")
 
 
-def check_grpo_outcome_options(args, *, grouped: str, summed: str, token_level: str | None = None) -> None:
-    """The TRL ``GRPOConfig`` options a trl-prime GRPO config constrains: its outcome advantage is normalised within
+def check_grpo_outcome_options(args, *, grouped: str | None, summed: str, token_level: str | None = None) -> None:
+    """The TRL ``GRPOConfig`` options a trl-prime GRPO config constrains: its outcome advantage is centred within
     each prompt's group (GRPO, DeepSeekMath arXiv 2402.03300 Sec. 4.1; PRIME Appendix B.3, PRL Sec. 3.3, PROF Sec. 3)
     over the weighted sum of the reward functions, and PRIME and PRL feed token-level ``(B, T)`` advantages.
 
     Args:
         args: the config, after TRL's ``__post_init__``.
-        grouped: why ``scale_rewards`` must be one of :data:`~trl_prime.functional.GROUP_SCALE_REWARDS`.
+        grouped: why ``scale_rewards`` must be one of :data:`~trl_prime.functional.GROUP_SCALE_REWARDS`; ``None``
+            accepts every TRL value (:data:`~trl_prime.functional.SCALE_REWARDS`, ``"batch"`` included: PRIME-GRPO
+            and PRL divide the group-centred outcome by the batch std, as TRL does).
         summed: why ``multi_objective_aggregation`` must be ``"sum_then_normalize"``
             (:func:`check_sum_then_normalize`).
         token_level: why a sequence-level ``loss_type`` (:data:`~trl_prime.functional.SEQUENCE_LEVEL_LOSS_TYPES`) is
@@ -177,7 +186,9 @@ def check_grpo_outcome_options(args, *, grouped: str, summed: str, token_level: 
     Raises:
         ValueError: an invalid option; the message names the field and the fix.
     """
-    if args.scale_rewards not in GROUP_SCALE_REWARDS:
+    if grouped is None:
+        check_choice(args.scale_rewards, SCALE_REWARDS, "scale_rewards")
+    elif args.scale_rewards not in GROUP_SCALE_REWARDS:
         raise ValueError(
             f"`scale_rewards`={args.scale_rewards!r}: {grouped}; use 'group' (divide by the group std) or 'none' "
             "(subtract the group mean only)."
@@ -185,16 +196,41 @@ def check_grpo_outcome_options(args, *, grouped: str, summed: str, token_level: 
     check_sum_then_normalize(args, summed)
     if token_level is not None and args.loss_type in SEQUENCE_LEVEL_LOSS_TYPES:
         raise ValueError(
-            f"`loss_type`={args.loss_type!r} is sequence-level; {token_level}. Use 'dapo' (default: the token mean "
-            "over the kept tokens of the batch), 'grpo', 'bnpo', 'dr_grpo', 'cispo' or 'sapo'."
+            f"`loss_type`={args.loss_type!r} is sequence-level ({SEQUENCE_LOSS_REASONS[args.loss_type]}); "
+            f"{token_level}. Use 'dapo' (default: the token mean over the kept tokens of the batch), 'grpo', 'bnpo', "
+            "'dr_grpo', 'cispo' or 'sapo'."
         )
+
+
+#: why each TRL sequence-level loss (:data:`~trl_prime.functional.SEQUENCE_LEVEL_LOSS_TYPES`) does not fit token-level
+#: ``(B, T)`` advantages (TRL 1.16 ``GRPOTrainer._compute_loss``); also in docs/guides/trl_options.md
+SEQUENCE_LOSS_REASONS = {
+    "luspo": "LUSPO sums each completion's token losses, a length-unbiased objective built for one advantage per "
+    "completion repeated on its tokens: on PRIME / PRL's per-token reward-to-go it weights a completion by its "
+    "length once more, and its mean over all rows lets the rows the prompt filter drops scale each update",
+    "vespo": "VESPO weights each completion by a Gamma function of its sequence-level importance ratio whose shape "
+    "(vespo_k_pos/vespo_lambda_pos or vespo_k_neg/vespo_lambda_neg) is chosen by the sign of the completion's one "
+    "advantage; PRIME / PRL advantages change sign from token to token inside a completion, so the sign, and the "
+    "weight, would be chosen per token",
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Start-up checks
 # ----------------------------------------------------------------------------------------------------------------
 def check_peft_config(peft_config, model=None) -> None:
-    """A PEFT config (or a ready ``PeftModel``) must say ``task_type`` (``"CAUSAL_LM"``)."""
+    """A PEFT config (or a ready ``PeftModel``'s adapters) must be a tuner-layer method (LoRA, IA3, LoHa, ...).
+
+    ``task_type`` is not required, as in TRL: a task-less config (``LoraConfig()``, as TRL's own PEFT tests write it)
+    builds a plain ``PeftModel``, which forwards ``generate`` and the causal LM's forward to the wrapped model, so
+    the policy, the PRM's second adapter ``"prm"`` and the frozen reference (adapters disabled) train as with
+    ``task_type="CAUSAL_LM"``. Refused is what truly fails: a prompt-learning method (prefix / prompt tuning,
+    P-tuning), which puts no adapter weights in the layers the trainers copy, freeze and train.
+
+    Raises:
+        ValueError: a prompt-learning config; the message names the field, the reason and the supported methods
+            (:func:`trl_prime.modeling.prompt_learning_error`).
+    """
     configs = []
     if peft_config is not None:
         configs.append(("peft_config", peft_config))
@@ -203,11 +239,8 @@ def check_peft_config(peft_config, model=None) -> None:
         if isinstance(pc, dict):
             configs += [(f"model.peft_config[{k!r}]", c) for k, c in pc.items()]
     for name, cfg in configs:
-        if getattr(cfg, "task_type", "missing") is None:
-            raise ValueError(
-                f"`{name}` has no `task_type`: PEFT then builds a generic PeftModel that cannot generate or compute "
-                "causal log-probs. Set task_type='CAUSAL_LM' (e.g. LoraConfig(..., task_type='CAUSAL_LM'))."
-            )
+        if getattr(cfg, "is_prompt_learning", False):
+            raise prompt_learning_error(cfg, name)
 
 
 def _is_causal_architecture(name: str) -> bool:

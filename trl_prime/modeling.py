@@ -231,13 +231,19 @@ def check_peft_adapter_supported(
     if cfg is None:
         return
     if getattr(cfg, "is_prompt_learning", False) or not adapter_parameters(model, adapter_name):
-        kind = getattr(getattr(cfg, "peft_type", None), "value", type(cfg).__name__)
-        raise ValueError(
-            f"`{field_name}` is a {kind} adapter ({type(cfg).__name__}), which has no adapter weights in the model's "
-            "layers: the trainers copy, freeze and train adapters layer by layer. Use a tuner-layer method: LoRA "
-            "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
-            "way. task_type='CAUSAL_LM'."
-        )
+        raise prompt_learning_error(cfg, field_name)
+
+
+def prompt_learning_error(cfg, field_name: str = "peft_config") -> ValueError:
+    """The error refusing a PEFT config ``cfg`` whose method puts no adapter weights in the model's layers (prompt
+    learning: prefix, prompt, P-tuning), naming ``field_name``, the reason and the supported methods."""
+    kind = getattr(getattr(cfg, "peft_type", None), "value", type(cfg).__name__)
+    return ValueError(
+        f"`{field_name}` is a {kind} adapter ({type(cfg).__name__}), which has no adapter weights in the model's "
+        "layers: the trainers copy, freeze and train adapters layer by layer. Use a tuner-layer method: LoRA "
+        "(LoraConfig) or IA3 (IA3Config), tested; LoHa, LoKr, OFT and the other tuner-layer types work the same "
+        "way (with or without task_type, e.g. 'CAUSAL_LM')."
+    )
 
 
 def model_init_kwargs(args) -> dict:

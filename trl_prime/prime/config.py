@@ -18,6 +18,7 @@ from trl_prime.functional import (
     ESTIMATORS,
     GRPO_PROCESS_FORMS,
     GRPO_PROCESS_SCALES,
+    PRM_LABELS,
     PRM_LOSSES,
     PRM_REFERENCES,
     PRM_SCHEDULERS,
@@ -32,6 +33,7 @@ from trl_prime.prof.config import ProfOptions
 #: the string options of :class:`PrimeOptions` and their allowed values (:mod:`trl_prime.functional`)
 PRIME_CHOICES = {
     "prm_loss": PRM_LOSSES,
+    "prm_label": PRM_LABELS,
     "prm_update": PRM_UPDATES,
     "prm_reference": PRM_REFERENCES,
     "prime_estimator": ESTIMATORS,
@@ -83,6 +85,23 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "reference points over all rows; each process gathers the others' sequence rewards detached, so "
             "gradients flow through its own rows only."
         },
+    )
+    prm_label: str = field(
+        default="identity",
+        metadata={
+            "help": "The PRM's training label l in [0, 1] derived from the outcome reward r (the advantages keep r "
+            "itself): 'identity' (l = r, PRIME's; a reward outside [0, 1] raises), 'threshold' (l = 1 at r >= "
+            "prm_label_threshold, else 0), 'sigmoid' (l = sigmoid(r / prm_label_temperature), e.g. a reward "
+            "model's logit) or 'group_rank' (1 above the mean of the prompt's group, 0 below; a tie to the mean "
+            "gets no label). The online prompt filter's accuracy and the prm/*_accuracy metrics read the labels "
+            "(trl_prime.functional.prm_labels)."
+        },
+    )
+    prm_label_threshold: float = field(
+        default=0.5, metadata={"help": "prm_label='threshold': label 1 at outcome reward >= this, else 0."}
+    )
+    prm_label_temperature: float = field(
+        default=1.0, metadata={"help": "prm_label='sigmoid': label sigmoid(outcome reward / this); > 0."}
     )
     prm_update: str = field(
         default="single",
@@ -200,13 +219,17 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "weighing as much as the outcome, and the process term stays bounded at every token; groups with equal "
             "outcomes get process term 0) or 'process_std' (the group std of the completions' mean token rewards, "
             "a z-score at t=0 whatever the reward scale, but unbounded at t>0 when the mean token rewards nearly "
-            "agree). Applies with scale_rewards='group'; other estimators ignore it."
+            "agree). Applies with scale_rewards='group' (with 'batch': the batch std of the outcome or of the mean "
+            "token rewards); other estimators ignore it."
         },
     )
     # --- Online prompt filter -----------------------------------------------------------------------------------
     filter_lower: float = field(
         default=0.2,
-        metadata={"help": "Keep a group iff filter_lower <= mean outcome reward <= filter_upper (inclusive)."},
+        metadata={
+            "help": "Keep a group iff filter_lower <= accuracy <= filter_upper (inclusive); the accuracy is the "
+            "group's mean PRM label (prm_label; with 'identity' the mean outcome reward)."
+        },
     )
     filter_upper: float = field(default=0.8, metadata={"help": "Upper bound of the online prompt filter (inclusive)."})
     filter_truncated: bool = field(
@@ -233,6 +256,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
             )
         if not self.prm_beta > 0:
             raise ValueError(f"`prm_beta`={self.prm_beta} must be > 0 (paper: 0.05).")
+        self._validate_prm_label()
         if self.prm_learning_rate < 0:
             raise ValueError(f"`prm_learning_rate`={self.prm_learning_rate} must be >= 0 (paper: 1e-6).")
         if not (0.0 <= self.filter_lower <= 1.0 and 0.0 <= self.filter_upper <= 1.0):
@@ -274,6 +298,14 @@ class PrimeOptions(GuardOptions, ProfOptions):
         self._validate_prof()
         self._validate_guards()
 
+    def _validate_prm_label(self) -> None:
+        """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0 (``prm_label`` is checked with
+        the other choices; :func:`trl_prime.functional.prm_labels`)."""
+        if not math.isfinite(self.prm_label_threshold):
+            raise ValueError(f"`prm_label_threshold`={self.prm_label_threshold} must be a finite number.")
+        if not (math.isfinite(self.prm_label_temperature) and self.prm_label_temperature > 0):
+            raise ValueError(f"`prm_label_temperature`={self.prm_label_temperature} must be a finite number > 0.")
+
 
 @dataclass
 class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
@@ -314,8 +346,10 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
         super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's RLOOConfig
         if self.normalize_advantages:
             raise ValueError(
-                "`normalize_advantages`=True normalises TRL's outcome-only advantages, which PRIME replaces. Set "
-                "normalize_advantages=False and use `whiten_advantages`=True instead."
+                "`normalize_advantages`=True standardises TRL's (B,) outcome-only RLOO advantages over the batch, "
+                "which PRIME replaces by (B, T) process + outcome advantages (Eq. 5): a per-sequence statistic does "
+                "not fit them. Set normalize_advantages=False; the token-level counterpart is `whiten_advantages`="
+                "True (the released PRIME code's masked whitening over the batch's tokens)."
             )
 
 
@@ -343,7 +377,9 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     TRL defaults PRIME keeps: ``beta`` 0.0 (no KL), ``epsilon`` 0.2 (the PPO clip), ``num_iterations`` 1 (one PPO
     epoch), ``temperature`` 1.0. The advantage estimator is ``prime_estimator`` ``"grpo"`` (PRIME App. B.3: the
     process term group-normalises the completions' mean process rewards, the outcome term is GRPO's); TRL's
-    ``scale_rewards`` ('group' or 'none') chooses whether it divides by the group std. Its process term is the
+    ``scale_rewards`` chooses its divisors: ``"group"`` (the group std), ``"batch"`` (the std over the batch's kept
+    scorable rows, the centring staying per group, as TRL's ``"batch"``) or ``"none"`` (no divisor); the ``"rloo"``
+    and ``"reinforce"`` estimators ignore it. Its process term is the
     response-level form by default (``grpo_process_form="response"``: at the first token, the completion's mean token
     reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
     Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
@@ -371,7 +407,7 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
         super().__post_init__()  # PrimeOptions: the PRIME options first, then TRL's GRPOConfig
         check_grpo_outcome_options(
             self,
-            grouped="the PRIME GRPO estimator normalises within each group",
+            grouped=None,  # every TRL scale_rewards: "group", "batch" (batch std; PRIME-GRPO estimator) or "none"
             summed="PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, "
             "so TRL's per-function normalisation would be ignored",
             token_level="PRIME feeds token-level (B, T) advantages",

@@ -4,9 +4,10 @@ Each generation round is PRIME Algorithm 1 (:meth:`PrimeMixin._algorithm_step`, 
 
 1. TRL generates ``K`` completions per prompt and scores them with the reward functions (outcome rewards, gathered
    over processes; ``NaN`` = unscorable): :class:`~trl_prime.rollout.RolloutMixin`.
-2. Online prompt filter (:func:`trl_prime.functional.prompt_accuracy_mask`): groups whose accuracy lies outside
+2. Online prompt filter (:func:`trl_prime.functional.prompt_accuracy_mask`): groups whose accuracy (the mean PRM
+   label, :func:`trl_prime.functional.prm_labels` of the outcome rewards, ``prm_label``) lies outside
    ``[filter_lower, filter_upper]`` train neither the PRM nor the policy (loss weight 0).
-3. Implicit PRM: one forward pass gives the per-token log-probs; the cross-entropy loss on the kept rows' outcome
+3. Implicit PRM: one forward pass gives the per-token log-probs; the cross-entropy loss on the kept rows' PRM
    labels updates the PRM with its own AdamW and scheduler (:class:`~trl_prime.prime.prm_optimizer.PRMOptimizer`);
    with ``prm_update="single"`` the token rewards (Eq. 3) come from that same forward (before the step), with
    ``"double"`` from a second no-grad forward after it.
@@ -146,6 +147,7 @@ class PrimeRound(Rollout):
     adds to it. Local tensors are ``(B, T)`` / ``(B,)`` (this process), global ones ``(B_global, ...)``."""
 
     lengths: torch.Tensor | None = None  # (B_global,) completion lengths
+    labels: torch.Tensor | None = None  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
     kept: torch.Tensor | None = None  # (B_global,) bool: rows of the groups the prompt filter kept
     kept_fraction: float = float("nan")  # fraction of groups kept (filter/kept_fraction)
     skip_filtered: bool = False  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
@@ -199,11 +201,12 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     Metrics, each generation round (``train``; ``eval_`` prefixed in evaluation): ``prm/loss`` (global mean PRM loss
     on the kept rows; NaN when every group was filtered), ``prm/pair_accuracy`` and ``prm/abs_accuracy``
     (:func:`~trl_prime.functional.prm_pair_accuracy` / ``prm_abs_accuracy`` of the sequence rewards ``r(y)`` that fed
-    the advantages against the outcome labels, over the kept groups; tied rewards score 0.5 (``ties="half"``), so
-    the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5), ``prm/token_reward_{mean,std,min,max}`` (over
-    every completion token of the batch), ``filter/kept_fraction`` (fraction of groups kept), ``prm/grad_norm`` and
-    ``prm/learning_rate``; plus TRL's own metrics and whatever the reward functions log through ``log_metric``
-    (e.g. ``math/<reason>`` counts of :func:`trl_prime.rewards.math_reward`).
+    the advantages against the PRM labels (``prm_label``), over the kept groups; tied rewards score 0.5
+    (``ties="half"``), so the untrained PRM of step 1 reads exactly 0.5 as in PRIME Figure 5),
+    ``prm/token_reward_{mean,std,min,max}`` (over every completion token of the batch), ``filter/kept_fraction``
+    (fraction of groups kept), ``prm/grad_norm`` and ``prm/learning_rate``; plus TRL's own metrics and whatever the
+    reward functions log through ``log_metric`` (e.g. ``math/<reason>`` counts of
+    :func:`trl_prime.rewards.math_reward`).
 
     Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
     global number of kept rows); under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config
@@ -516,8 +519,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
         - line 6, online prompt filter (section 3.3): groups whose accuracy lies outside the filter bounds;
         - line 7, reference log-probs ``log pi_ref`` of Eq. 3;
-        - line 8, PRM update: cross-entropy of ``sigmoid(r_phi(y))`` against ``r_o`` on the kept rows; its forward
-          gives ``log pi_phi`` (``prm_update="double"``: a forward after the step);
+        - line 8, PRM update: cross-entropy of ``sigmoid(r_phi(y))`` against the label of ``r_o`` (``prm_label``)
+          on the kept rows; its forward gives ``log pi_phi`` (``prm_update="double"``: a forward after the step);
         - line 7, Eq. 3 token rewards ``r_phi(y_t) = beta log pi_phi(y_t) / pi_ref(y_t)``;
         - optional row filter (PROF, arXiv 2509.03403): ``m`` of the ``K`` completions of each kept prompt;
         - line 9, Eq. 5 advantages (or the GRPO / REINFORCE estimators of Appendix B) over the global batch;
@@ -538,19 +541,20 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
     def _filter_prompts(self, r: PrimeRound) -> torch.Tensor:
         """Algorithm 1 line 6, the online prompt filter (PRIME section 3.3): the ``(B_global,)`` bool rows of the
-        groups whose accuracy lies in ``[filter_lower, filter_upper]`` (every row in evaluation). Sets ``r.lengths``,
-        ``r.kept_fraction``, ``r.skip_filtered`` and ``r.unscored``; calls ``on_prompts_filtered``.
+        groups whose accuracy (mean PRM label, ``r.labels``) lies in ``[filter_lower, filter_upper]`` (every row in
+        evaluation). Sets ``r.labels``, ``r.lengths``, ``r.kept_fraction``, ``r.skip_filtered`` and ``r.unscored``;
+        calls ``on_prompts_filtered``.
 
         Raises:
-            ValueError: when a scorable outcome reward lies outside ``[0, 1]`` (it is the PRM's label).
+            ValueError: with ``prm_label="identity"``, when a scorable outcome reward lies outside ``[0, 1]``.
         """
         a, K = self.args, r.num_generations
-        self._check_outcome_labels(r)
+        r.labels = self._prm_labels(r)
         r.lengths = gather(torch.tensor(r.capture["completion_lengths"], device=self.accelerator.device))
         if r.mode == "train":
             trunc = dict(completion_lengths=r.lengths, max_completion_length=self.max_completion_length)
             kept = F.prompt_accuracy_mask(
-                outcome_rewards=r.outcome,
+                outcome_rewards=r.labels,
                 num_generations=K,
                 lower=a.filter_lower,
                 upper=a.filter_upper,
@@ -587,6 +591,23 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         kept_l = kept[r.local]
         r.unscored = ~kept_l if r.skip_filtered else torch.zeros_like(kept_l)
 
+    def _prm_labels(self, r: PrimeRound) -> torch.Tensor:
+        """The ``(B_global,)`` PRM labels of the outcome rewards (:func:`trl_prime.functional.prm_labels`, option
+        ``prm_label``): the cross-entropy targets of the PRM update, read by the prompt filter and the PRM metrics.
+
+        Raises:
+            ValueError: with ``prm_label="identity"``, a scorable outcome reward outside ``[0, 1]``."""
+        a = self.args
+        if a.prm_label == "identity":
+            self._check_outcome_labels(r)
+        return F.prm_labels(
+            r.outcome,
+            a.prm_label,
+            num_generations=r.num_generations,
+            threshold=a.prm_label_threshold,
+            temperature=a.prm_label_temperature,
+        )
+
     def _check_outcome_labels(self, r: PrimeRound) -> None:
         scored = r.outcome[r.scorable]
         if bool(((scored < 0) | (scored > 1)).any()):
@@ -594,7 +615,10 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
                 f"PRIME trains the implicit PRM on outcome labels in [0, 1], but the weighted reward functions "
                 f"{self.reward_func_names} gave values in [{scored.min().item():.3g}, {scored.max().item():.3g}]. Use "
                 "a verifier returning 1/0 (or a fraction of tests passed), or set `reward_weights` so the sum stays "
-                "in [0, 1]."
+                "in [0, 1]; for a reward model, a length or format reward, or weights summing to more than 1, keep "
+                "the reward and derive the PRM's label from it: `prm_label`='threshold' (with "
+                "`prm_label_threshold`), 'sigmoid' (with `prm_label_temperature`) or 'group_rank' (the default "
+                "'identity' uses the reward itself)."
             )
 
     def _reference_logps(self, output: dict, r: PrimeRound) -> torch.Tensor:
@@ -624,10 +648,12 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         return ref_logps
 
     def _update_prm(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, dict]:
-        """Algorithm 1 line 8: one PRM update on the outcome labels of the kept rows (training; :meth:`_train_prm`),
-        or the PRM's forward alone (evaluation). Returns ``(prm_logps (B, T) detached, stats)``."""
+        """Algorithm 1 line 8: one PRM update on the PRM labels (``r.labels``) of the kept rows (training;
+        :meth:`_train_prm`), or the PRM's forward alone (evaluation).
+
+        Returns ``(prm_logps (B, T) detached, stats)``."""
         completion_mask = output["completion_mask"]
-        labels = r.outcome[r.local].clone()
+        labels = r.labels[r.local].clone()
         labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
         if r.mode == "train":
             return self._train_prm(
@@ -717,7 +743,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         if a.prime_estimator == "rloo":
             opts["baseline"] = a.prime_baseline
         if a.prime_estimator == "grpo":
-            opts["scale_rewards"] = getattr(a, "scale_rewards", "group") != "none"
+            opts["scale_rewards"] = getattr(a, "scale_rewards", "group")  # TRL's: "group", "batch" or "none"
             opts["grpo_process_form"] = a.grpo_process_form
             opts["grpo_process_scale"] = a.grpo_process_scale
         return opts
@@ -761,11 +787,11 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         m, K = self._metrics[r.mode], r.num_generations
         kept_idx = r.kept.nonzero(as_tuple=True)[0]
         if kept_idx.numel() > 0:
-            seq, outcome = r.seq_rewards[kept_idx], r.outcome[kept_idx]
+            seq, labels = r.seq_rewards[kept_idx], r.labels[kept_idx]  # the PRM's own targets (prm_label)
             pair_acc = F.prm_pair_accuracy(
-                sequence_rewards=seq, outcome_rewards=outcome, num_generations=K, ties="half"
+                sequence_rewards=seq, outcome_rewards=labels, num_generations=K, ties="half"
             )
-            abs_acc = F.prm_abs_accuracy(sequence_rewards=seq, outcome_rewards=outcome)
+            abs_acc = F.prm_abs_accuracy(sequence_rewards=seq, outcome_rewards=labels)
         else:
             pair_acc = abs_acc = math.nan
         scored_g = r.kept if r.skip_filtered else torch.ones_like(r.kept)  # rows with computed token rewards

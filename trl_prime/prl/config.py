@@ -17,7 +17,10 @@ class PRLConfig(GuardOptions, GRPOConfig):
     Defaults are the paper's: ``eta`` 200 (range 100-300), segments of 256 tokens, the GRPO outcome advantage first
     (group mean and unbiased std, eps 1e-6), no KL loss term (TRL's ``beta`` 0: the KL regularisation is inside the
     weights, with coefficient ``1/eta``) and token-mean aggregation (TRL's ``loss_type="dapo"``). TRL's
-    ``scale_rewards`` (``"group"`` or ``"none"``) chooses whether ``A`` is divided by the group std. The paper uses
+    ``scale_rewards`` chooses the divisor of the group-centred outcome ``A``: ``"group"`` (the group std, PRL's),
+    ``"batch"`` (the std of every scorable outcome of the generation batch, as TRL) or ``"none"`` (no divisor); it
+    applies with ``prl_order="advantage_first"``. TRL's sequence-level ``loss_type`` ``"luspo"`` and ``"vespo"`` are
+    refused (the message says why; docs/guides/trl_options.md). The paper uses
     ``num_generations`` 5 (set it with a generation batch size divisible by 5). Policy learning rate: TRL's 1e-6 (PRL
     Table 6), at a constant rate (``lr_scheduler_type`` ``"constant"``; TRL's default ``"linear"`` decays it to 0).
 
@@ -85,7 +88,7 @@ class PRLConfig(GuardOptions, GRPOConfig):
         super().__post_init__()
         check_grpo_outcome_options(
             self,
-            grouped="PRL's outcome advantage is normalised within each group",
+            grouped=None,  # every TRL scale_rewards: "group", "batch" (the batch std) or "none"
             summed="PRL's outcome is the weighted sum of the reward functions",
             token_level="PRL feeds token-level (B, T) weights (PRL Algorithm 1)",
         )

@@ -188,7 +188,7 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
             eta=a.prl_eta,
             step_ends=ends_g,
             order=a.prl_order,
-            scale_rewards=a.scale_rewards != "none",
+            scale_rewards=a.scale_rewards,  # "group", "batch" or "none" (TRL's)
             eps=a.prl_eps,
             zero_fill_compat=a.zero_fill_compat,
         )
@@ -210,9 +210,7 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         k = torch.where(mask, old - ref, torch.zeros_like(old))
         kl_to_go = F.discounted_cumsum(k, 1.0)
         if a.prl_order == "advantage_first":
-            A = F.grpo_advantages(
-                outcome, adv_inputs["group_ids"], scale_rewards=a.scale_rewards != "none", eps=a.prl_eps
-            )
+            A = F.grpo_advantages(outcome, adv_inputs["group_ids"], scale_rewards=a.scale_rewards, eps=a.prl_eps)
         else:
             A = torch.where(scorable, outcome, torch.zeros_like(outcome))
         tok = mask & scorable[:, None]

@@ -1,0 +1,335 @@
+"""TRL setups with outcome rewards outside [0, 1] (a reward model, a weighted sum of verifiers), TRL's
+``scale_rewards="batch"``, and task-less PEFT configs, on the PRIME and PRL trainers (tiny offline models, CPU).
+
+PRIME trains its implicit PRM with cross-entropy on a label in [0, 1] (PRIME arXiv 2502.01456 Eq. 4): ``prm_label``
+derives that label from the outcome reward, which the advantages keep as it is (docs/guides/trl_options.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny import build_tokenizer, tiny_prompt_dataset
+
+from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer
+from trl_prime import functional as F
+from trl_prime.callbacks import PrimeCallback
+from trl_prime.modeling import unwrap
+
+
+K = 4
+
+
+def _kwargs(tmp_path, **overrides):
+    kw = dict(
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-3,
+    )
+    kw.update(overrides)
+    return kw
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model_path(tmp_path_factory) -> str:
+    """A tiny Qwen2 sequence-classification reward model (one logit; TRL's reward-model reward function) whose head is
+    scaled up so its scores spread well outside [0, 1]."""
+    from transformers import AutoModelForSequenceClassification, Qwen2Config
+
+    path = tmp_path_factory.mktemp("tiny_rm")
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_labels=1,
+    )
+    torch.manual_seed(3)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.score.weight.mul_(200.0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+class Recorder(PrimeCallback):
+    def __init__(self):
+        self.prm_steps, self.rounds = [], []
+
+    def on_prm_step(self, args, state, control, **kw):
+        self.prm_steps.append(kw)
+
+    def on_rollouts_scored(self, args, state, control, **kw):
+        self.rounds.append(kw)
+
+
+def _prime(cls, path, tmp_path, reward, *, rec=None, trainer_kwargs=None, **overrides):
+    cfg_cls = PrimeRLOOConfig if cls is PrimeRLOOTrainer else PrimeGRPOConfig
+    return cls(
+        model=path,
+        reward_funcs=reward,
+        args=cfg_cls(**_kwargs(tmp_path, prm_learning_rate=1e-2, **overrides)),
+        train_dataset=tiny_prompt_dataset(8),
+        callbacks=[rec] if rec is not None else None,
+        **(trainer_kwargs or {}),
+    )
+
+
+def _check_labels_and_raw_advantage_outcome(tr, rec):
+    """The PRM trained on labels in [0, 1] equal to functional.prm_labels of the outcome rewards (kept rows), while
+    the advantages received the raw outcome rewards."""
+    a = tr.args
+    assert rec.prm_steps, "no PRM step"
+    for step, ev in zip(rec.prm_steps, rec.rounds):
+        outcome = ev["outcome_rewards"]
+        want = F.prm_labels(
+            outcome,
+            a.prm_label,
+            num_generations=K,
+            threshold=a.prm_label_threshold,
+            temperature=a.prm_label_temperature,
+        )
+        labels = step["labels"]
+        kept = ev["kept_mask"] & (ev["completion_mask"].sum(-1) > 0)
+        torch.testing.assert_close(labels[kept], want[kept], equal_nan=True)
+        assert bool(torch.isnan(labels[~kept]).all())
+        finite = labels[~torch.isnan(labels)]
+        assert finite.numel() and bool(((finite >= 0) & (finite <= 1)).all())
+        raw = ev["advantage_inputs"]["outcome_rewards"]  # global == local here (one process)
+        torch.testing.assert_close(raw[kept], outcome[kept])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A reward model as the reward function
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [PrimeRLOOTrainer, PrimeGRPOTrainer])
+@pytest.mark.parametrize(
+    "label_options",
+    [
+        dict(prm_label="sigmoid", prm_label_temperature=2.0),
+        dict(prm_label="group_rank"),
+        dict(prm_label="threshold", prm_label_threshold=0.0),
+    ],
+    ids=lambda o: o["prm_label"],
+)
+def test_reward_model_trains_with_prm_label(tiny_model_path, tiny_reward_model_path, tmp_path, cls, label_options):
+    rec = Recorder()
+    tr = _prime(
+        cls, tiny_model_path, tmp_path, tiny_reward_model_path, rec=rec, filter_lower=0.0, filter_upper=1.0,
+        **label_options,
+    )  # fmt: skip
+    before = {k: v.clone() for k, v in unwrap(tr.prm_model).state_dict().items()}
+    tr.train()
+    outcome = torch.cat([ev["outcome_rewards"] for ev in rec.rounds])
+    assert bool(((outcome < 0) | (outcome > 1)).any())  # the reward model's scores leave [0, 1]
+    _check_labels_and_raw_advantage_outcome(tr, rec)
+    after = unwrap(tr.prm_model).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the PRM trained
+    logs = [h for h in tr.state.log_history if "prm/pair_accuracy" in h]
+    assert logs and all(math.isfinite(h["prm/loss"]) for h in logs)
+
+
+@pytest.mark.parametrize("cls", [PrimeRLOOTrainer, PrimeGRPOTrainer])
+def test_reward_model_with_identity_label_is_refused(tiny_model_path, tiny_reward_model_path, tmp_path, cls):
+    tr = _prime(cls, tiny_model_path, tmp_path, tiny_reward_model_path, max_steps=1)
+    with pytest.raises(ValueError, match=r"outcome labels in \[0, 1\].*reward model.*`prm_label`='threshold'"):
+        tr.train()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A weighted sum of two verifiers whose weights add to more than 1
+# ----------------------------------------------------------------------------------------------------------------
+def verifier_a(completions, **kwargs):
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+def verifier_b(completions, **kwargs):
+    return [float(i % 4 < 2) for i in range(len(completions))]
+
+
+# weights 0.7 and 0.6: each group of 4 gets rewards [1.3, 0.6, 0.7, 0.0]
+WEIGHTED = dict(reward_weights=[0.7, 0.6], filter_lower=0.0, filter_upper=1.0)
+
+
+def test_weighted_verifiers_identity_refused_other_labels_train(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match=r"outcome labels in \[0, 1\].*\[0, 1.3\].*prm_label"):
+        _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, [verifier_a, verifier_b], max_steps=1, **WEIGHTED).train()
+    for cls, label, want in (
+        (PrimeRLOOTrainer, dict(prm_label="threshold", prm_label_threshold=0.65), [1.0, 0.0, 1.0, 0.0]),
+        (PrimeGRPOTrainer, dict(prm_label="group_rank"), [1.0, 0.0, 1.0, 0.0]),  # group mean 0.65
+        (
+            PrimeRLOOTrainer,
+            dict(prm_label="sigmoid", prm_label_temperature=0.5),
+            torch.sigmoid(torch.tensor([1.3, 0.6, 0.7, 0.0]) / 0.5).tolist(),
+        ),
+    ):
+        rec = Recorder()
+        tr = _prime(cls, tiny_model_path, tmp_path, [verifier_a, verifier_b], rec=rec, **WEIGHTED, **label)
+        tr.train()
+        _check_labels_and_raw_advantage_outcome(tr, rec)
+        ev = rec.rounds[0]
+        torch.testing.assert_close(ev["outcome_rewards"], torch.tensor([1.3, 0.6, 0.7, 0.0] * 2))
+        torch.testing.assert_close(rec.prm_steps[0]["labels"], torch.tensor(want * 2))
+
+
+def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
+    """The online prompt filter's accuracy is the group's mean label: threshold 1.0 labels each group [1, 0, 0, 0]
+    (accuracy 0.25), dropped by filter_lower=0.3 though the mean reward (0.65) lies in [0.3, 0.8]."""
+    rec = Recorder()
+    tr = _prime(
+        PrimeRLOOTrainer, tiny_model_path, tmp_path, [verifier_a, verifier_b], rec=rec, max_steps=1,
+        reward_weights=[0.7, 0.6], prm_label="threshold", prm_label_threshold=1.0, filter_lower=0.3,
+    )  # fmt: skip
+    tr.train()
+    assert not bool(rec.rounds[0]["kept_mask"].any())
+    assert not rec.prm_steps  # nothing kept: no PRM step
+
+
+def test_prm_label_config_validation(tmp_path):
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    for cls in (PrimeRLOOConfig, PrimeGRPOConfig):
+        d = cls(**plain)
+        assert (d.prm_label, d.prm_label_threshold, d.prm_label_temperature) == ("identity", 0.5, 1.0)
+        with pytest.raises(ValueError, match=r"prm_label='rank' is not supported; choose one of 'identity'"):
+            cls(**plain, prm_label="rank")
+        for t in (0.0, -1.0, float("nan")):
+            with pytest.raises(ValueError, match="prm_label_temperature"):
+                cls(**plain, prm_label="sigmoid", prm_label_temperature=t)
+        with pytest.raises(ValueError, match="prm_label_threshold"):
+            cls(**plain, prm_label_threshold=float("inf"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TRL's scale_rewards="batch"
+# ----------------------------------------------------------------------------------------------------------------
+def graded_reward(completions, **kwargs):
+    """Per group of 4: [1, 0.5, 0, 0] and [1, 1, 0.25, 0] alternately (non-uniform, in [0, 1])."""
+    table = ([1.0, 0.5, 0.0, 0.0], [1.0, 1.0, 0.25, 0.0])
+    return [table[(i // K) % 2][i % K] for i in range(len(completions))]
+
+
+def _batch_scaled_outcome(o, eps):
+    """Hand computation of TRL's scale_rewards="batch": (o - group mean) / (unbiased std over the batch + eps)."""
+    o = o.double()
+    mean_g = o.view(-1, K).mean(1).repeat_interleave(K)
+    return (o - mean_g) / (o.std() + eps)
+
+
+def test_prime_grpo_scale_rewards_batch_outcome_term(tiny_model_path, tmp_path):
+    rec = Recorder()
+    tr = _prime(
+        PrimeGRPOTrainer, tiny_model_path, tmp_path, graded_reward, rec=rec, scale_rewards="batch",
+        process_coef=0.0, filter_lower=0.0, filter_upper=1.0,
+    )  # fmt: skip
+    tr.train()
+    for ev in rec.rounds:
+        want = _batch_scaled_outcome(ev["outcome_rewards"], 1e-6)
+        mask = ev["completion_mask"].bool()
+        # gamma 1: the outcome term at the last token reaches every earlier token of the completion
+        got = ev["advantages"].double()
+        expected = want[:, None].expand_as(got)
+        torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    group = _batch_scaled_outcome(torch.tensor(graded_reward([None] * 8)), 1e-6)
+    assert not torch.allclose(
+        group, F.grpo_advantages(torch.tensor(graded_reward([None] * 8)), num_generations=K).double()
+    )
+
+
+def test_prl_scale_rewards_batch_outcome_term(tiny_model_path, tmp_path):
+    tr = PRLGRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=graded_reward,
+        args=PRLConfig(**_kwargs(tmp_path, scale_rewards="batch", prl_eta=1e12, max_steps=1)),
+        train_dataset=tiny_prompt_dataset(8),
+    )
+    tr.train()
+    last = tr._prl_last
+    want = _batch_scaled_outcome(last["outcome_rewards"], tr.args.prl_eps)
+    mask = last["mask"].bool()
+    got = last["advantages"].double()  # rho_t = A - S_t / eta, eta = 1e12: A at every token
+    torch.testing.assert_close(got[mask], want[:, None].expand_as(got)[mask], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PEFT configs without task_type (as TRL's own PEFT tests write them)
+# ----------------------------------------------------------------------------------------------------------------
+def test_lora_config_without_task_type_trains_policy_and_prm_adapters(tiny_model_path, tmp_path):
+    from peft import LoraConfig
+
+    tr = _prime(
+        PrimeRLOOTrainer, tiny_model_path, tmp_path, verifier_a, filter_lower=0.0, filter_upper=1.0,
+        trainer_kwargs=dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])),
+    )  # fmt: skip
+    assert tr.implicit_prm.adapter_name == "prm"
+    before = {k: v.clone() for k, v in unwrap(tr.model).state_dict().items()}
+    tr.train()
+    after = unwrap(tr.model).state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert {k for k in before if ".default." in k and "lora_B" in k} <= changed  # the policy adapter
+    assert {k for k in before if ".prm." in k and "lora_B" in k} <= changed  # the PRM's second adapter
+    assert not {k for k in changed if "lora_" not in k}  # the base (the PRM's reference) is frozen
+
+
+def test_lora_config_without_task_type_trains_prl(tiny_model_path, tmp_path):
+    from peft import LoraConfig
+
+    tr = PRLGRPOTrainer(
+        model=tiny_model_path,
+        reward_funcs=verifier_a,
+        args=PRLConfig(**_kwargs(tmp_path, max_steps=1, learning_rate=1e-2)),
+        train_dataset=tiny_prompt_dataset(8),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    before = {k: v.clone() for k, v in unwrap(tr.model).state_dict().items() if ".default." in k}
+    tr.train()
+    after = unwrap(tr.model).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_prompt_learning_config_without_task_type_is_refused(tiny_model_path, tmp_path):
+    """What truly fails is refused before TRL builds the model: a prompt-learning method has no adapter weights in
+    the layers (the PRM adapter and the references are layer-by-layer copies)."""
+    from peft import PrefixTuningConfig, PromptTuningConfig
+
+    for cfg in (PromptTuningConfig(num_virtual_tokens=4), PrefixTuningConfig(num_virtual_tokens=4)):
+        with pytest.raises(
+            ValueError, match=r"`peft_config` is a \w+ adapter .*no adapter weights.*LoRA \(LoraConfig\)"
+        ):
+            _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, verifier_a, trainer_kwargs=dict(peft_config=cfg))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kept refusals name the reason and the fix
+# ----------------------------------------------------------------------------------------------------------------
+def test_kept_refusals_name_the_reason_and_the_fix(tmp_path):
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    for cls in (PrimeGRPOConfig, PRLConfig):
+        with pytest.raises(
+            ValueError, match=r"'luspo' is sequence-level \(LUSPO sums each completion's token.*Use 'dapo'"
+        ):
+            cls(**plain, loss_type="luspo", importance_sampling_level="sequence")
+        with pytest.raises(ValueError, match=r"'vespo' is sequence-level \(VESPO .*sign.*Use 'dapo'"):
+            cls(**plain, loss_type="vespo")
+        assert cls(**plain, scale_rewards="batch").scale_rewards == "batch"
+    with pytest.raises(ValueError, match=r"normalize_advantages.*per-sequence statistic.*whiten_advantages`=True"):
+        PrimeRLOOConfig(**plain, normalize_advantages=True)
