@@ -135,7 +135,7 @@ def test_config_defaults_and_validation(tmp_path):
         (dict(loss_type="bnpo"), "loss_type"),
         (dict(prof_prm="implicit"), "prof_prm"),
         (dict(prof_prm=""), "prof_prm"),
-        (dict(scale_rewards="batch"), "scale_rewards"),
+        (dict(scale_rewards="global"), "scale_rewards"),
     ]
     for kw, name in bad:
         with pytest.raises(ValueError, match=name):
@@ -324,6 +324,30 @@ def test_prof_grpo_trainer_external_prm_ten_steps(tiny_model_path, step_prm_path
     first = ProfFilter.metrics(tr.rounds[0]["prof"])
     for k, v in first.items():
         assert logs[0][k] == pytest.approx(v, nan_ok=True), k
+
+
+def test_scale_rewards_batch_divides_by_the_kept_rows_std(tiny_model_path, step_prm_path, tmp_path):
+    """scale_rewards="batch" (TRL's option) in ProfGRPOTrainer: each kept reward minus its prompt's kept mean, divided
+    by the std of all kept rewards of the batch (unbiased, + eps 1e-6); dropped rows get 0. Hand computation."""
+    tr = _spy(ProfGRPOTrainer)(
+        model=tiny_model_path,
+        reward_funcs=contains_reward("e"),
+        args=ProfGRPOConfig(**_kwargs(tmp_path, prof_prm=step_prm_path, max_steps=2, scale_rewards="batch")),
+        train_dataset=tiny_prompt_dataset(20, conversational=True),
+    )
+    tr.train()
+    checked = 0
+    for rnd in tr.rounds:
+        out, last = rnd["output"], rnd["prof"]
+        kept, outcome = last["kept"], last["outcome"]
+        r = outcome[kept].view(2, 4)  # 4 kept of 8 for each of the 2 prompts, in row order
+        centred = r - r.mean(1, keepdim=True)
+        std = outcome[kept].std()
+        expected = torch.zeros(16)
+        expected[kept] = (centred / (std + 1e-6)).flatten()
+        torch.testing.assert_close(out["advantages"], expected)
+        checked += int(std > 0)
+    assert checked > 0  # at least one round had a spread of kept rewards
 
 
 @pytest.mark.parametrize(

@@ -878,21 +878,25 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             unscored,
             lambda: _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored),
         )
-        if "grad_norm" in stats:
-            self._dispatch(
-                "on_prm_step",
-                loss=loss_value,
-                grad_norm=stats["grad_norm"],
-                learning_rate=stats["learning_rate"],
-                num_updates=self.prm_optim.num_updates,
-                labels=labels,
-                row_weights=valid.float() / n_global,
-                prm_model=self.prm_model,
-                prm_update=self.args.prm_update,
-                loss_group_ids=pair_info["group_ids"],
-                loss_labels=pair_info["global_labels"],
-            )
+        if "grad_norm" in stats:  # the PRM's optimizer stepped
+            self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
         return prm_logps, stats
+
+    def _dispatch_prm_step(self, loss_value: float, stats: dict, labels, row_weights, pair_info: dict) -> None:
+        """``on_prm_step`` callbacks after a PRM optimizer step (:class:`~trl_prime.callbacks.PrimeCallback`)."""
+        self._dispatch(
+            "on_prm_step",
+            loss=loss_value,
+            grad_norm=stats["grad_norm"],
+            learning_rate=stats["learning_rate"],
+            num_updates=self.prm_optim.num_updates,
+            labels=labels,
+            row_weights=row_weights,
+            prm_model=self.prm_model,
+            prm_update=self.args.prm_update,
+            loss_group_ids=pair_info["group_ids"],
+            loss_labels=pair_info["global_labels"],
+        )
 
     def _prm_ce_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global):
         """The cross-entropy PRM loss by micro-batches of the rows that train, one backward each (each loss scaled by

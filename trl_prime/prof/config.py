@@ -311,6 +311,6 @@ class ProfGRPOConfig(GuardOptions, ProfOptions, GRPOConfig):
             )
         check_grpo_outcome_options(
             self,
-            grouped="PROF computes GRPO advantages within each prompt's kept rows",
+            grouped=None,  # "group" / "none": within each prompt's kept rows; "batch": by the kept rows' batch std
             summed="PROF splits correct/incorrect on the weighted sum of the rewards",
         )

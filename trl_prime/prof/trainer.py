@@ -100,7 +100,7 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
         )
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
         kept_outcome = torch.where(kept, outcome, torch.full_like(outcome, torch.nan))
-        advantages_g = F.grpo_advantages(kept_outcome, group_ids, scale_rewards=self.args.scale_rewards != "none")
+        advantages_g = F.grpo_advantages(kept_outcome, group_ids, scale_rewards=self.args.scale_rewards)
         self._guard_single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
         self._guard_inspect("train", global_rows={"advantages": advantages_g})
         self._guard_degenerate_metrics(
