@@ -291,7 +291,7 @@ async def async_contains_e(completions, **kwargs):
 
 @pytest.mark.parametrize("kind", ALL)
 def test_async_reward_function(run, kind):
-    tr, logs = run(kind, reward_funcs=[async_contains_e, contains_reward("a")])
+    tr, logs = run(kind, reward_funcs=[async_contains_e, contains_reward("a")], reward_weights=[0.5, 0.5])
     assert "rewards/async_contains_e/mean" in logs
 
 
