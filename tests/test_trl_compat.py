@@ -406,8 +406,13 @@ def test_steps_per_generation(run, kind):
 @pytest.mark.parametrize("kind", GRPO_BASED)
 def test_sequence_importance_sampling(run, kind):
     """GSPO's sequence-level importance ratio (``importance_sampling_level="sequence"``) with two PPO epochs."""
-    run(kind, importance_sampling_level="sequence", loss_type="grpo" if kind != "prof" else "dapo", num_iterations=2,
-        max_steps=2)
+    run(
+        kind,
+        importance_sampling_level="sequence",
+        loss_type="grpo" if kind != "prof" else "dapo",
+        num_iterations=2,
+        max_steps=2,
+    )
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -502,3 +507,234 @@ def test_peft_model_with_gradient_checkpointing(run, tiny_model_path, kind):
 def test_lora_config_without_task_type(run, kind):
     # needs prm_label (issue 18 part 1): LoraConfig() without task_type is accepted (taken as a causal LM)
     run(kind, peft_config=_lora())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Other model families: a vision-language model, a mixture of experts
+# ----------------------------------------------------------------------------------------------------------------
+#: a ChatML template rendering ``{"type": "image"}`` parts as LLaVA's ``<image>`` placeholder
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm_path(tmp_path_factory):
+    """A tiny LLaVA (CLIP vision tower of 1 layer on 28x28 images, 4 patches; Qwen2 language model of 2 layers) and
+    its processor, saved with ``save_pretrained``. (Qwen2-VL's processor needs a video processor, which needs
+    torchvision: not installed here; LLaVA's image processor falls back to PIL.)"""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    path = tmp_path_factory.mktemp("compat_tiny_llava")
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    text = dict(
+        model_type="qwen2",
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    vision = dict(
+        model_type="clip_vision_model",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        projection_dim=32,
+    )
+    cfg = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(cfg)
+    for key in ("pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    model.generation_config.bos_token_id = None
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="full",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return str(path)
+
+
+def _image_dataset(n=8):
+    from PIL import Image
+
+    columns = tiny_prompt_dataset(n, conversational=True).to_dict()
+    columns["image"] = [Image.new("RGB", (28, 28), color=(30 * i, 100, 200)) for i in range(n)]
+    return Dataset.from_dict(columns)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ALL)
+def test_vision_language_model(run, tiny_vlm_path, kind):
+    """A tiny LLaVA with an ``image`` column: TRL feeds ``pixel_values`` to generation and to the loss."""
+    seen = {}
+
+    def spy(tr):
+        compute_loss = tr._compute_loss
+
+        def wrapped(model, inputs):
+            seen["pixel_values"] = inputs.get("pixel_values")
+            return compute_loss(model, inputs)
+
+        tr._compute_loss = wrapped
+
+    tr, _ = run(kind, model=tiny_vlm_path, train_dataset=_image_dataset(), before_train=spy)
+    assert tr._is_vlm
+    assert seen["pixel_values"] is not None and seen["pixel_values"].shape[-2:] == (28, 28)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_path(tmp_path_factory):
+    """A tiny Qwen2-MoE (4 experts, top-2, a shared expert, 2 layers) with a router load-balancing loss.
+
+    ``output_router_logits`` is False in the config: TRL 1.16 enables the auxiliary loss whenever the config has the
+    field and ``router_aux_loss_coef`` != 0, and asks for the router logits in its loss forward only. With True in
+    the config, ``generate`` computes the load-balancing loss at every decoding step and fails on a left-padded
+    batch (transformers 5.24: router logits of the new token against the whole attention mask), in TRL's own
+    GRPOTrainer as well."""
+    from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+    path = tmp_path_factory.mktemp("compat_tiny_moe")
+    tok = build_tokenizer()
+    cfg = Qwen2MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        output_router_logits=False,
+        router_aux_loss_coef=0.01,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    for key in ("pad_token_id", "eos_token_id"):
+        setattr(model.generation_config, key, getattr(tok, key))
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_moe_model_with_aux_loss(run, tiny_moe_path, kind):
+    """A tiny MoE: TRL's router load-balancing loss joins the policy loss (``aux_loss`` logged, finite)."""
+    tr, logs = run(kind, model=tiny_moe_path, metrics=("aux_loss",))
+    assert tr.aux_loss_enabled and tr.router_aux_loss_coef == 0.01
+    assert all(v > 0 for v in logs["aux_loss"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tool calling (TRL's GRPOTrainer `tools=`)
+# ----------------------------------------------------------------------------------------------------------------
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first integer.
+        b: the second integer.
+    """
+    return a + b
+
+
+#: a Qwen3-style tool call (TRL's Qwen3 response template parses it)
+TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>'
+
+
+@pytest.fixture(scope="module")
+def tiny_tool_model_path(tmp_path_factory):
+    """The tiny Qwen2 model with TRL's Qwen3 chat template (it renders tools, tool calls and tool responses)."""
+    from pathlib import Path
+
+    import trl
+    from tiny import build_tiny_model
+    from transformers import AutoTokenizer
+
+    path = build_tiny_model(tmp_path_factory.mktemp("compat_tool_model"))
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    tok.save_pretrained(path)
+    return path
+
+
+def _calling_tools(cls):
+    """``cls`` whose first generation turn of each round is a call of the ``add`` tool on every other row (a random
+    tiny model never writes one); TRL then runs the tool and generates the rest after the tool's response."""
+
+    class CallingTools(cls):
+        def _generate(self, prompts):
+            self._first_turn = True
+            return super()._generate(prompts)
+
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            if self._first_turn:
+                self._first_turn = False
+                call = self.processing_class.encode(TOOL_CALL, add_special_tokens=False)
+                completion_ids = [call if i % 2 == 0 else ids for i, ids in enumerate(completion_ids)]
+            return completion_ids, logprobs
+
+    CallingTools.__name__ = cls.__name__
+    return CallingTools
+
+
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch, kind):
+    """``tools=[add]``: half the completions call the tool, TRL appends its response (loss-masked by TRL's
+    ``tool_mask``) and generates on; the method trains on the multi-turn completions."""
+    monkeypatch.setitem(KINDS, kind, (_calling_tools(KINDS[kind][0]), KINDS[kind][1]))
+    tr, logs = _train_and_check(
+        kind,
+        tiny_tool_model_path,
+        tmp_path,
+        step_prm_path,
+        tools=[add],
+        train_dataset=tiny_prompt_dataset(8, conversational=True),
+        max_completion_length=40,
+        metrics=("tools/call_frequency", "tools/failure_frequency"),
+    )
+    assert logs["tools/call_frequency"][0] == 0.5 and logs["tools/failure_frequency"][0] == 0.0
