@@ -161,7 +161,7 @@ def _check(kind, trainer, rounds: ScoredRounds | None, prm_before, *, max_steps,
     bad = {
         k: v
         for k, values in logs.items()
-        if k not in NAN_BY_DEFINITION and not k.startswith("eval_")
+        if k.removeprefix("eval_") not in NAN_BY_DEFINITION
         for v in values
         if isinstance(v, float) and not math.isfinite(v)
     }
@@ -590,6 +590,7 @@ def tiny_vlm_path(tmp_path_factory):
 
 
 def _image_dataset(n=8):
+    from datasets import Dataset
     from PIL import Image
 
     columns = tiny_prompt_dataset(n, conversational=True).to_dict()
@@ -615,6 +616,23 @@ def test_vision_language_model(run, tiny_vlm_path, kind):
     tr, _ = run(kind, model=tiny_vlm_path, train_dataset=_image_dataset(), before_train=spy)
     assert tr._is_vlm
     assert seen["pixel_values"] is not None and seen["pixel_values"].shape[-2:] == (28, 28)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PRIME's implicit PRM scores a VLM's completions from the token ids alone: pixel_values never reach the "
+    "PRM or its reference (the image placeholder tokens are embedded as text), so the token rewards of Eq. 3 are "
+    "those of a text-only prompt",
+)
+@pytest.mark.parametrize("kind", PRIME)
+def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
+    tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset())
+    calls = []
+    tr.implicit_prm.model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs.get("pixel_values") is not None), with_kwargs=True
+    )
+    tr.train()
+    assert calls and all(calls)
 
 
 @pytest.fixture(scope="module")
@@ -738,3 +756,22 @@ def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch
         metrics=("tools/call_frequency", "tools/failure_frequency"),
     )
     assert logs["tools/call_frequency"][0] == 0.5 and logs["tools/failure_frequency"][0] == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the degenerate-batch guard counts a completion as truncated when its length (tool responses included) "
+    "reaches max_completion_length, while TRL counts the completions that end without EOS: with tool calls it "
+    "reports guard/all_truncated=1 where TRL's completions/clipped_ratio is 0.5",
+)
+def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp_path, monkeypatch):
+    monkeypatch.setitem(KINDS, "prl", (_calling_tools(PRLGRPOTrainer), PRLConfig))
+    tr, logs = _train_and_check(
+        "prl",
+        tiny_tool_model_path,
+        tmp_path,
+        tools=[add],
+        train_dataset=tiny_prompt_dataset(8, conversational=True),
+        max_completion_length=40,
+    )
+    assert logs["guard/all_truncated"][0] == float(logs["completions/clipped_ratio"][0] == 1.0)
