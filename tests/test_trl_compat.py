@@ -428,6 +428,40 @@ def test_mask_truncated_completions(run, kind):
     assert 0.0 < logs["completions/clipped_ratio"][0] < 1.0
 
 
+@pytest.mark.parametrize("kind", ALL)
+def test_gradient_accumulation(run, kind):
+    """A generation round of 8 rows over two accumulated micro-batches of 4 (one optimizer step)."""
+    tr, _ = run(kind, gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    if kind in PRIME:
+        assert tr.prm_optim.num_updates == 1
+
+
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_grpo_loss_options(run, kind):
+    """TRL GRPO's loss options carried over: DAPO's clip-higher, two-sided clipping (``delta``), the high-entropy
+    token selection, an entropy bonus and the KL with its bias correction, over two PPO epochs."""
+    run(
+        kind,
+        epsilon_high=0.28,
+        delta=2.0,
+        top_entropy_quantile=0.5,
+        entropy_coef=0.01,
+        beta=0.04,
+        use_bias_correction_kl=True,
+        num_iterations=2,
+        max_steps=2,
+        metrics=("kl", "entropy_coef"),
+    )
+
+
+def test_rloo_reward_clip_range(run):
+    """TRL RLOO's ``reward_clip_range`` bounds the outcome before PRIME uses it as the PRM's label."""
+    tr, logs = run(
+        "prime-rloo", reward_funcs=[contains_reward("e"), contains_reward("a")], reward_clip_range=(0.0, 1.0)
+    )
+    assert tr.reward_clip_range == (0.0, 1.0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # loss_type
 # ----------------------------------------------------------------------------------------------------------------
