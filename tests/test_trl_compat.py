@@ -560,67 +560,84 @@ VLM_CHAT_TEMPLATE = (
 )
 
 
+#: the language model of the tiny VLM and the tiny MoE (tests/tiny.py's sizes); token ids come from the tokenizer
+TINY_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=None,
+    tie_word_embeddings=False,
+)
+#: LLaVA's vision tower: one CLIP layer on 28x28 images (4 patches of 14x14, plus CLS)
+TINY_CLIP = dict(
+    model_type="clip_vision_model",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=28,
+    patch_size=14,
+    projection_dim=32,
+)
+#: Qwen2-MoE's experts: 4 of them, top-2, a shared expert, in every layer
+TINY_MOE = dict(
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+    num_experts=4,
+    num_experts_per_tok=2,
+    decoder_sparse_step=1,
+)
+
+
+def _token_ids(tok) -> dict:
+    return dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+
+def _save(model, processing_class, path) -> str:
+    """Seeded weights are already in ``model``; set its generation ids and ``save_pretrained`` both into ``path``."""
+    tok = getattr(processing_class, "tokenizer", processing_class)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(path)
+    processing_class.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def tiny_vlm_path(tmp_path_factory):
-    """A tiny LLaVA (CLIP vision tower of 1 layer on 28x28 images, 4 patches; Qwen2 language model of 2 layers) and
-    its processor, saved with ``save_pretrained``. (Qwen2-VL's processor needs a video processor, which needs
-    torchvision: not installed here; LLaVA's image processor falls back to PIL.)"""
+    """A tiny LLaVA (a CLIP vision tower of one layer, a Qwen2 language model of 2 layers) and its processor.
+
+    LLaVA rather than Qwen2-VL: Qwen2-VL's processor needs a video processor, which needs torchvision (not installed
+    here); LLaVA's CLIP image processor falls back to PIL."""
     from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
-    path = tmp_path_factory.mktemp("compat_tiny_llava")
     tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
     tok.chat_template = VLM_CHAT_TEMPLATE
-    text = dict(
-        model_type="qwen2",
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    vision = dict(
-        model_type="clip_vision_model",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-        projection_dim=32,
-    )
     cfg = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
+        vision_config=TINY_CLIP,
+        text_config=dict(model_type="qwen2", **TINY_TEXT, **_token_ids(tok)),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="full",
         vision_feature_layer=-1,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(cfg)
-    for key in ("pad_token_id", "eos_token_id"):
-        setattr(model.generation_config, key, getattr(tok, key))
-    model.generation_config.bos_token_id = None
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
         tokenizer=tok,
         patch_size=14,
         vision_feature_select_strategy="full",
         image_token="<image>",
-        num_additional_image_tokens=1,
+        num_additional_image_tokens=1,  # CLIP's CLS token
         chat_template=VLM_CHAT_TEMPLATE,
     )
-    model.save_pretrained(path)
-    processor.save_pretrained(path)
-    return str(path)
+    torch.manual_seed(0)
+    return _save(LlavaForConditionalGeneration(cfg), processor, tmp_path_factory.mktemp("compat_tiny_llava"))
 
 
 def _image_dataset(n=8):
@@ -632,7 +649,6 @@ def _image_dataset(n=8):
     return Dataset.from_dict(columns)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ALL)
 def test_vision_language_model(run, tiny_vlm_path, kind):
     """A tiny LLaVA with an ``image`` column: TRL feeds ``pixel_values`` to generation and to the loss."""
@@ -680,36 +696,12 @@ def tiny_moe_path(tmp_path_factory):
     GRPOTrainer as well."""
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
-    path = tmp_path_factory.mktemp("compat_tiny_moe")
     tok = build_tokenizer()
     cfg = Qwen2MoeConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        output_router_logits=False,
-        router_aux_loss_coef=0.01,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
+        **TINY_TEXT, **TINY_MOE, **_token_ids(tok), output_router_logits=False, router_aux_loss_coef=0.01
     )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    for key in ("pad_token_id", "eos_token_id"):
-        setattr(model.generation_config, key, getattr(tok, key))
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return _save(AutoModelForCausalLM.from_config(cfg), tok, tmp_path_factory.mktemp("compat_tiny_moe"))
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -774,6 +766,7 @@ def _calling_tools(cls):
     return CallingTools
 
 
+@pytest.mark.slow  # the slowest cases: multi-turn generation of 40+ tokens
 @pytest.mark.parametrize("kind", GRPO_BASED)
 def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch, kind):
     """``tools=[add]``: half the completions call the tool, TRL appends its response (loss-masked by TRL's
@@ -792,6 +785,7 @@ def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch
     assert logs["tools/call_frequency"][0] == 0.5 and logs["tools/failure_frequency"][0] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="the degenerate-batch guard counts a completion as truncated when its length (tool responses included) "
