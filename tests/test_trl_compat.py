@@ -13,7 +13,13 @@ switched on, in :class:`~trl_prime.PrimeRLOOTrainer`, :class:`~trl_prime.PrimeGR
 
 A feature a trl-prime config refuses on purpose is checked for the refusal instead: the ``ValueError`` names the
 reason. Tests marked ``# needs prm_label (issue 18 part 1)`` use the ``prm_label`` options, the task-less
-``LoraConfig`` and ``scale_rewards="batch"`` of that change.
+``LoraConfig`` and ``scale_rewards="batch"`` of that change. Strict ``xfail`` cases record known gaps (the reason
+says which). TRL 1.16's ``RLOOConfig`` has no ``loss_type``, ``importance_sampling_level`` or ``tools``: those cases
+run on the three GRPO-based trainers only.
+
+Models: the tiny Qwen2 of ``tests/tiny.py``; a tiny LLaVA (vision-language), a tiny Qwen2-MoE (router auxiliary
+loss), the tiny Qwen2 with TRL's Qwen3 chat template (tool calling), and a tiny sequence-classification reward
+model, all built from configs here (no Hub).
 """
 
 from __future__ import annotations
@@ -304,7 +310,13 @@ def none_for_second_completion(completions, **kwargs):
 @pytest.mark.parametrize("kind", ALL)
 def test_none_rewards(run, kind):
     """Rows every reward function left unscored (``None``): excluded, the rest trains, nothing turns NaN."""
-    run(kind, reward_funcs=none_for_second_completion)
+    tr, _ = run(kind, reward_funcs=none_for_second_completion)
+    if kind in PRIME:  # unscorable rows: outcome NaN, loss weight 0
+        (scored,) = [cb for cb in tr.callback_handler.callbacks if isinstance(cb, ScoredRounds)]
+        first = scored.rounds[0]
+        unscorable = torch.arange(8) % K == 1
+        assert torch.equal(torch.isnan(first["outcome_rewards"]).cpu(), unscorable)
+        assert first["loss_mask"][unscorable].sum() == 0 and first["loss_mask"][~unscorable].sum() > 0
 
 
 @pytest.mark.parametrize("kind", ALL)
