@@ -12,9 +12,8 @@ switched on, in :class:`~trl_prime.PrimeRLOOTrainer`, :class:`~trl_prime.PrimeGR
   PRIME Eq. 3) and the implicit PRM's trainable weights moved.
 
 A feature a trl-prime config refuses on purpose is checked for the refusal instead: the ``ValueError`` names the
-reason. Tests marked ``# needs prm_label (issue 18 part 1)`` use the ``prm_label`` options, the task-less
-``LoraConfig`` and ``scale_rewards="batch"`` of that change. Strict ``xfail`` cases record known gaps (the reason
-says which). TRL 1.16's ``RLOOConfig`` has no ``loss_type``, ``importance_sampling_level`` or ``tools``: those cases
+reason. Strict ``xfail`` cases record known gaps (the reason says which). TRL 1.16's ``RLOOConfig`` has no
+``loss_type``, ``importance_sampling_level`` or ``tools``: those cases
 run on the three GRPO-based trainers only.
 
 Models: the tiny Qwen2 of ``tests/tiny.py``; a tiny LLaVA (vision-language), a tiny Qwen2-MoE (router auxiliary
@@ -271,14 +270,12 @@ def test_reward_model_refused_as_prime_label(build, reward_model_path, kind):
 
 @pytest.mark.parametrize("kind", PRIME)
 def test_reward_model_with_sigmoid_prm_label(run, reward_model_path, kind):
-    # needs prm_label (issue 18 part 1)
     """``prm_label="sigmoid"`` maps a reward model's score to a label in (0, 1): PRIME trains on it."""
     run(kind, reward_funcs=reward_model_path, prm_label="sigmoid", prm_label_temperature=10.0)
 
 
 @pytest.mark.parametrize("label", ["threshold", "group_rank"])
 def test_reward_model_with_other_prm_labels(run, reward_model_path, label):
-    # needs prm_label (issue 18 part 1)
     run("prime-grpo", reward_funcs=reward_model_path, prm_label=label, prm_label_threshold=0.0)
 
 
@@ -498,16 +495,10 @@ def test_loss_type(run, tmp_path, step_prm_path, kind, loss_type):
     run(kind, loss_type=loss_type, **extra)
 
 
-@pytest.mark.parametrize("kind", ["prime-grpo", "prl"])
+@pytest.mark.parametrize("kind", ["prime-grpo", "prl", "prof"])
 def test_scale_rewards_batch(run, kind):
-    # needs prm_label (issue 18 part 1): scale_rewards="batch" accepted by PRIME-GRPO and PRL
+    """TRL's scale_rewards="batch": the group-centred outcome divided by the batch std (PROF: of the kept rows)."""
     run(kind, scale_rewards="batch")
-
-
-def test_scale_rewards_batch_refused_by_prof(tmp_path, step_prm_path):
-    """PROF computes GRPO advantages within each prompt's kept rows: a batch-level std is refused."""
-    with pytest.raises(ValueError, match=r"`scale_rewards`='batch': PROF computes GRPO advantages within each"):
-        _config("prof", tmp_path, step_prm_path, scale_rewards="batch")
 
 
 @pytest.mark.parametrize("kind", GRPO_BASED)
@@ -551,7 +542,7 @@ def test_peft_model_with_gradient_checkpointing(run, tiny_model_path, kind):
 
 @pytest.mark.parametrize("kind", ALL)
 def test_lora_config_without_task_type(run, kind):
-    # needs prm_label (issue 18 part 1): LoraConfig() without task_type is accepted (taken as a causal LM)
+    # LoraConfig() without task_type is accepted (taken as a causal LM)
     run(kind, peft_config=_lora())
 
 
