@@ -1485,15 +1485,14 @@ def _prime_advantages_impl(
         process_rewards, outcome_rewards, mask, gamma=gamma, outcome_gamma=outcome_gamma, eps=eps, fn=fn
     )
     B, T = process_rewards.shape
-    dev = process_rewards.device
-    gid, G, counts = _group_index(group_ids, num_generations, B, dev, fn=fn)
+    gid, G, counts = _group_index(group_ids, num_generations, B, process_rewards.device, fn=fn)
     if estimator == "rloo":
         _check_rloo_groups(group_ids, gid, counts, fn)
 
     P, o, valid, last, row_m = _masked_prime_rewards(
         process_rewards, outcome_rewards, m, include_last_token=include_last_token, norm=process_reward_norm
     )
-    zero = torch.zeros((), dtype=P.dtype, device=dev)
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
     L = m.sum(-1).to(P.dtype)
     rbar = P.sum(-1) / L.clamp(min=1)  # mean token process reward of each completion
 
@@ -1511,8 +1510,7 @@ def _prime_advantages_impl(
     out_tok = torch.where(last & usable[:, None], out_adv[:, None].expand(B, T), zero)
     returns = _discounted_returns(proc_tok, out_tok, process_coef, outcome_coef, gamma, outcome_gamma)
     adv, returns = _whitened(returns, m & usable[:, None], whiten=whiten, eps=whiten_eps)
-    od = _out_dtype(process_rewards)
-    return adv.to(od), returns.to(od)
+    return adv.to(_out_dtype(process_rewards)), returns.to(_out_dtype(process_rewards))
 
 
 def _grpo_statistics(
