@@ -1262,3 +1262,11 @@ def test_prl_advantages_batch_scale_hand():
     # row 0: k = [0.5, 0], S = [0.5, 0]; A = 0.5 / 0.5 = 1
     _same(adv, [[1.0 - 0.25, 1.0], [-1.0, -1.0], [0.0, 0.0], [0.0, 0.0]])
     assert std_o == 0.5
+
+
+def test_rank_within_class_stable_hand():
+    """PROF selection's rank: ascending key inside each class, ties in row order, classes in any row order."""
+    key = torch.tensor([0.5, 0.1, 0.5, -1.0, 0.3, 0.1], dtype=torch.float64)
+    cls = torch.tensor([1, 0, 1, 1, 0, 0])
+    # class 0 rows 1 (0.1), 5 (0.1), 4 (0.3); class 1 rows 3 (-1.0), 0 (0.5), 2 (0.5)
+    assert F._rank_within_class(key, cls).tolist() == [1.0, 0.0, 2.0, 0.0, 2.0, 1.0]

@@ -888,43 +888,58 @@ def implicit_prm_loss(
     zero = r.sum() * 0.0
 
     if loss_type == "ce":
-        if not bool(valid.any()):
-            return zero.to(prm_logps.dtype)
-        yv = torch.where(valid, y, torch.zeros_like(y))
-        logp = F.logsigmoid(r).clamp(min=-100.0)
-        log1mp = F.logsigmoid(-r).clamp(min=-100.0)
-        per_row = -(yv * logp + (1.0 - yv) * log1mp)
-        loss = per_row[valid].mean()
-        return loss.to(prm_logps.dtype)
+        loss = _prm_ce_loss(r, y, valid, zero)
+    elif loss_type == "kto":
+        loss = _prm_kto_loss(r, y, valid, zero)
+    else:  # dpo / nca: every (better, worse) pair inside a group
+        if group_ids is None:
+            gid = torch.zeros(B, dtype=torch.long, device=r.device)
+        else:
+            gid, _, _ = _group_index(group_ids, None, B, r.device, fn="implicit_prm_loss")
+        loss = _prm_pair_loss(r, y, valid, gid, zero, loss_type)
+    return loss.to(prm_logps.dtype)
 
-    if loss_type == "kto":
-        pos = valid & (y > 0.5)
-        neg = valid & (y < 0.5)
-        rd = r.detach()
-        z_neg = (rd[neg].mean() if bool(neg.any()) else rd.new_zeros(())).clamp(min=0)
-        z_pos = (rd[pos].mean() if bool(pos.any()) else rd.new_zeros(())).clamp(min=0)
-        terms = torch.cat([1.0 - torch.sigmoid(r[pos] - z_neg), 1.0 - torch.sigmoid(z_pos - r[neg])])
-        if terms.numel() == 0:
-            return zero.to(prm_logps.dtype)
-        return terms.mean().to(prm_logps.dtype)
 
-    # dpo / nca: every (better, worse) pair inside a group
-    if group_ids is None:
-        gid = torch.zeros(B, dtype=torch.long, device=r.device)
-    else:
-        gid, _, _ = _group_index(group_ids, None, B, r.device, fn="implicit_prm_loss")
+def _prm_ce_loss(r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Implicit PRM cross-entropy (PRIME §3.1): mean over labelled rows of ``BCE(sigmoid(r), y)``, logs >= -100."""
+    if not bool(valid.any()):
+        return zero
+    yv = torch.where(valid, y, torch.zeros_like(y))
+    logp = F.logsigmoid(r).clamp(min=-100.0)
+    log1mp = F.logsigmoid(-r).clamp(min=-100.0)
+    per_row = -(yv * logp + (1.0 - yv) * log1mp)
+    return per_row[valid].mean()
+
+
+def _prm_kto_loss(r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Implicit PRM KTO loss (Implicit PRM §4): unpaired, each side against the other side's detached mean reward."""
+    pos = valid & (y > 0.5)
+    neg = valid & (y < 0.5)
+    rd = r.detach()
+    z_neg = (rd[neg].mean() if bool(neg.any()) else rd.new_zeros(())).clamp(min=0)
+    z_pos = (rd[pos].mean() if bool(pos.any()) else rd.new_zeros(())).clamp(min=0)
+    terms = torch.cat([1.0 - torch.sigmoid(r[pos] - z_neg), 1.0 - torch.sigmoid(z_pos - r[neg])])
+    if terms.numel() == 0:
+        return zero
+    return terms.mean()
+
+
+def _prm_pair_loss(
+    r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, gid: torch.Tensor, zero: torch.Tensor, loss_type: str
+) -> torch.Tensor:
+    """Implicit PRM DPO / NCA loss (Implicit PRM §4): mean over every pair (a, b) of a group with ``y_a > y_b``."""
     same = gid[:, None] == gid[None, :]
     yv = torch.where(valid, y, torch.zeros_like(y))
     pairs = same & valid[:, None] & valid[None, :] & (yv[:, None] > yv[None, :])
     if not bool(pairs.any()):
-        return zero.to(prm_logps.dtype)
+        return zero
     a_idx, b_idx = pairs.nonzero(as_tuple=True)
     ra, rb = r[a_idx], r[b_idx]
     if loss_type == "dpo":
         per_pair = -F.logsigmoid(ra - rb)
     else:  # nca
         per_pair = -F.logsigmoid(ra) - 0.5 * F.logsigmoid(-ra) - 0.5 * F.logsigmoid(-rb)
-    return per_pair.mean().to(prm_logps.dtype)
+    return per_pair.mean()
 
 
 def step_rewards(
@@ -1128,19 +1143,29 @@ def step_end_mask(
     delim = delimiter if delimiter is not None else ("\n\n" if split == "double_newline" else "\n")
     if not delim:
         raise ValueError("`delimiter` must be a non-empty string.")
+    return ends | (_delimiter_step_ends(completion_ids, m, tokenizer, delim).to(m.device) & m)
+
+
+def _token_texts(tokenizer: Any, ids: list[int]) -> dict[int, str]:
+    """The decoded text of each token id in ``ids``; special tokens (``all_special_ids``) decode to ``""``."""
+    if not ids:
+        return {}
+    if hasattr(tokenizer, "batch_decode"):
+        pieces = tokenizer.batch_decode([[i] for i in ids])
+    else:
+        pieces = [tokenizer.decode([i]) for i in ids]
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    # special tokens (BOS, EOS, pad, chat markers) hold no step text: "b\n\n<EOS>" ends "b"'s step at EOS
+    return {i: ("" if i in special else p) for i, p in zip(ids, pieces)}
+
+
+def _delimiter_step_ends(completion_ids: torch.Tensor, m: torch.Tensor, tokenizer: Any, delim: str) -> torch.Tensor:
+    """``(B, T)`` bool CPU mask of the tokens holding the last character of a step-ending ``delim``
+    (:func:`_step_cuts` on each row's decoded valid tokens)."""
+    B, T = m.shape
     ids_cpu = completion_ids.detach().to("cpu").long()
     m_cpu = m.to("cpu")
-    uniq = torch.unique(ids_cpu[m_cpu]).tolist()
-    if uniq:
-        if hasattr(tokenizer, "batch_decode"):
-            pieces = tokenizer.batch_decode([[i] for i in uniq])
-        else:
-            pieces = [tokenizer.decode([i]) for i in uniq]
-        special = set(getattr(tokenizer, "all_special_ids", None) or ())
-        # special tokens (BOS, EOS, pad, chat markers) hold no step text: "b\n\n<EOS>" ends "b"'s step at EOS
-        piece_of = {i: ("" if i in special else p) for i, p in zip(uniq, pieces)}
-    else:
-        piece_of = {}
+    piece_of = _token_texts(tokenizer, torch.unique(ids_cpu[m_cpu]).tolist())
     extra = torch.zeros(B, T, dtype=torch.bool)
     for b in range(B):  # one decode bookkeeping pass per row (tokenizer work, not tensor math)
         cols = torch.nonzero(m_cpu[b], as_tuple=True)[0].tolist()
@@ -1156,7 +1181,7 @@ def step_end_mask(
             continue
         tok = torch.searchsorted(cum, torch.tensor(hits), right=True).clamp(max=len(cols) - 1)
         extra[b, torch.tensor(cols)[tok]] = True
-    return ends | (extra.to(m.device) & m)
+    return extra
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1263,6 +1288,168 @@ def single_row_group_mask(
     return valid & (cnt[gid] == 1)
 
 
+def _check_prime_args(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    outcome_gamma: float,
+    eps: float,
+    fn: str,
+) -> torch.Tensor:
+    """Validate the tensors, discounts and ``eps`` of :func:`_prime_advantages_impl`; return the bool mask."""
+    _check_2d("process_rewards", process_rewards)
+    _check_same_shape("process_rewards", process_rewards, "mask", mask)
+    _check_rows("outcome_rewards", outcome_rewards, process_rewards.shape[0])
+    for name, g in (("gamma", gamma), ("outcome_gamma", outcome_gamma)):
+        if not (0.0 <= float(g) <= 1.0):
+            raise ValueError(f"{name}={g!r} must be in [0, 1].")
+    m = _as_bool_mask("mask", mask)
+    _check_eps(eps)
+    bad = m & ~torch.isfinite(process_rewards.detach())
+    if bool(bad.any()):
+        row, col = (int(i) for i in torch.nonzero(bad)[0].tolist())
+        raise ValueError(
+            f"{fn}: `process_rewards` must be finite at every valid (mask=1) position, but "
+            f"process_rewards[{row}, {col}] = {process_rewards[row, col].item()} ({int(bad.sum().item())} non-finite "
+            f"valid position(s)); NaN is only allowed in `outcome_rewards` (unscorable completion). Check the PRM "
+            f"log-probs (e.g. -inf log-probs or a NaN forward pass)."
+        )
+    return m
+
+
+def _check_rloo_groups(group_ids: GroupIds | None, gid: torch.Tensor, counts: torch.Tensor, fn: str) -> None:
+    """The RLOO leave-one-out baseline (PRIME Eq. 5) needs groups of at least 2 completions."""
+    if gid.shape[0] and int(counts.min().item()) < 2:
+        row = int(torch.nonzero(counts[gid] < 2)[0].item())
+        label = f"group_ids[{row}]={_group_label(group_ids, row)!r}" if group_ids is not None else f"row {row}"
+        raise ValueError(
+            f"{fn}: the RLOO leave-one-out baseline needs at least 2 completions per group, but the group of "
+            f"{label} has {int(counts[gid[row]].item())}; use num_generations >= 2 (or group_ids with groups "
+            f"of >= 2)."
+        )
+
+
+def _masked_prime_rewards(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    m: torch.Tensor,
+    *,
+    include_last_token: bool,
+    norm: str,
+) -> tuple[torch.Tensor, ...]:
+    """Token process rewards ``P`` (0 outside the mask and on unscorable rows) and outcome rewards ``o`` (0 where
+    NaN) in the work dtype: ``(P, o, valid rows, last-token mask, mask of scorable rows)``."""
+    dev = process_rewards.device
+    wd = _work_dtype(process_rewards, outcome_rewards)
+    zero = torch.zeros((), dtype=wd, device=dev)
+    o_raw = outcome_rewards.to(device=dev, dtype=wd)
+    valid = ~torch.isnan(o_raw)
+    o = torch.where(valid, o_raw, zero)
+    last = last_token_mask(m)
+    P = torch.where(m, process_rewards.to(wd), zero)
+    if not include_last_token:
+        P = torch.where(last, zero, P)
+    row_m = m & valid[:, None]
+    if norm == "batch_norm":
+        P = process_reward_batch_norm(P, row_m)
+    P = torch.where(row_m, P, zero)
+    return P, o, valid, last, row_m
+
+
+def _rloo_terms(
+    P: torch.Tensor,
+    rbar: torch.Tensor,
+    o: torch.Tensor,
+    valid: torch.Tensor,
+    gid: torch.Tensor,
+    G: int,
+    baseline: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RLOO (PRIME Eq. 5): ``(process term (B, T), outcome advantage (B,), usable rows (B,))``."""
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
+    K = _group_sum(valid.to(P.dtype), gid, G)[gid]
+    usable = valid & (K >= 2)
+    Km1 = (K - 1).clamp(min=1)
+    S_r = _group_sum(torch.where(valid, rbar, zero), gid, G)[gid]
+    S_o = _group_sum(o, gid, G)[gid]
+    if baseline == "paper":  # PRIME Eq. 5: r_s - mean_{j != i} rbar_j ; r_o - mean_{j != i} r_o^j
+        proc_tok = P - ((S_r - rbar) / Km1)[:, None]
+        out_adv = o - (S_o - o) / Km1
+    else:  # released masked_rloo: x*K/(K-1) - sum_j mean_j/(K-1), per token and per source
+        proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
+        out_adv = o * K / Km1 - S_o / Km1
+    return proc_tok, out_adv, usable
+
+
+def _grpo_terms(
+    P: torch.Tensor,
+    rbar: torch.Tensor,
+    o: torch.Tensor,
+    L: torch.Tensor,
+    valid: torch.Tensor,
+    gid: torch.Tensor,
+    G: int,
+    *,
+    scale: str,
+    eps: float,
+    form: str,
+    divisor: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GRPO (PRIME Appendix B.3, Eq. 8): ``(process term (B, T), outcome advantage (B,), usable rows (B,))``."""
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
+    mean_r, std_r, cnt, mean_o, scale_mean_o, scale_std_o = _grpo_statistics(rbar, o, valid, gid, G, scale)
+    usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
+    proc_tok = P - mean_r[:, None]
+    if form == "response":  # sum over the completion = L_i (rbar_i - mean_g rbar): divide by L_i
+        proc_tok = proc_tok / L.clamp(min=1)[:, None]
+    if scale != "none":
+        if divisor == "process_std":
+            proc_tok = _divide_by_std(proc_tok, std_r[:, None], eps)
+        else:  # the outcome's std; a group (batch) with equal outcomes has no scale: process term 0
+            # outcomes equal up to rounding (a weighted sum of rewards in float32) have no scale either
+            spread = scale_std_o > _OUTCOME_SPREAD_RTOL * scale_mean_o.abs().clamp(min=1.0)
+            proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, scale_std_o[:, None], eps), zero)
+    out_adv = _divide_by_std(o - mean_o, scale_std_o, eps) if scale != "none" else o - mean_o
+    return proc_tok, out_adv, usable
+
+
+def _discounted_returns(
+    proc_tok: torch.Tensor,
+    out_tok: torch.Tensor,
+    process_coef: float,
+    outcome_coef: float,
+    gamma: float,
+    outcome_gamma: float,
+) -> torch.Tensor:
+    """``process_coef * discounted process return + outcome_coef * discounted outcome return``, ``(B, T)``."""
+    returns = torch.zeros(proc_tok.shape, dtype=proc_tok.dtype, device=proc_tok.device)
+    if process_coef != 0:
+        returns = returns + process_coef * discounted_cumsum(proc_tok, gamma)
+    if outcome_coef != 0:
+        returns = returns + outcome_coef * discounted_cumsum(out_tok, outcome_gamma)
+    return returns
+
+
+def _whitened(
+    returns: torch.Tensor, keep: torch.Tensor, *, whiten: bool, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)``, both 0 outside ``keep``; with ``whiten``, the advantages are the returns whitened
+    over ``keep`` (:func:`masked_whiten`, when it holds >= 2 tokens)."""
+    zero = torch.zeros((), dtype=returns.dtype, device=returns.device)
+    returns = torch.where(keep, returns, zero)
+    if whiten:
+        if int(keep.sum().item()) >= 2:
+            adv = masked_whiten(returns, keep, eps=eps)
+        else:
+            adv = returns
+        adv = torch.where(keep, adv, zero)
+    else:
+        adv = returns
+    return adv, returns
+
+
 def _prime_advantages_impl(
     process_rewards: torch.Tensor,
     outcome_rewards: torch.Tensor,
@@ -1286,106 +1473,44 @@ def _prime_advantages_impl(
     whiten_eps: float = 1e-8,
     fn: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared body of :func:`rloo_advantages` and :func:`prime_advantages`: ``(advantages, returns)``, both
+    ``(B, T)`` in the dtype of ``process_rewards``. ``fn`` names the public caller in error messages."""
     check_choice(estimator, ESTIMATORS, "estimator")
     check_choice(baseline, BASELINES, "baseline")
     check_choice(process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm")
     check_choice(grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form")
     check_choice(grpo_process_scale, GRPO_PROCESS_SCALES, "grpo_process_scale")
     scale = _scale_mode(scale_rewards)
-    _check_2d("process_rewards", process_rewards)
-    _check_same_shape("process_rewards", process_rewards, "mask", mask)
+    m = _check_prime_args(
+        process_rewards, outcome_rewards, mask, gamma=gamma, outcome_gamma=outcome_gamma, eps=eps, fn=fn
+    )
     B, T = process_rewards.shape
-    _check_rows("outcome_rewards", outcome_rewards, B)
-    for name, g in (("gamma", gamma), ("outcome_gamma", outcome_gamma)):
-        if not (0.0 <= float(g) <= 1.0):
-            raise ValueError(f"{name}={g!r} must be in [0, 1].")
-    m = _as_bool_mask("mask", mask)
-    _check_eps(eps)
-    bad = m & ~torch.isfinite(process_rewards.detach())
-    if bool(bad.any()):
-        row, col = (int(i) for i in torch.nonzero(bad)[0].tolist())
-        raise ValueError(
-            f"{fn}: `process_rewards` must be finite at every valid (mask=1) position, but "
-            f"process_rewards[{row}, {col}] = {process_rewards[row, col].item()} ({int(bad.sum().item())} non-finite "
-            f"valid position(s)); NaN is only allowed in `outcome_rewards` (unscorable completion). Check the PRM "
-            f"log-probs (e.g. -inf log-probs or a NaN forward pass)."
-        )
-    dev = process_rewards.device
-    gid, G, counts = _group_index(group_ids, num_generations, B, dev, fn=fn)
-    if estimator == "rloo" and B and int(counts.min().item()) < 2:
-        row = int(torch.nonzero(counts[gid] < 2)[0].item())
-        label = f"group_ids[{row}]={_group_label(group_ids, row)!r}" if group_ids is not None else f"row {row}"
-        raise ValueError(
-            f"{fn}: the RLOO leave-one-out baseline needs at least 2 completions per group, but the group of "
-            f"{label} has {int(counts[gid[row]].item())}; use num_generations >= 2 (or group_ids with groups "
-            f"of >= 2)."
-        )
-    wd = _work_dtype(process_rewards, outcome_rewards)
-    zero = torch.zeros((), dtype=wd, device=dev)
-    o_raw = outcome_rewards.to(device=dev, dtype=wd)
-    valid = ~torch.isnan(o_raw)
-    o = torch.where(valid, o_raw, zero)
-    last = last_token_mask(m)
-    P = torch.where(m, process_rewards.to(wd), zero)
-    if not include_last_token:
-        P = torch.where(last, zero, P)
-    row_m = m & valid[:, None]
-    if process_reward_norm == "batch_norm":
-        P = process_reward_batch_norm(P, row_m)
-    P = torch.where(row_m, P, zero)
-    L = m.sum(-1).to(wd)
-    rbar = P.sum(-1) / L.clamp(min=1)  # mean token process reward of each completion
-    usable = valid
-
+    gid, G, counts = _group_index(group_ids, num_generations, B, process_rewards.device, fn=fn)
     if estimator == "rloo":
-        K = _group_sum(valid.to(wd), gid, G)[gid]
-        usable = valid & (K >= 2)
-        Km1 = (K - 1).clamp(min=1)
-        S_r = _group_sum(torch.where(valid, rbar, zero), gid, G)[gid]
-        S_o = _group_sum(o, gid, G)[gid]
-        if baseline == "paper":  # PRIME Eq. 5: r_s - mean_{j != i} rbar_j ; r_o - mean_{j != i} r_o^j
-            proc_tok = P - ((S_r - rbar) / Km1)[:, None]
-            out_adv = o - (S_o - o) / Km1
-        else:  # released masked_rloo: x*K/(K-1) - sum_j mean_j/(K-1), per token and per source
-            proc_tok = P * (K / Km1)[:, None] - (S_r / Km1)[:, None]
-            out_adv = o * K / Km1 - S_o / Km1
-    elif estimator == "grpo":  # PRIME Appendix B.3: group mean/std of response-mean process rewards
-        mean_r, std_r, cnt, mean_o, scale_mean_o, scale_std_o = _grpo_statistics(rbar, o, valid, gid, G, scale)
-        usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
-        proc_tok = P - mean_r[:, None]
-        if grpo_process_form == "response":  # sum over the completion = L_i (rbar_i - mean_g rbar): divide by L_i
-            proc_tok = proc_tok / L.clamp(min=1)[:, None]
-        if scale != "none":
-            if grpo_process_scale == "process_std":
-                proc_tok = _divide_by_std(proc_tok, std_r[:, None], eps)
-            else:  # the outcome's std; a group (batch) with equal outcomes has no scale: process term 0
-                # outcomes equal up to rounding (a weighted sum of rewards in float32) have no scale either
-                spread = scale_std_o > _OUTCOME_SPREAD_RTOL * scale_mean_o.abs().clamp(min=1.0)
-                proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, scale_std_o[:, None], eps), zero)
-        out_adv = _divide_by_std(o - mean_o, scale_std_o, eps) if scale != "none" else o - mean_o
+        _check_rloo_groups(group_ids, gid, counts, fn)
+
+    P, o, valid, last, row_m = _masked_prime_rewards(
+        process_rewards, outcome_rewards, m, include_last_token=include_last_token, norm=process_reward_norm
+    )
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
+    L = m.sum(-1).to(P.dtype)
+    rbar = P.sum(-1) / L.clamp(min=1)  # mean token process reward of each completion
+
+    # per-estimator baselines: process term per token, outcome advantage per row
+    if estimator == "rloo":
+        proc_tok, out_adv, usable = _rloo_terms(P, rbar, o, valid, gid, G, baseline)
+    elif estimator == "grpo":
+        proc_tok, out_adv, usable = _grpo_terms(
+            P, rbar, o, L, valid, gid, G, scale=scale, eps=eps, form=grpo_process_form, divisor=grpo_process_scale
+        )
     else:  # reinforce: no baseline
-        proc_tok = P
-        out_adv = o
+        proc_tok, out_adv, usable = P, o, valid
 
     proc_tok = torch.where(row_m & usable[:, None], proc_tok, zero)
     out_tok = torch.where(last & usable[:, None], out_adv[:, None].expand(B, T), zero)
-    returns = torch.zeros(B, T, dtype=wd, device=dev)
-    if process_coef != 0:
-        returns = returns + process_coef * discounted_cumsum(proc_tok, gamma)
-    if outcome_coef != 0:
-        returns = returns + outcome_coef * discounted_cumsum(out_tok, outcome_gamma)
-    keep = m & usable[:, None]
-    returns = torch.where(keep, returns, zero)
-    if whiten:
-        if int(keep.sum().item()) >= 2:
-            adv = masked_whiten(returns, keep, eps=whiten_eps)
-        else:
-            adv = returns
-        adv = torch.where(keep, adv, zero)
-    else:
-        adv = returns
-    od = _out_dtype(process_rewards)
-    return adv.to(od), returns.to(od)
+    returns = _discounted_returns(proc_tok, out_tok, process_coef, outcome_coef, gamma, outcome_gamma)
+    adv, returns = _whitened(returns, m & usable[:, None], whiten=whiten, eps=whiten_eps)
+    return adv.to(_out_dtype(process_rewards)), returns.to(_out_dtype(process_rewards))
 
 
 def _grpo_statistics(
@@ -1948,6 +2073,53 @@ def prm_labels(
 # ----------------------------------------------------------------------------------------------------
 
 
+def _prl_outcome_advantage(
+    o_raw: torch.Tensor,
+    group_ids: GroupIds | None,
+    *,
+    order: str,
+    scale_rewards: bool | str,
+    eps: float,
+    num_generations: int | None,
+    single_row_compat: bool,
+) -> torch.Tensor:
+    """PRL's ``A`` (B,): the GRPO outcome advantage (``"advantage_first"``, PRL §3.3) or the raw outcome, 0 where
+    NaN (``"process_first"``, whose grouping arguments are validated only)."""
+    if order == "advantage_first":
+        if group_ids is None and num_generations is None:
+            raise ValueError('prl_advantages(order="advantage_first") needs `group_ids` (or `num_generations`).')
+        return grpo_advantages(
+            o_raw,
+            group_ids,
+            scale_rewards=scale_rewards,
+            eps=eps,
+            num_generations=num_generations,
+            single_row_compat=single_row_compat,
+        )
+    if group_ids is not None or num_generations is not None:
+        _group_index(group_ids, num_generations, o_raw.shape[0], o_raw.device, fn="prl_advantages")  # validate only
+    return torch.where(~torch.isnan(o_raw), o_raw, torch.zeros((), dtype=o_raw.dtype, device=o_raw.device))
+
+
+def _prl_segment_fill(
+    rho: torch.Tensor, m: torch.Tensor, step_ends: torch.Tensor | None, *, zero_fill_compat: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PRL Algorithm 1's segment-level weights: every token takes the value of ``rho`` at the step end at or after
+    it (the last valid token always ends a step; ``step_ends=None``: every token is a step). Returns
+    ``(filled (B, T), values at the step ends (B, T))``."""
+    zero = torch.zeros((), dtype=rho.dtype, device=rho.device)
+    if step_ends is None:
+        ends = m
+    else:
+        ends = (_as_bool_mask("step_ends", step_ends) & m) | last_token_mask(m)
+    at_ends = torch.where(ends, rho, zero)
+    if zero_fill_compat:
+        adv = left_fill_by_next_nonzero(at_ends)
+    else:
+        adv = fill_from_step_end(rho, ends)
+    return adv, at_ends
+
+
 def prl_advantages(
     outcome_rewards: torch.Tensor,
     old_logps: torch.Tensor,
@@ -2030,34 +2202,22 @@ def prl_advantages(
     zero = torch.zeros((), dtype=wd, device=dev)
     o_raw = outcome_rewards.detach().to(device=dev, dtype=wd)
     valid = ~torch.isnan(o_raw)
-    if order == "advantage_first":
-        if group_ids is None and num_generations is None:
-            raise ValueError('prl_advantages(order="advantage_first") needs `group_ids` (or `num_generations`).')
-        A = grpo_advantages(
-            o_raw,
-            group_ids,
-            scale_rewards=scale_rewards,
-            eps=eps,
-            num_generations=num_generations,
-            single_row_compat=single_row_compat,
-        )
-    else:
-        if group_ids is not None or num_generations is not None:
-            _group_index(group_ids, num_generations, B, dev, fn="prl_advantages")  # validate only
-        A = torch.where(valid, o_raw, zero)
+    A = _prl_outcome_advantage(
+        o_raw,
+        group_ids,
+        order=order,
+        scale_rewards=scale_rewards,
+        eps=eps,
+        num_generations=num_generations,
+        single_row_compat=single_row_compat,
+    )
+    # KL-to-go: k_t = log pi_old - log pi_ref, S_t = sum_{s>=t} k_s (PRL Eq. 3.1)
     k = torch.where(m, (old_logps.detach().to(wd) - ref_logps.detach().to(wd)), zero)
     S = discounted_cumsum(k, 1.0)
     rho = torch.where(m, A[:, None] - S / eta, zero)
-    if step_ends is None:
-        ends = m
-    else:
+    if step_ends is not None:
         _check_same_shape("old_logps", old_logps, "step_ends", step_ends)
-        ends = (_as_bool_mask("step_ends", step_ends) & m) | last_token_mask(m)
-    at_ends = torch.where(ends, rho, zero)
-    if zero_fill_compat:
-        adv = left_fill_by_next_nonzero(at_ends)
-    else:
-        adv = fill_from_step_end(rho, ends)
+    adv, at_ends = _prl_segment_fill(rho, m, step_ends, zero_fill_compat=zero_fill_compat)
     keep = m & valid[:, None]
     adv = torch.where(keep, adv, zero).to(_out_dtype(old_logps))
     if return_step_end_values:
@@ -2214,6 +2374,75 @@ def _round_half(x: torch.Tensor, rounding: str) -> torch.Tensor:
     return torch.ceil(x - 0.5)  # half_down
 
 
+def _prof_counts(num_remove: Any, num_keep: Any) -> tuple[int | None, int | None]:
+    """Validate :func:`prof_select`'s ``num_remove`` / ``num_keep`` (exactly one, a non-negative int)."""
+    if (num_remove is None) == (num_keep is None):
+        raise ValueError("prof_select: pass exactly one of `num_remove` (rows dropped per group) or `num_keep`.")
+    for name, v in (("num_remove", num_remove), ("num_keep", num_keep)):
+        if v is not None and (_as_int(v) is None or _as_int(v) < 0):
+            raise ValueError(f"{name}={v!r} must be a non-negative int.")
+    num_remove = None if num_remove is None else _as_int(num_remove)
+    num_keep = None if num_keep is None else _as_int(num_keep)
+    return num_remove, num_keep
+
+
+def _prof_critic(
+    consistency: torch.Tensor,
+    num_steps: torch.Tensor,
+    pos: torch.Tensor,
+    *,
+    penalty: float,
+    min_steps: int,
+    max_steps: int,
+) -> torch.Tensor:
+    """PROF Eq. (1) (v2) critic ``s*c - penalty*pen`` (B,) float64; a NaN consistency gets ``-inf``."""
+    dev = consistency.device
+    c = consistency.detach().to(torch.float64)
+    sign = torch.where(pos, 1.0, -1.0).to(torch.float64)
+    H = num_steps.to(dev)
+    pen = ((H < min_steps) | (H > max_steps)).to(torch.float64)
+    critic = sign * c - penalty * pen  # PROF Eq. (1) (v2) = released code, whichever `penalty_position`
+    # NaN consistency: unscored by the PRM, removed first in its class (torch.sort would put NaN last = kept)
+    return torch.where(torch.isnan(c), torch.full_like(critic, float("-inf")), critic)
+
+
+def _prof_removals(
+    pos: torch.Tensor,
+    neg: torch.Tensor,
+    gid: torch.Tensor,
+    G: int,
+    *,
+    num_remove: int | None,
+    num_keep: int | None,
+    rounding: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group ``(correct rows removed (G,), incorrect rows removed (G,))`` float64, balancing the kept rows
+    (PROF Algorithm 1 step 4, released ``filter_trajectories``)."""
+    n_pos = _group_sum(pos.to(torch.float64), gid, G)
+    n_neg = _group_sum(neg.to(torch.float64), gid, G)
+    n_val = n_pos + n_neg
+    if num_remove is not None:
+        r = torch.minimum(torch.full_like(n_val, float(num_remove)), n_val)
+    else:
+        r = (n_val - float(num_keep)).clamp(min=0)
+    pos_rm = _round_half((n_pos - n_neg + r) / 2.0, rounding)
+    pos_rm = torch.minimum(pos_rm.clamp(min=0), torch.minimum(r, n_pos))
+    neg_rm = torch.minimum(r - pos_rm, n_neg)
+    return pos_rm, neg_rm
+
+
+def _rank_within_class(key: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+    """Each row's 0-based rank (float64) by ascending ``key`` among the rows of its class ``cls`` (stable: ties keep
+    row order)."""
+    order = torch.sort(key, stable=True).indices
+    order = order[torch.sort(cls[order], stable=True).indices]
+    sorted_cls = cls[order]
+    first = torch.searchsorted(sorted_cls, sorted_cls, right=False)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(key.shape[0], device=key.device) - first
+    return rank.to(torch.float64)
+
+
 def prof_select(
     group_ids: GroupIds,
     consistency: torch.Tensor,
@@ -2290,13 +2519,7 @@ def prof_select(
     check_choice(penalty_position, PROF_PENALTY_POSITIONS, "penalty_position")
     check_choice(mode, PROF_SELECT_MODES, "mode")
     check_choice(rounding, PROF_ROUNDINGS, "rounding")
-    if (num_remove is None) == (num_keep is None):
-        raise ValueError("prof_select: pass exactly one of `num_remove` (rows dropped per group) or `num_keep`.")
-    for name, v in (("num_remove", num_remove), ("num_keep", num_keep)):
-        if v is not None and (_as_int(v) is None or _as_int(v) < 0):
-            raise ValueError(f"{name}={v!r} must be a non-negative int.")
-    num_remove = None if num_remove is None else _as_int(num_remove)
-    num_keep = None if num_keep is None else _as_int(num_keep)
+    num_remove, num_keep = _prof_counts(num_remove, num_keep)
     _check_tensor("consistency", consistency)
     if consistency.dim() != 1:
         raise ValueError(f"`consistency` must have shape (B,), got {tuple(consistency.shape)}.")
@@ -2309,24 +2532,8 @@ def prof_select(
     valid = ~torch.isnan(o)
     pos = valid & (o >= correct_threshold)
     neg = valid & ~pos
-    c = consistency.detach().to(torch.float64)
-    sign = torch.where(pos, 1.0, -1.0).to(torch.float64)
-    H = num_steps.to(dev)
-    pen = ((H < min_steps) | (H > max_steps)).to(torch.float64)
-    critic = sign * c - penalty * pen  # PROF Eq. (1) (v2) = released code, whichever `penalty_position`
-    # NaN consistency: unscored by the PRM, removed first in its class (torch.sort would put NaN last = kept)
-    critic = torch.where(torch.isnan(c), torch.full_like(critic, float("-inf")), critic)
-
-    n_pos = _group_sum(pos.to(torch.float64), gid, G)
-    n_neg = _group_sum(neg.to(torch.float64), gid, G)
-    n_val = n_pos + n_neg
-    if num_remove is not None:
-        r = torch.minimum(torch.full_like(n_val, float(num_remove)), n_val)
-    else:
-        r = (n_val - float(num_keep)).clamp(min=0)
-    pos_rm = _round_half((n_pos - n_neg + r) / 2.0, rounding)
-    pos_rm = torch.minimum(pos_rm.clamp(min=0), torch.minimum(r, n_pos))
-    neg_rm = torch.minimum(r - pos_rm, n_neg)
+    critic = _prof_critic(consistency, num_steps, pos, penalty=penalty, min_steps=min_steps, max_steps=max_steps)
+    pos_rm, neg_rm = _prof_removals(pos, neg, gid, G, num_remove=num_remove, num_keep=num_keep, rounding=rounding)
 
     key = critic.clone()
     if mode == "correct":
@@ -2337,13 +2544,7 @@ def prof_select(
         key = torch.where(neg, rnd, key)
     # class: (group, correct/incorrect); invalid rows get their own class at the end
     cls = torch.where(valid, gid * 2 + neg.long(), torch.full_like(gid, 2 * G))
-    order = torch.sort(key, stable=True).indices
-    order = order[torch.sort(cls[order], stable=True).indices]
-    sorted_cls = cls[order]
-    first = torch.searchsorted(sorted_cls, sorted_cls, right=False)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(B, device=dev) - first
-    rank = rank.to(torch.float64)
+    rank = _rank_within_class(key, cls)
     removed = (pos & (rank < pos_rm[gid])) | (neg & (rank < neg_rm[gid]))
     kept = valid & ~removed
     return torch.nonzero(kept, as_tuple=True)[0]
