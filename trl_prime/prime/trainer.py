@@ -63,6 +63,7 @@ from trl_prime.rollout import (
     DropZeroWeightRowsMixin,
     Rollout,
     RolloutMixin,
+    action_mask,
     drop_zero_weight_rows,
     gather_padded,
     mask_loss_rows,
@@ -150,6 +151,7 @@ class PrimeRound(Rollout):
     labels: torch.Tensor | None = None  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
     kept: torch.Tensor | None = None  # (B_global,) bool: rows of the groups the prompt filter kept
     kept_fraction: float = float("nan")  # fraction of groups kept (filter/kept_fraction)
+    actions: torch.Tensor | None = None  # (B, T) the policy's own completion tokens (tool responses excluded)
     skip_filtered: bool = False  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
     unscored: torch.Tensor | None = None  # (B,) bool: rows without reference / PRM forward (log-probs 0)
     policy_logps: torch.Tensor | None = None  # (B, T) rollout log-probs (None when TRL skipped them)
@@ -529,6 +531,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
         Line 11 (``theta_old <- theta``) is TRL's: the next generation round samples from the updated policy.
         """
+        r.actions = action_mask(output)  # tool responses are not the policy's actions: no token reward on them
         r.kept = self._filter_prompts(r)  # line 6
         r.ref_logps = self._reference_logps(output, r)  # line 7: log pi_ref
         r.prm_logps, r.prm_stats = self._update_prm(output, r)  # line 8 (and log pi_phi of line 7)
@@ -552,7 +555,10 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         r.labels = self._prm_labels(r)
         r.lengths = gather(torch.tensor(r.capture["completion_lengths"], device=self.accelerator.device))
         if r.mode == "train":
-            trunc = dict(completion_lengths=r.lengths, max_completion_length=self.max_completion_length)
+            # truncated = TRL's definition (no EOS at the end, TRL's completions/clipped_ratio), handed to the
+            # length test of prompt_accuracy_mask as length max_completion_length (truncated) or 0
+            max_len = self.max_completion_length
+            trunc = dict(completion_lengths=r.truncated.long() * max_len, max_completion_length=max_len)
             kept = F.prompt_accuracy_mask(
                 outcome_rewards=r.labels,
                 num_generations=K,
@@ -651,8 +657,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         """Algorithm 1 line 8: one PRM update on the PRM labels (``r.labels``) of the kept rows (training;
         :meth:`_train_prm`), or the PRM's forward alone (evaluation).
 
-        Returns ``(prm_logps (B, T) detached, stats)``."""
-        completion_mask = output["completion_mask"]
+        Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
+        completion_mask = r.actions
         labels = r.labels[r.local].clone()
         labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
         if r.mode == "train":
@@ -665,8 +671,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         """Algorithm 1 line 7, PRIME Eq. 3: the ``(B, T)`` token rewards ``beta * (log pi_phi - log pi_ref)`` on every
         completion token (the last one leaves the advantages when ``include_last_token=False``). Guarded (non-finite
         or beyond ``prm_max_abs_token_reward``: the batch is poisoned, the rewards zeroed / clamped to stay finite).
-        Sets ``r.seq_rewards``."""
-        a, completion_mask = self.args, output["completion_mask"]
+        Tool responses (TRL's ``tool_mask``) get token reward 0. Sets ``r.seq_rewards``."""
+        a, completion_mask = self.args, r.actions
         token_rewards = F.implicit_token_rewards(
             prm_logps=r.prm_logps, ref_logps=r.ref_logps, mask=completion_mask, beta=a.prm_beta
         )
@@ -701,7 +707,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         rewards padded and gathered; rows outside ``r.policy_kept`` get no outcome): ``(B_global, T_max)``; zeros
         when ``K == 1``. Sets ``r.rewards_g``, ``r.mask_g``, ``r.advantage_inputs``, and this process's
         ``r.advantages`` and ``r.loss_mask`` ``(B, T)``."""
-        completion_mask, K = output["completion_mask"], r.num_generations
+        completion_mask, K = r.actions, r.num_generations
         r.rewards_g = gather_padded(self.accelerator, r.token_rewards)
         r.mask_g = gather_padded(self.accelerator, completion_mask)
         outcome = self._outcome_with_kl_penalty(output, r)
@@ -760,6 +766,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             num_generations=r.num_generations,
             kept=r.kept if r.mode == "train" else None,
             completion_lengths=r.lengths,
+            truncated=r.truncated,
         )
 
     def _hand_to_loss(self, output: dict, r: PrimeRound) -> None:
