@@ -671,14 +671,10 @@ def test_vision_language_model(run, tiny_vlm_path, kind):
     assert seen["pixel_values"] is not None and seen["pixel_values"].shape[-2:] == (28, 28)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRIME's implicit PRM scores a VLM's completions from the token ids alone: pixel_values never reach the "
-    "PRM or its reference (the image placeholder tokens are embedded as text), so the token rewards of Eq. 3 are "
-    "those of a text-only prompt",
-)
 @pytest.mark.parametrize("kind", PRIME)
 def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
+    """Every forward of the implicit PRM (and of its reference, the same model under PEFT or a copy) gets TRL's
+    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image."""
     tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset())
     calls = []
     tr.implicit_prm.model.register_forward_pre_hook(
@@ -789,13 +785,9 @@ def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the degenerate-batch guard counts a completion as truncated when its length (tool responses included) "
-    "reaches max_completion_length, while TRL counts the completions that end without EOS: with tool calls it "
-    "reports guard/all_truncated=1 where TRL's completions/clipped_ratio is 0.5",
-)
 def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp_path, monkeypatch):
+    """The degenerate-batch guard counts a completion as truncated as TRL does (no EOS at the end, TRL's
+    ``completions/clipped_ratio``), not by its length (tool responses included)."""
     monkeypatch.setitem(KINDS, "prl", (_calling_tools(PRLGRPOTrainer), PRLConfig))
     tr, logs = _train_and_check(
         "prl",
@@ -806,3 +798,51 @@ def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp
         max_completion_length=40,
     )
     assert logs["guard/all_truncated"][0] == float(logs["completions/clipped_ratio"][0] == 1.0)
+
+
+def _recording_tool_mask(cls):
+    """``cls`` (calling tools) that keeps TRL's ``tool_mask`` and ``completion_mask`` of each generation round, as
+    TRL produced them (before the method's row weights)."""
+
+    class RecordingToolMask(_calling_tools(cls)):
+        def _algorithm_step(self, output, rollout):
+            self._tool_rounds = [
+                *getattr(self, "_tool_rounds", []),
+                (output["tool_mask"].clone(), output["completion_mask"].clone()),
+            ]
+            return super()._algorithm_step(output, rollout)
+
+    RecordingToolMask.__name__ = cls.__name__
+    return RecordingToolMask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["prime-grpo", "prl"])
+def test_tool_calling_tool_responses_get_no_token_reward(tiny_tool_model_path, tmp_path, monkeypatch, kind):
+    """Tool responses (TRL's ``tool_mask`` 0) are not the policy's actions: PRIME gives them token reward 0 (Eq. 3)
+    in step 2, when the PRM has moved, and keeps them out of the sequence reward; PRL's KL-to-go skips them."""
+    monkeypatch.setitem(KINDS, kind, (_recording_tool_mask(KINDS[kind][0]), KINDS[kind][1]))
+    tr, _ = _train_and_check(
+        kind,
+        tiny_tool_model_path,
+        tmp_path,
+        tools=[add],
+        train_dataset=tiny_prompt_dataset(8, conversational=True),
+        max_completion_length=40,
+        max_steps=2 if kind in PRIME else 1,
+    )
+    tool_mask, completion_mask = tr._tool_rounds[-1]
+    tool = (completion_mask * (1 - tool_mask)).bool()  # the tool-response tokens
+    actions = (completion_mask * tool_mask).bool()
+    assert tool.any() and actions.any()
+    if kind in PRIME:
+        rounds = next(cb for cb in tr.callback_handler.callbacks if isinstance(cb, ScoredRounds)).rounds
+        last = [r for r in rounds if r["mode"] == "train"][-1]
+        assert last["step"] == 2
+        rewards = last["token_rewards"]
+        assert torch.equal(rewards[tool], torch.zeros_like(rewards[tool]))
+        assert bool((rewards[actions] != 0).any()), "the PRM moved: the policy's tokens get nonzero token rewards"
+        torch.testing.assert_close(last["sequence_rewards"], rewards.sum(-1))
+    else:
+        kl_mask = tr._prl_last["mask"][tr._prl_last["process_slice"], : tool.size(1)]
+        assert not bool(kl_mask[tool].any()) and bool(kl_mask[actions].all())
