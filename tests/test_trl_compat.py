@@ -800,6 +800,23 @@ def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp
     assert logs["guard/all_truncated"][0] == float(logs["completions/clipped_ratio"][0] == 1.0)
 
 
+@pytest.fixture(scope="module")
+def tiny_long_tool_model_path(tiny_tool_model_path, tmp_path_factory):
+    """:func:`tiny_tool_model_path` with a context of 2048 positions: the prompt with the tools rendered is 664 tokens
+    (beyond the tiny model's 512), and TRL drops a tool's response that would push the sequence past the model's
+    context, so only this model gets the tool responses appended to its completions."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    path = tmp_path_factory.mktemp("compat_long_tool_model") / "model"
+    shutil.copytree(tiny_tool_model_path, path)
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.max_position_embeddings = 2048  # rotary positions: no weight depends on it
+    cfg.save_pretrained(path)
+    return str(path)
+
+
 def _recording_tool_mask(cls):
     """``cls`` (calling tools) that keeps TRL's ``tool_mask`` and ``completion_mask`` of each generation round, as
     TRL produced them (before the method's row weights)."""
@@ -818,17 +835,17 @@ def _recording_tool_mask(cls):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["prime-grpo", "prl"])
-def test_tool_calling_tool_responses_get_no_token_reward(tiny_tool_model_path, tmp_path, monkeypatch, kind):
+def test_tool_calling_tool_responses_get_no_token_reward(tiny_long_tool_model_path, tmp_path, monkeypatch, kind):
     """Tool responses (TRL's ``tool_mask`` 0) are not the policy's actions: PRIME gives them token reward 0 (Eq. 3)
     in step 2, when the PRM has moved, and keeps them out of the sequence reward; PRL's KL-to-go skips them."""
     monkeypatch.setitem(KINDS, kind, (_recording_tool_mask(KINDS[kind][0]), KINDS[kind][1]))
     tr, _ = _train_and_check(
         kind,
-        tiny_tool_model_path,
+        tiny_long_tool_model_path,
         tmp_path,
         tools=[add],
         train_dataset=tiny_prompt_dataset(8, conversational=True),
-        max_completion_length=40,
+        max_completion_length=160,  # room for the tool's response after the call (70 tokens)
         max_steps=2 if kind in PRIME else 1,
     )
     tool_mask, completion_mask = tr._tool_rounds[-1]
