@@ -684,6 +684,66 @@ def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
     assert calls and all(calls)
 
 
+def _mm_batches():
+    """Multimodal inputs of 4 rows in TRL's layouts: Qwen2-VL patches (``image_grid_thw``, 0-2 images a row), one
+    image per row (LLaVA, with ``image_sizes``), row-aligned ``pixel_values``, InternVL tiles (``num_tiles``)."""
+    g = torch.Generator().manual_seed(0)
+    grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 1, 2], [1, 2, 2]])
+    return [
+        dict(
+            pixel_values=torch.randn(18, 3, generator=g),
+            image_grid_thw=grid,
+            num_images=[1, 2, 0, 1],
+            mm_token_type_ids=torch.randint(0, 2, (4, 6), generator=g),
+        ),
+        dict(
+            pixel_values=torch.randn(4, 3, 2, 2, generator=g),
+            num_images=[1, 1, 1, 1],
+            image_sizes=torch.tensor([[2, 2]] * 4),
+        ),
+        dict(
+            pixel_values=torch.randn(4, 3, generator=g),
+            num_images=[1, 1, 1, 2],  # not one entry per image: TRL slices pixel_values by rows
+            token_type_ids=torch.randint(0, 2, (4, 6), generator=g),
+        ),
+        dict(pixel_values=torch.randn(7, 3, generator=g), num_tiles=[2, 1, 3, 1], num_images=[1, 1, 1, 1]),
+    ]
+
+
+@pytest.mark.parametrize("layout", range(4))
+def test_select_mm_rows_slices_like_trl(layout):
+    """:func:`trl_prime.modeling.select_mm_rows` gives each micro-batch the multimodal inputs TRL 1.16's
+    ``GRPOTrainer._get_per_token_logps_and_entropies`` gives it, and picks arbitrary rows (PRIME's row subsets)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from trl_prime.modeling import select_mm_rows
+
+    mm = _mm_batches()[layout]
+    ids, mask = torch.zeros((4, 6), dtype=torch.long), torch.ones((4, 6), dtype=torch.long)
+    seen = []
+
+    def model(**kw):
+        seen.append(
+            {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "labels", "fused_lm_head")}
+        )
+        return SimpleNamespace(log_probs=torch.zeros(kw["input_ids"].shape))
+
+    stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True))
+    GRPOTrainer._get_per_token_logps_and_entropies(stub, model, ids, mask, 2, batch_size=3, **mm)
+    for trl_kw, rows in zip(seen, (range(0, 3), range(3, 4)), strict=True):
+        ours = {k: v for k, v in select_mm_rows(mm, rows).items() if k not in ("num_images", "num_tiles")}
+        assert ours.keys() == trl_kw.keys()
+        assert all(torch.equal(ours[k], trl_kw[k]) for k in ours)
+    # rows in any order: each row's own inputs, concatenated in that order
+    picked, singles = select_mm_rows(mm, torch.tensor([3, 0])), [select_mm_rows(mm, [i]) for i in (3, 0)]
+    for k, v in picked.items():
+        expected = sum((s[k] for s in singles), []) if isinstance(v, list) else torch.cat([s[k] for s in singles])
+        assert (v == expected) if isinstance(v, list) else torch.equal(v, expected)
+
+
 @pytest.fixture(scope="module")
 def tiny_moe_path(tmp_path_factory):
     """A tiny Qwen2-MoE (4 experts, top-2, a shared expert, 2 layers) with a router load-balancing loss.
