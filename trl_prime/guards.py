@@ -587,10 +587,9 @@ class GuardsMixin:
         all_equal = float(vals.numel() == 0 or bool((vals == vals[0]).all()))
         lengths = completion_mask_g.sum(-1) if completion_lengths is None else completion_lengths
         max_len = getattr(self, "max_completion_length", None)
-        if truncated is None:
-            all_trunc = float(max_len is not None and lengths.numel() > 0 and bool((lengths >= max_len).all()))
-        else:
-            all_trunc = float(truncated.numel() > 0 and bool(truncated.all()))
+        if truncated is None and max_len is not None:
+            truncated = lengths >= max_len
+        all_trunc = float(truncated is not None and truncated.numel() > 0 and bool(truncated.all()))
         short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
         all_filtered = float(kept is not None and not bool(kept.any()))
         zero_spread = float(not bool(group_reward_spread(outcome, num_generations, kept).any()))

@@ -83,6 +83,34 @@ def _spans(counts, rows: list[int]) -> list[int]:
     return [j for i in rows for j in range(cum[i], cum[i + 1])]
 
 
+def _take(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    return x[torch.tensor(idx, dtype=torch.long, device=x.device)]
+
+
+def _select_pixel_values(mm: dict, rows: list[int], images: list[int] | None) -> dict:
+    """``pixel_values`` of ``rows`` and the inputs indexed like them (per image or per tile), as TRL 1.16 slices them
+    (``images``: the indices of the rows' images)."""
+    pv, num_images, num_tiles = mm["pixel_values"], mm.get("num_images"), mm.get("num_tiles")
+    tiles = _spans(num_tiles, rows) if num_tiles is not None else None
+    if mm.get("image_grid_thw") is not None:  # Qwen-VL: prod(thw) patches per image
+        per_image, cum = mm["image_grid_thw"].prod(dim=-1).tolist(), _cum(num_images)
+        per_row = [sum(per_image[a:b]) for a, b in zip(cum[:-1], cum[1:])]
+        return {
+            "pixel_values": _take(pv, _spans(per_row, rows)),
+            "image_grid_thw": _take(mm["image_grid_thw"], images),
+        }
+    if mm.get("image_position_ids") is not None:
+        return {"pixel_values": _take(pv, images), "image_position_ids": _take(mm["image_position_ids"], images)}
+    if mm.get("spatial_shapes") is not None:  # LFM2-VL: per tile
+        keys = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        return {k: _take(mm[k], tiles) for k in keys}
+    if num_tiles is not None:  # InternVL: per tile
+        return {"pixel_values": _take(pv, tiles)}
+    if num_images is not None and pv.size(0) == sum(num_images):  # per image
+        return {"pixel_values": _take(pv, images)}
+    return {"pixel_values": _take(pv, rows)}
+
+
 def select_mm_rows(mm_inputs: dict, rows) -> dict:
     """The multimodal inputs of the batch rows ``rows``, laid out as TRL lays them out for those rows alone.
 
@@ -97,45 +125,29 @@ def select_mm_rows(mm_inputs: dict, rows) -> dict:
     """
     rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
     mm = {k: v for k, v in mm_inputs.items() if v is not None}
-    pv, num_images, num_tiles = mm.get("pixel_values"), mm.get("num_images"), mm.get("num_tiles")
-
-    def take(x, idx):
-        return x[torch.tensor(idx, dtype=torch.long, device=x.device)]
-
-    out = {}
+    num_images, num_tiles = mm.get("num_images"), mm.get("num_tiles")
     images = _spans(num_images, rows) if num_images is not None else None
-    tiles = _spans(num_tiles, rows) if num_tiles is not None else None
-    if pv is not None:
-        if mm.get("image_grid_thw") is not None:
-            per_image, cum = mm["image_grid_thw"].prod(dim=-1).tolist(), _cum(num_images)
-            per_row = [sum(per_image[a:b]) for a, b in zip(cum[:-1], cum[1:])]
-            out["pixel_values"] = take(pv, _spans(per_row, rows))
-            out["image_grid_thw"] = take(mm["image_grid_thw"], images)
-        elif mm.get("image_position_ids") is not None:
-            out["pixel_values"] = take(pv, images)
-            out["image_position_ids"] = take(mm["image_position_ids"], images)
-        elif mm.get("spatial_shapes") is not None:
-            out["pixel_values"] = take(pv, tiles)
-            out["pixel_attention_mask"] = take(mm["pixel_attention_mask"], tiles)
-            out["spatial_shapes"] = take(mm["spatial_shapes"], tiles)
-        elif num_tiles is not None:
-            out["pixel_values"] = take(pv, tiles)
-        elif num_images is not None and pv.size(0) == sum(num_images):
-            out["pixel_values"] = take(pv, images)
-        else:
-            out["pixel_values"] = take(pv, rows)
+    out = _select_pixel_values(mm, rows, images) if "pixel_values" in mm else {}
     if mm.get("pixel_attention_mask") is not None and mm.get("spatial_shapes") is None:
-        out["pixel_attention_mask"] = take(mm["pixel_attention_mask"], rows)
+        out["pixel_attention_mask"] = _take(mm["pixel_attention_mask"], rows)
     if mm.get("image_sizes") is not None:
-        out["image_sizes"] = take(mm["image_sizes"], images)
+        out["image_sizes"] = _take(mm["image_sizes"], images)
     for k in ("token_type_ids", "mm_token_type_ids"):
         if mm.get(k) is not None:
-            out[k] = take(mm[k], rows)
+            out[k] = _take(mm[k], rows)
     if num_images is not None:
         out["num_images"] = [num_images[i] for i in rows]
     if num_tiles is not None:
         out["num_tiles"] = [num_tiles[i] for i in rows]
     return out
+
+
+def _forward_inputs(attention_mask: torch.Tensor, mm: dict, rows: range) -> dict:
+    """The extra forward inputs of a micro-batch: position ids from the mask (text), or, as in TRL's forward of a
+    vision-language model, the rows' multimodal inputs and no position ids."""
+    if not mm:
+        return {"position_ids": position_ids_from_mask(attention_mask)}
+    return {k: v for k, v in select_mm_rows(mm, rows).items() if k not in ("num_images", "num_tiles")}
 
 
 def completion_logps(
@@ -179,11 +191,7 @@ def completion_logps(
     for start in range(0, input_ids.size(0), bs):
         ids = input_ids[start : start + bs]
         am = attention_mask[start : start + bs]
-        if mm:  # TRL's forward of a vision-language model: its multimodal inputs, no position ids
-            kw = select_mm_rows(mm, range(start, min(start + bs, input_ids.size(0))))
-            kw = {k: v for k, v in kw.items() if k not in ("num_images", "num_tiles")}
-        else:
-            kw = {"position_ids": position_ids_from_mask(am)}
+        kw = _forward_inputs(am, mm, range(start, start + ids.size(0)))
         if fused:
             labels = ids.masked_fill(am == 0, -100)
             labels[:, :-logits_to_keep] = -100

@@ -958,14 +958,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             all_logps[rows] = lp.detach().float()
         if free_rows.numel():
             with torch.no_grad():
-                all_logps[free_rows] = completion_logps(
-                    prm.model,
-                    input_ids[free_rows],
-                    attention_mask[free_rows],
-                    T,
-                    micro_batch_size=mb,
-                    mm_inputs=select_mm_rows(mm, free_rows),
-                ).float()
+                ids, am, free_mm = input_ids[free_rows], attention_mask[free_rows], select_mm_rows(mm, free_rows)
+                all_logps[free_rows] = completion_logps(prm.model, ids, am, T, micro_batch_size=mb, mm_inputs=free_mm)
         return all_logps, loss_sum
 
     def _prm_global_loss_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, mm):
