@@ -671,14 +671,10 @@ def test_vision_language_model(run, tiny_vlm_path, kind):
     assert seen["pixel_values"] is not None and seen["pixel_values"].shape[-2:] == (28, 28)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PRIME's implicit PRM scores a VLM's completions from the token ids alone: pixel_values never reach the "
-    "PRM or its reference (the image placeholder tokens are embedded as text), so the token rewards of Eq. 3 are "
-    "those of a text-only prompt",
-)
 @pytest.mark.parametrize("kind", PRIME)
 def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
+    """Every forward of the implicit PRM (and of its reference, the same model under PEFT or a copy) gets TRL's
+    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image."""
     tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset())
     calls = []
     tr.implicit_prm.model.register_forward_pre_hook(
@@ -686,6 +682,66 @@ def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
     )
     tr.train()
     assert calls and all(calls)
+
+
+def _mm_batches():
+    """Multimodal inputs of 4 rows in TRL's layouts: Qwen2-VL patches (``image_grid_thw``, 0-2 images a row), one
+    image per row (LLaVA, with ``image_sizes``), row-aligned ``pixel_values``, InternVL tiles (``num_tiles``)."""
+    g = torch.Generator().manual_seed(0)
+    grid = torch.tensor([[1, 2, 2], [1, 2, 4], [1, 1, 2], [1, 2, 2]])
+    return [
+        dict(
+            pixel_values=torch.randn(18, 3, generator=g),
+            image_grid_thw=grid,
+            num_images=[1, 2, 0, 1],
+            mm_token_type_ids=torch.randint(0, 2, (4, 6), generator=g),
+        ),
+        dict(
+            pixel_values=torch.randn(4, 3, 2, 2, generator=g),
+            num_images=[1, 1, 1, 1],
+            image_sizes=torch.tensor([[2, 2]] * 4),
+        ),
+        dict(
+            pixel_values=torch.randn(4, 3, generator=g),
+            num_images=[1, 1, 1, 2],  # not one entry per image: TRL slices pixel_values by rows
+            token_type_ids=torch.randint(0, 2, (4, 6), generator=g),
+        ),
+        dict(pixel_values=torch.randn(7, 3, generator=g), num_tiles=[2, 1, 3, 1], num_images=[1, 1, 1, 1]),
+    ]
+
+
+@pytest.mark.parametrize("layout", range(4))
+def test_select_mm_rows_slices_like_trl(layout):
+    """:func:`trl_prime.modeling.select_mm_rows` gives each micro-batch the multimodal inputs TRL 1.16's
+    ``GRPOTrainer._get_per_token_logps_and_entropies`` gives it, and picks arbitrary rows (PRIME's row subsets)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from trl_prime.modeling import select_mm_rows
+
+    mm = _mm_batches()[layout]
+    ids, mask = torch.zeros((4, 6), dtype=torch.long), torch.ones((4, 6), dtype=torch.long)
+    seen = []
+
+    def model(**kw):
+        seen.append(
+            {k: v for k, v in kw.items() if k not in ("input_ids", "attention_mask", "labels", "fused_lm_head")}
+        )
+        return SimpleNamespace(log_probs=torch.zeros(kw["input_ids"].shape))
+
+    stub = SimpleNamespace(accelerator=SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True))
+    GRPOTrainer._get_per_token_logps_and_entropies(stub, model, ids, mask, 2, batch_size=3, **mm)
+    for trl_kw, rows in zip(seen, (range(0, 3), range(3, 4)), strict=True):
+        ours = {k: v for k, v in select_mm_rows(mm, rows).items() if k not in ("num_images", "num_tiles")}
+        assert ours.keys() == trl_kw.keys()
+        assert all(torch.equal(ours[k], trl_kw[k]) for k in ours)
+    # rows in any order: each row's own inputs, concatenated in that order
+    picked, singles = select_mm_rows(mm, torch.tensor([3, 0])), [select_mm_rows(mm, [i]) for i in (3, 0)]
+    for k, v in picked.items():
+        expected = sum((s[k] for s in singles), []) if isinstance(v, list) else torch.cat([s[k] for s in singles])
+        assert (v == expected) if isinstance(v, list) else torch.equal(v, expected)
 
 
 @pytest.fixture(scope="module")
@@ -789,13 +845,9 @@ def test_tool_calling(tiny_tool_model_path, step_prm_path, tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the degenerate-batch guard counts a completion as truncated when its length (tool responses included) "
-    "reaches max_completion_length, while TRL counts the completions that end without EOS: with tool calls it "
-    "reports guard/all_truncated=1 where TRL's completions/clipped_ratio is 0.5",
-)
 def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp_path, monkeypatch):
+    """The degenerate-batch guard counts a completion as truncated as TRL does (no EOS at the end, TRL's
+    ``completions/clipped_ratio``), not by its length (tool responses included)."""
     monkeypatch.setitem(KINDS, "prl", (_calling_tools(PRLGRPOTrainer), PRLConfig))
     tr, logs = _train_and_check(
         "prl",
@@ -806,3 +858,68 @@ def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp
         max_completion_length=40,
     )
     assert logs["guard/all_truncated"][0] == float(logs["completions/clipped_ratio"][0] == 1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_long_tool_model_path(tiny_tool_model_path, tmp_path_factory):
+    """:func:`tiny_tool_model_path` with a context of 2048 positions: the prompt with the tools rendered is 664 tokens
+    (beyond the tiny model's 512), and TRL drops a tool's response that would push the sequence past the model's
+    context, so only this model gets the tool responses appended to its completions."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    path = tmp_path_factory.mktemp("compat_long_tool_model") / "model"
+    shutil.copytree(tiny_tool_model_path, path)
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.max_position_embeddings = 2048  # rotary positions: no weight depends on it
+    cfg.save_pretrained(path)
+    return str(path)
+
+
+def _recording_tool_mask(cls):
+    """``cls`` (calling tools) that keeps TRL's ``tool_mask`` and ``completion_mask`` of each generation round, as
+    TRL produced them (before the method's row weights)."""
+
+    class RecordingToolMask(_calling_tools(cls)):
+        def _algorithm_step(self, output, rollout):
+            self._tool_rounds = [
+                *getattr(self, "_tool_rounds", []),
+                (output["tool_mask"].clone(), output["completion_mask"].clone()),
+            ]
+            return super()._algorithm_step(output, rollout)
+
+    RecordingToolMask.__name__ = cls.__name__
+    return RecordingToolMask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["prime-grpo", "prl"])
+def test_tool_calling_tool_responses_get_no_token_reward(tiny_long_tool_model_path, tmp_path, monkeypatch, kind):
+    """Tool responses (TRL's ``tool_mask`` 0) are not the policy's actions: PRIME gives them token reward 0 (Eq. 3)
+    in step 2, when the PRM has moved, and keeps them out of the sequence reward; PRL's KL-to-go skips them."""
+    monkeypatch.setitem(KINDS, kind, (_recording_tool_mask(KINDS[kind][0]), KINDS[kind][1]))
+    tr, _ = _train_and_check(
+        kind,
+        tiny_long_tool_model_path,
+        tmp_path,
+        tools=[add],
+        train_dataset=tiny_prompt_dataset(8, conversational=True),
+        max_completion_length=160,  # room for the tool's response after the call (70 tokens)
+        max_steps=2 if kind in PRIME else 1,
+    )
+    tool_mask, completion_mask = tr._tool_rounds[-1]
+    tool = (completion_mask * (1 - tool_mask)).bool()  # the tool-response tokens
+    actions = (completion_mask * tool_mask).bool()
+    assert tool.any() and actions.any()
+    if kind in PRIME:
+        rounds = next(cb for cb in tr.callback_handler.callbacks if isinstance(cb, ScoredRounds)).rounds
+        last = [r for r in rounds if r["mode"] == "train"][-1]
+        assert last["step"] == 2
+        rewards = last["token_rewards"]
+        assert torch.equal(rewards[tool], torch.zeros_like(rewards[tool]))
+        assert bool((rewards[actions] != 0).any()), "the PRM moved: the policy's tokens get nonzero token rewards"
+        torch.testing.assert_close(last["sequence_rewards"], rewards.sum(-1))
+    else:
+        kl_mask = tr._prl_last["mask"][tr._prl_last["process_slice"], : tool.size(1)]
+        assert not bool(kl_mask[tool].any()) and bool(kl_mask[actions].all())

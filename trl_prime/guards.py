@@ -574,15 +574,22 @@ class GuardsMixin:
         num_generations: int,
         kept: torch.Tensor | None = None,
         completion_lengths: torch.Tensor | None = None,
+        truncated: torch.Tensor | None = None,
     ) -> None:
-        """Warning metrics of a degenerate generation batch (global tensors; every process the same)."""
+        """Warning metrics of a degenerate generation batch (global tensors; every process the same).
+
+        ``truncated`` ``(B_global,)`` bool: the completions TRL counts as truncated (no EOS at the end, the signal of
+        TRL's ``completions/clipped_ratio``; :attr:`trl_prime.rollout.Rollout.truncated`); without it, a completion
+        is truncated when its length reaches ``max_completion_length``."""
         m = self._metrics[mode]
         scorable = torch.isfinite(outcome)
         vals = outcome[scorable]
         all_equal = float(vals.numel() == 0 or bool((vals == vals[0]).all()))
         lengths = completion_mask_g.sum(-1) if completion_lengths is None else completion_lengths
         max_len = getattr(self, "max_completion_length", None)
-        all_trunc = float(max_len is not None and lengths.numel() > 0 and bool((lengths >= max_len).all()))
+        if truncated is None and max_len is not None:
+            truncated = lengths >= max_len
+        all_trunc = float(truncated is not None and truncated.numel() > 0 and bool(truncated.all()))
         short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
         all_filtered = float(kept is not None and not bool(kept.any()))
         zero_spread = float(not bool(group_reward_spread(outcome, num_generations, kept).any()))

@@ -69,6 +69,87 @@ def add_fused_head(model: nn.Module, *, mark_only: bool = False) -> nn.Module:
     return model
 
 
+def _cum(counts) -> list[int]:
+    """``[0, c0, c0 + c1, ...]``: the start of each row's items (and the end of the last)."""
+    cum = [0]
+    for c in counts:
+        cum.append(cum[-1] + int(c))
+    return cum
+
+
+def _spans(counts, rows: list[int]) -> list[int]:
+    """Indices of the items of ``rows``, row ``i`` owning ``counts[i]`` consecutive items."""
+    cum = _cum(counts)
+    return [j for i in rows for j in range(cum[i], cum[i + 1])]
+
+
+def _take(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    return x[torch.tensor(idx, dtype=torch.long, device=x.device)]
+
+
+def _select_pixel_values(mm: dict, rows: list[int], images: list[int] | None) -> dict:
+    """``pixel_values`` of ``rows`` and the inputs indexed like them (per image or per tile), as TRL 1.16 slices them
+    (``images``: the indices of the rows' images)."""
+    pv, num_images, num_tiles = mm["pixel_values"], mm.get("num_images"), mm.get("num_tiles")
+    tiles = _spans(num_tiles, rows) if num_tiles is not None else None
+    if mm.get("image_grid_thw") is not None:  # Qwen-VL: prod(thw) patches per image
+        per_image, cum = mm["image_grid_thw"].prod(dim=-1).tolist(), _cum(num_images)
+        per_row = [sum(per_image[a:b]) for a, b in zip(cum[:-1], cum[1:])]
+        return {
+            "pixel_values": _take(pv, _spans(per_row, rows)),
+            "image_grid_thw": _take(mm["image_grid_thw"], images),
+        }
+    if mm.get("image_position_ids") is not None:
+        return {"pixel_values": _take(pv, images), "image_position_ids": _take(mm["image_position_ids"], images)}
+    if mm.get("spatial_shapes") is not None:  # LFM2-VL: per tile
+        keys = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        return {k: _take(mm[k], tiles) for k in keys}
+    if num_tiles is not None:  # InternVL: per tile
+        return {"pixel_values": _take(pv, tiles)}
+    if num_images is not None and pv.size(0) == sum(num_images):  # per image
+        return {"pixel_values": _take(pv, images)}
+    return {"pixel_values": _take(pv, rows)}
+
+
+def select_mm_rows(mm_inputs: dict, rows) -> dict:
+    """The multimodal inputs of the batch rows ``rows``, laid out as TRL lays them out for those rows alone.
+
+    ``mm_inputs`` holds TRL's multimodal inputs of a ``B``-row batch (``trl_prime.rollout.MM_KEYS``, as TRL's
+    ``GRPOTrainer._get_per_token_logps_and_entropies`` takes them): ``pixel_values`` of a row are its images'
+    patches (``image_grid_thw``: ``prod(thw)`` rows per image), its images (``num_images`` per row), its tiles
+    (``num_tiles`` per row) or one entry per row, as TRL 1.16 slices them per micro-batch; ``image_grid_thw``,
+    ``image_sizes`` and ``image_position_ids`` have one entry per image, ``spatial_shapes`` and LFM2-VL's
+    ``pixel_attention_mask`` one per tile, ``token_type_ids`` / ``mm_token_type_ids`` one per row. ``rows`` is a list
+    or a 1-D long tensor of row indices (any order). Returns a new dict (``num_images`` / ``num_tiles`` lists of the
+    selected rows included).
+    """
+    rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+    mm = {k: v for k, v in mm_inputs.items() if v is not None}
+    num_images, num_tiles = mm.get("num_images"), mm.get("num_tiles")
+    images = _spans(num_images, rows) if num_images is not None else None
+    out = _select_pixel_values(mm, rows, images) if "pixel_values" in mm else {}
+    if mm.get("pixel_attention_mask") is not None and mm.get("spatial_shapes") is None:
+        out["pixel_attention_mask"] = _take(mm["pixel_attention_mask"], rows)
+    if mm.get("image_sizes") is not None:
+        out["image_sizes"] = _take(mm["image_sizes"], images)
+    for k in ("token_type_ids", "mm_token_type_ids"):
+        if mm.get(k) is not None:
+            out[k] = _take(mm[k], rows)
+    if num_images is not None:
+        out["num_images"] = [num_images[i] for i in rows]
+    if num_tiles is not None:
+        out["num_tiles"] = [num_tiles[i] for i in rows]
+    return out
+
+
+def _forward_inputs(attention_mask: torch.Tensor, mm: dict, rows: range) -> dict:
+    """The extra forward inputs of a micro-batch: position ids from the mask (text), or, as in TRL's forward of a
+    vision-language model, the rows' multimodal inputs and no position ids."""
+    if not mm:
+        return {"position_ids": position_ids_from_mask(attention_mask)}
+    return {k: v for k, v in select_mm_rows(mm, rows).items() if k not in ("num_images", "num_tiles")}
+
+
 def completion_logps(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -76,6 +157,7 @@ def completion_logps(
     logits_to_keep: int,
     *,
     micro_batch_size: int | None = None,
+    mm_inputs: dict | None = None,
 ) -> torch.Tensor:
     """Per-token log-probs of the last ``logits_to_keep`` tokens of each row under ``model``.
 
@@ -86,11 +168,14 @@ def completion_logps(
         attention_mask: ``(B, L)`` 0/1, 0 on padding.
         logits_to_keep: ``T``, the completion length; the scored tokens are ``input_ids[:, -T:]``.
         micro_batch_size: rows per forward (``None``: all rows at once).
+        mm_inputs: a vision-language model's multimodal inputs of the ``B`` rows (TRL's, ``pixel_values`` ...; see
+            :func:`select_mm_rows`), sliced per micro-batch as TRL slices them; ``None`` or empty: text only.
 
     Returns:
         ``(B, T)`` float32 log-probs, natural log. Values at padded completion positions are unspecified.
 
-    The logit at position ``t-1`` scores token ``t`` (causal shift). Position ids come from the attention mask.
+    The logit at position ``t-1`` scores token ``t`` (causal shift). Position ids come from the attention mask (text
+    only; with multimodal inputs the model derives its own, as in TRL's forward).
     """
     if logits_to_keep <= 0:
         return input_ids.new_zeros((input_ids.size(0), 0), dtype=torch.float32)
@@ -101,22 +186,21 @@ def completion_logps(
         )
     fused = has_fused_head(model)
     bs = micro_batch_size or input_ids.size(0)
+    mm = {k: v for k, v in (mm_inputs or {}).items() if v is not None}
     out = []
     for start in range(0, input_ids.size(0), bs):
         ids = input_ids[start : start + bs]
         am = attention_mask[start : start + bs]
-        pos = position_ids_from_mask(am)
+        kw = _forward_inputs(am, mm, range(start, start + ids.size(0)))
         if fused:
             labels = ids.masked_fill(am == 0, -100)
             labels[:, :-logits_to_keep] = -100
-            res = model(input_ids=ids, attention_mask=am, position_ids=pos, labels=labels, fused_lm_head=True)
+            res = model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True, **kw)
             lp = res.log_probs[:, -logits_to_keep:]
         else:
             from trl.trainer.utils import selective_log_softmax
 
-            res = model(
-                input_ids=ids, attention_mask=am, position_ids=pos, logits_to_keep=logits_to_keep + 1, use_cache=False
-            )
+            res = model(input_ids=ids, attention_mask=am, logits_to_keep=logits_to_keep + 1, use_cache=False, **kw)
             logits = res.logits[:, -(logits_to_keep + 1) : -1]
             lp = selective_log_softmax(logits, ids[:, -logits_to_keep:])
         out.append(lp.float())

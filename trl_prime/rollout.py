@@ -6,6 +6,7 @@
   process order, as TRL gathers rewards).
 - :func:`mask_loss_rows`: give whole rows of a GRPO generation batch loss weight 0 (TRL's loss-only ``tool_mask``)
   and recount ``num_items_in_batch`` over the remaining tokens of the global batch.
+- :func:`action_mask`: the completion tokens the policy generated (tool responses excluded, TRL's ``tool_mask``).
 - :func:`replace_logged_advantages`: put the advantages that really reach the loss into TRL's completions log.
 - :func:`drop_zero_weight_rows` / :class:`DropZeroWeightRowsMixin`: the policy's loss forward and backward skip the
   rows whose loss weight is 0 (prompts removed by the online filter or by PROF, unscorable rows).
@@ -119,6 +120,14 @@ def mask_loss_rows(accelerator, output: dict, keep: torch.Tensor) -> None:
     output["num_items_in_batch"] = gather((cm * output["tool_mask"]).sum()).sum()
 
 
+def action_mask(output: dict) -> torch.Tensor:
+    """``(B, T)``: the completion tokens the policy generated, ``completion_mask * tool_mask`` when TRL appended tool
+    responses (``tool_mask`` 0 on them: they are not the policy's actions, and TRL's loss masks them), else
+    ``output["completion_mask"]`` itself. Read it before :func:`mask_loss_rows` adds row weights to ``tool_mask``."""
+    tool_mask = output.get("tool_mask")
+    return output["completion_mask"] if tool_mask is None else output["completion_mask"] * tool_mask
+
+
 def replace_logged_advantages(trainer, values: Sequence[float] | torch.Tensor) -> None:
     """Replace the global advantages TRL just appended to its completions log (one per generated completion)."""
     values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
@@ -218,11 +227,13 @@ class Rollout:
         outcome: ``(B_global,)`` float outcome rewards (weighted sum of the reward functions); ``NaN`` where no
             function scored the row and where a reward was infinite.
         scorable: ``(B_global,)`` bool, ``~isnan(outcome)``.
+        truncated: ``(B_global,)`` bool, the completions TRL counts as truncated (no EOS at the end; TRL's
+            ``completions/clipped_ratio``).
         flagged: ``(B_global,)`` bool, the rows the guard found non-finite (infinite rewards, or non-finite values in
             ``logps``); in training such a row poisons the batch (its optimizer steps are skipped).
         logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (:meth:`RolloutMixin._rollout_logps`).
         capture: what TRL's step produced on the way (local): ``rewards_per_func`` ``(B_global, n_funcs)``,
-            ``prompts``, ``completions``, ``completion_lengths`` (list of ints) and, for trainers that record them,
+            ``prompts``, ``completions``, ``completion_lengths`` (list of ints), ``truncated`` (``(B,)`` bool) and, for trainers that record them,
             log-probs (``policy_logps``, ``trl_ref_logps``).
     """
 
@@ -234,6 +245,7 @@ class Rollout:
     outcome: torch.Tensor
     scorable: torch.Tensor
     flagged: torch.Tensor
+    truncated: torch.Tensor
     logps: dict[str, torch.Tensor | None] = field(default_factory=dict)
     capture: dict[str, Any] = field(default_factory=dict)
 
@@ -262,8 +274,19 @@ class RolloutMixin:
                 prompts=prompts,
                 completions=completions,
                 completion_lengths=[len(c) for c in completion_ids_list],
+                truncated=self._truncated_rows(completion_ids_list),
             )
         return rewards_per_func
+
+    def _truncated_rows(self, completion_ids_list) -> torch.Tensor:
+        """``(B,)`` bool: the completions TRL counts as truncated (``completions/clipped_ratio``): the last token is
+        neither an EOS nor the pad token (tool responses and every turn included, as TRL's generation step does)."""
+        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        return torch.tensor(
+            [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_ids_list],
+            dtype=torch.bool,
+            device=self.accelerator.device,
+        )
 
     def _generate_and_score_completions(self, inputs):
         self._rollout_capture = {}
@@ -302,6 +325,7 @@ class RolloutMixin:
             outcome=outcome,
             scorable=~torch.isnan(outcome),
             flagged=flagged,
+            truncated=gather(capture["truncated"]),
             logps=logps,
             capture=capture,
         )

@@ -291,8 +291,10 @@ class ImplicitPRM:
         logits_to_keep: int,
         *,
         requires_grad: bool = False,
+        mm_inputs: dict | None = None,
     ) -> torch.Tensor:
-        """``(B, T)`` log-probs of the completion tokens under ``pi_phi`` (eval mode); see :func:`completion_logps`.
+        """``(B, T)`` log-probs of the completion tokens under ``pi_phi`` (eval mode); see :func:`completion_logps`
+        (``mm_inputs``: a vision-language PRM's multimodal inputs of the rows, e.g. ``pixel_values``).
 
         For a training step on a PEFT PRM, run the forward *and* the backward inside ``prm_context(trainable=True)``
         (the adapter's ``requires_grad`` flags are restored when the context exits, and autograd skips parameters
@@ -300,19 +302,37 @@ class ImplicitPRM:
         """
         with self.prm_context(trainable=requires_grad), torch.set_grad_enabled(requires_grad):
             return completion_logps(
-                self.model, input_ids, attention_mask, logits_to_keep, micro_batch_size=self.micro_batch_size
+                self.model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                micro_batch_size=self.micro_batch_size,
+                mm_inputs=mm_inputs,
             )
 
     @torch.no_grad()
-    def ref_logps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
-        """``(B, T)`` log-probs of the completion tokens under ``pi_ref`` (eval mode, no grad).
+    def ref_logps(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        *,
+        mm_inputs: dict | None = None,
+    ) -> torch.Tensor:
+        """``(B, T)`` log-probs of the completion tokens under ``pi_ref`` (eval mode, no grad); ``mm_inputs`` as in
+        :meth:`prm_logps`.
 
         Raises:
             ValueError: the reference is external (``prm_reference="policy"``): pass ``ref_logps`` instead.
         """
         with self.ref_context() as ref_model:
             return completion_logps(
-                ref_model, input_ids, attention_mask, logits_to_keep, micro_batch_size=self.micro_batch_size
+                ref_model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                micro_batch_size=self.micro_batch_size,
+                mm_inputs=mm_inputs,
             )
 
     # --------------------------------------------------------------------------------------------------------

@@ -234,7 +234,10 @@ class PrimeOptions(GuardOptions, ProfOptions):
     filter_upper: float = field(default=0.8, metadata={"help": "Upper bound of the online prompt filter (inclusive)."})
     filter_truncated: bool = field(
         default=False,
-        metadata={"help": "Also drop groups holding a truncated completion (length >= max_completion_length)."},
+        metadata={
+            "help": "Also drop groups holding a truncated completion (one that ends without EOS, as TRL's "
+            "completions/clipped_ratio counts it)."
+        },
     )
 
     def __post_init__(self):

@@ -28,7 +28,7 @@ import copy
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from trl_prime.modeling import (
     model_init_kwargs,
     position_ids_from_mask,
     prepare_frozen,
+    select_mm_rows,
     unwrap,
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
@@ -63,6 +64,7 @@ from trl_prime.rollout import (
     DropZeroWeightRowsMixin,
     Rollout,
     RolloutMixin,
+    action_mask,
     drop_zero_weight_rows,
     gather_padded,
     mask_loss_rows,
@@ -126,16 +128,17 @@ class _PositionIdsFromMask:
 
 
 def _logps_of_rows(
-    logps_fn, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, *, skip: torch.Tensor
+    logps_fn, input_ids: torch.Tensor, attention_mask: torch.Tensor, T: int, *, skip: torch.Tensor, mm: dict
 ) -> torch.Tensor:
-    """``logps_fn(input_ids, attention_mask, T)`` (``(B, T)`` no-grad log-probs) run on the rows not flagged in
-    ``skip`` ``(B,)`` bool only; skipped rows get no forward and log-probs 0."""
+    """``logps_fn(input_ids, attention_mask, T, mm_inputs=mm)`` (``(B, T)`` no-grad log-probs; ``mm`` the rows'
+    multimodal inputs, empty for text) run on the rows not flagged in ``skip`` ``(B,)`` bool only; skipped rows get
+    no forward and log-probs 0."""
     if not bool(skip.any()):
-        return logps_fn(input_ids, attention_mask, T)
+        return logps_fn(input_ids, attention_mask, T, mm_inputs=mm)
     rows = (~skip).nonzero(as_tuple=True)[0]
     out = torch.zeros((input_ids.size(0), T), dtype=torch.float32, device=input_ids.device)
     if rows.numel():
-        sub = logps_fn(input_ids[rows], attention_mask[rows], T)
+        sub = logps_fn(input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows))
         out = out.to(sub.dtype)
         out[rows] = sub
     return out
@@ -150,6 +153,8 @@ class PrimeRound(Rollout):
     labels: torch.Tensor | None = None  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
     kept: torch.Tensor | None = None  # (B_global,) bool: rows of the groups the prompt filter kept
     kept_fraction: float = float("nan")  # fraction of groups kept (filter/kept_fraction)
+    actions: torch.Tensor | None = None  # (B, T) the policy's own completion tokens (tool responses excluded)
+    mm: dict = field(default_factory=dict)  # a vision-language policy's multimodal inputs (TRL's, MM_KEYS)
     skip_filtered: bool = False  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
     unscored: torch.Tensor | None = None  # (B,) bool: rows without reference / PRM forward (log-probs 0)
     policy_logps: torch.Tensor | None = None  # (B, T) rollout log-probs (None when TRL skipped them)
@@ -529,6 +534,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
         Line 11 (``theta_old <- theta``) is TRL's: the next generation round samples from the updated policy.
         """
+        r.actions = action_mask(output)  # tool responses are not the policy's actions: no token reward on them
+        r.mm = {k: output[k] for k in MM_KEYS if output.get(k) is not None}  # the PRM and reference see the images
         r.kept = self._filter_prompts(r)  # line 6
         r.ref_logps = self._reference_logps(output, r)  # line 7: log pi_ref
         r.prm_logps, r.prm_stats = self._update_prm(output, r)  # line 8 (and log pi_phi of line 7)
@@ -552,7 +559,10 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         r.labels = self._prm_labels(r)
         r.lengths = gather(torch.tensor(r.capture["completion_lengths"], device=self.accelerator.device))
         if r.mode == "train":
-            trunc = dict(completion_lengths=r.lengths, max_completion_length=self.max_completion_length)
+            # truncated = TRL's definition (no EOS at the end, TRL's completions/clipped_ratio), handed to the
+            # length test of prompt_accuracy_mask as length max_completion_length (truncated) or 0
+            max_len = self.max_completion_length
+            trunc = dict(completion_lengths=r.truncated.long() * max_len, max_completion_length=max_len)
             kept = F.prompt_accuracy_mask(
                 outcome_rewards=r.labels,
                 num_generations=K,
@@ -632,13 +642,20 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             if policy_logps is None:  # GRPO skips them when generation and optimisation are aligned
                 with torch.no_grad():
                     policy_logps = self._get_per_token_logps_and_entropies(
-                        self.model, r.input_ids, r.attention_mask, T, batch_size=self.implicit_prm.micro_batch_size
+                        self.model,
+                        r.input_ids,
+                        r.attention_mask,
+                        T,
+                        batch_size=self.implicit_prm.micro_batch_size,
+                        **r.mm,
                     )[0]
             ref_logps = policy_logps
         elif self._shares_trl_ref and r.capture.get("trl_ref_logps") is not None:
             ref_logps = r.capture["trl_ref_logps"]
         else:
-            ref_logps = _logps_of_rows(self.implicit_prm.ref_logps, r.input_ids, r.attention_mask, T, skip=r.unscored)
+            ref_logps = _logps_of_rows(
+                self.implicit_prm.ref_logps, r.input_ids, r.attention_mask, T, skip=r.unscored, mm=r.mm
+            )
         self._guard_inspect(
             r.mode,
             local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
@@ -651,22 +668,23 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         """Algorithm 1 line 8: one PRM update on the PRM labels (``r.labels``) of the kept rows (training;
         :meth:`_train_prm`), or the PRM's forward alone (evaluation).
 
-        Returns ``(prm_logps (B, T) detached, stats)``."""
-        completion_mask = output["completion_mask"]
+        Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
+        completion_mask = r.actions
         labels = r.labels[r.local].clone()
         labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
         if r.mode == "train":
             return self._train_prm(
-                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored
+                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=r.mm
             )
-        return self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1)), {"loss": math.nan}
+        lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=r.mm)
+        return lp, {"loss": math.nan}
 
     def _token_rewards(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """Algorithm 1 line 7, PRIME Eq. 3: the ``(B, T)`` token rewards ``beta * (log pi_phi - log pi_ref)`` on every
         completion token (the last one leaves the advantages when ``include_last_token=False``). Guarded (non-finite
         or beyond ``prm_max_abs_token_reward``: the batch is poisoned, the rewards zeroed / clamped to stay finite).
-        Sets ``r.seq_rewards``."""
-        a, completion_mask = self.args, output["completion_mask"]
+        Tool responses (TRL's ``tool_mask``) get token reward 0. Sets ``r.seq_rewards``."""
+        a, completion_mask = self.args, r.actions
         token_rewards = F.implicit_token_rewards(
             prm_logps=r.prm_logps, ref_logps=r.ref_logps, mask=completion_mask, beta=a.prm_beta
         )
@@ -701,7 +719,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         rewards padded and gathered; rows outside ``r.policy_kept`` get no outcome): ``(B_global, T_max)``; zeros
         when ``K == 1``. Sets ``r.rewards_g``, ``r.mask_g``, ``r.advantage_inputs``, and this process's
         ``r.advantages`` and ``r.loss_mask`` ``(B, T)``."""
-        completion_mask, K = output["completion_mask"], r.num_generations
+        completion_mask, K = r.actions, r.num_generations
         r.rewards_g = gather_padded(self.accelerator, r.token_rewards)
         r.mask_g = gather_padded(self.accelerator, completion_mask)
         outcome = self._outcome_with_kl_penalty(output, r)
@@ -760,6 +778,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             num_generations=r.num_generations,
             kept=r.kept if r.mode == "train" else None,
             completion_lengths=r.lengths,
+            truncated=r.truncated,
         )
 
     def _hand_to_loss(self, output: dict, r: PrimeRound) -> None:
@@ -842,32 +861,33 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     # ----------------------------------------------------------------------------------------------------------
     # PRM update (Algorithm 1 line 8)
     # ----------------------------------------------------------------------------------------------------------
-    def _train_prm(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored=None):
-        """One PRM update on the kept rows (``labels`` NaN elsewhere). Returns ``(prm_logps (B,T), stats)``.
+    def _train_prm(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored=None, mm=None):
+        """One PRM update on the kept rows (``labels`` NaN elsewhere). Returns ``(prm_logps (B,T), stats)``. ``mm``:
+        a vision-language PRM's multimodal inputs of the rows (TRL's ``pixel_values`` ...), none for text.
 
         ``prm_logps`` are detached: from the update's own forward (``single``) or a forward after the step
         (``double``); rows flagged in ``unscored`` ``(B,)`` bool (filtered rows with ``prm_score_filtered_rows=False``)
         get no forward and log-probs 0. Each rank's loss is its share of the global mean (rows scaled by the global
         row count), so summing gradients over ranks gives the gradient of the global mean loss.
         """
-        T = completion_mask.size(1)
+        T, mm = completion_mask.size(1), mm or {}
         valid = ~torch.isnan(labels)
         unscored = torch.zeros_like(valid) if unscored is None else unscored
         n_global = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum").item()
         # every group filtered out, or non-finite rewards / log-probs in this batch (global decisions): no PRM step
         if n_global == 0 or self.guard_poisoned:
-            return _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored), {
+            return _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored, mm=mm), {
                 "loss": float("nan")
             }
         pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
         with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
             if self.args.prm_loss == "ce":
                 prm_logps, loss_sum = self._prm_ce_backward(
-                    input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global
+                    input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm
                 )
             else:
                 prm_logps, loss_sum, pair_info = self._prm_global_loss_backward(
-                    input_ids, attention_mask, completion_mask, labels, ref_logps
+                    input_ids, attention_mask, completion_mask, labels, ref_logps, mm
                 )
         loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
         prm_logps, stats = self._step_prm(
@@ -876,7 +896,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             completion_mask,
             loss_value,
             unscored,
-            lambda: _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored),
+            lambda: _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored, mm=mm),
         )
         if "grad_norm" in stats:  # the PRM's optimizer stepped
             self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
@@ -898,7 +918,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             loss_labels=pair_info["global_labels"],
         )
 
-    def _prm_ce_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global):
+    def _prm_ce_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm):
         """The cross-entropy PRM loss by micro-batches of the rows that train, one backward each (each loss scaled by
         its rows' share of the ``n_global`` labelled rows). Returns ``((B, T) float32 detached log-probs of every
         scored row, the local loss sum)``."""
@@ -918,7 +938,9 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         loss_sum = torch.zeros((), device=labels.device)
         for s in range(0, grad_rows.numel(), mb):
             rows = grad_rows[s : s + mb]
-            lp = completion_logps(prm.model, input_ids[rows], attention_mask[rows], T)
+            lp = completion_logps(
+                prm.model, input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows)
+            )
             share = valid[rows].sum().item() / n_global
             loss = (
                 F.implicit_prm_loss(
@@ -936,17 +958,17 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             all_logps[rows] = lp.detach().float()
         if free_rows.numel():
             with torch.no_grad():
-                all_logps[free_rows] = completion_logps(
-                    prm.model, input_ids[free_rows], attention_mask[free_rows], T, micro_batch_size=mb
-                ).float()
+                ids, am, free_mm = input_ids[free_rows], attention_mask[free_rows], select_mm_rows(mm, free_rows)
+                all_logps[free_rows] = completion_logps(prm.model, ids, am, T, micro_batch_size=mb, mm_inputs=free_mm)
         return all_logps, loss_sum
 
-    def _prm_global_loss_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps):
+    def _prm_global_loss_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, mm):
         """The pairwise / KTO PRM loss (:meth:`_global_batch_prm_loss`) in one forward and backward. Returns
         ``(detached (B, T) log-probs, the local share of the loss, pair info)``."""
         T = completion_mask.size(1)
+        prm = self.implicit_prm
         lp = completion_logps(
-            self.implicit_prm.model, input_ids, attention_mask, T, micro_batch_size=self.implicit_prm.micro_batch_size
+            prm.model, input_ids, attention_mask, T, micro_batch_size=prm.micro_batch_size, mm_inputs=mm
         )
         loss, pair_info = self._global_batch_prm_loss(lp, ref_logps, completion_mask, labels)
         self.prm_optim.backward(loss)

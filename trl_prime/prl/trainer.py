@@ -33,6 +33,7 @@ from trl_prime.rollout import (
     DropZeroWeightRowsMixin,
     Rollout,
     RolloutMixin,
+    action_mask,
     gather_padded,
     resolve_trainer_args,
 )
@@ -59,7 +60,8 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
     KL-to-go of the tempered distribution the completions were drawn from (PRL section 3.1; PRIME's PRM scores at
     temperature 1 instead: see :class:`PRLConfig`).
 
-    Rows whose outcome is unscorable (every reward function returned ``None``) get weight 0 and loss weight 0.
+    Rows whose outcome is unscorable (every reward function returned ``None``) get weight 0 and loss weight 0. With
+    tool calling, ``S_t`` sums over the policy's own tokens only: tool responses (TRL's ``tool_mask``) add nothing.
 
     Metrics, each generation round: ``prl/kl_to_go_mean``, ``prl/kl_to_go_min``, ``prl/kl_to_go_max`` (``S_t`` in
     nats over the scorable completion tokens of the global batch), ``prl/sign_flip_fraction`` (fraction of those tokens
@@ -177,13 +179,15 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         # advantages over the global batch (pad, gather, compute, slice)
         old_g, ref_g = gather_padded(acc, old), gather_padded(acc, ref)
         mask_g = gather_padded(acc, completion_mask).bool()
+        # the KL-to-go sums over the policy's own tokens: tool responses (TRL's tool_mask) are not its actions
+        actions_g = gather_padded(acc, action_mask(output)).bool()
         ends_g = gather_padded(acc, ends.long()).bool() if ends is not None else None
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
         adv_inputs = dict(
             outcome_rewards=outcome,
             old_logps=old_g,
             ref_logps=ref_g,
-            mask=mask_g,
+            mask=actions_g,
             group_ids=group_ids,
             eta=a.prl_eta,
             step_ends=ends_g,
@@ -195,7 +199,9 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         advantages_g = F.prl_advantages(**adv_inputs)
         self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
         self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
-        self._guard_degenerate_metrics(mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K)
+        self._guard_degenerate_metrics(
+            mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K, truncated=rollout.truncated
+        )
         # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
         self._hand_advantages(output, rollout, advantages_g, keep=None if bool(scorable.all()) else scorable)
         self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)

@@ -44,7 +44,9 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
     ``scale_rewards``) are computed over the kept rows of each prompt only, and the dropped rows get loss weight 0
     (TRL's ``tool_mask``); ``num_items_in_batch`` counts the kept tokens of the global batch, so the token-mean loss is
     over the kept tokens. Evaluation is not filtered. Metrics: ``prof/*`` (see :meth:`ProfFilter.metrics`) besides
-    TRL's; the completions log shows the advantages that reached the loss (0 on dropped rows).
+    TRL's; the completions log shows the advantages that reached the loss (0 on dropped rows). With tool calling the
+    step PRM scores the completion's text as a whole, tool responses included (the steps are read from the text, as
+    a step PRM reads a solution); the policy's loss still masks the tool responses (TRL's ``tool_mask``).
 
     Example::
 
@@ -93,7 +95,9 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
         mask_g = gather_padded(acc, output["completion_mask"])
         if self.prof_filter is None:
             self._guard_inspect("train", local_rows={"advantages": output["advantages"]})
-            self._guard_degenerate_metrics("train", outcome=outcome, completion_mask_g=mask_g, num_generations=K)
+            self._guard_degenerate_metrics(
+                "train", outcome=outcome, completion_mask_g=mask_g, num_generations=K, truncated=rollout.truncated
+            )
             return output
         kept = self.prof_filter(
             self, outcome=outcome, eligible=rollout.scorable, output=output, capture=rollout.capture, num_generations=K
@@ -104,7 +108,12 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
         self._guard_single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
         self._guard_inspect("train", global_rows={"advantages": advantages_g})
         self._guard_degenerate_metrics(
-            "train", outcome=outcome, completion_mask_g=mask_g, num_generations=K, kept=kept
+            "train",
+            outcome=outcome,
+            completion_mask_g=mask_g,
+            num_generations=K,
+            kept=kept,
+            truncated=rollout.truncated,
         )
         self._hand_advantages(output, rollout, advantages_g, keep=kept)
         return output
