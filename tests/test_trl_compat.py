@@ -790,17 +790,22 @@ TOOL_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool
 
 @pytest.fixture(scope="module")
 def tiny_tool_model_path(tmp_path_factory):
-    """The tiny Qwen2 model with TRL's Qwen3 chat template (it renders tools, tool calls and tool responses)."""
+    """The tiny Qwen2 model with TRL's Qwen3 chat template (it renders tools, tool calls and tool responses) and a
+    context of 2048 positions: the prompt with the tools rendered is 664 tokens, and TRL drops a tool's response that
+    would push the sequence past the model's context (512 in tests/tiny.py), so the responses get appended."""
     from pathlib import Path
 
     import trl
     from tiny import build_tiny_model
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     path = build_tiny_model(tmp_path_factory.mktemp("compat_tool_model"))
     tok = AutoTokenizer.from_pretrained(path)
     tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
     tok.save_pretrained(path)
+    cfg = AutoConfig.from_pretrained(path)
+    cfg.max_position_embeddings = 2048  # rotary positions: no weight depends on it
+    cfg.save_pretrained(path)
     return path
 
 
@@ -860,23 +865,6 @@ def test_tool_calling_truncation_guard_agrees_with_trl(tiny_tool_model_path, tmp
     assert logs["guard/all_truncated"][0] == float(logs["completions/clipped_ratio"][0] == 1.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_long_tool_model_path(tiny_tool_model_path, tmp_path_factory):
-    """:func:`tiny_tool_model_path` with a context of 2048 positions: the prompt with the tools rendered is 664 tokens
-    (beyond the tiny model's 512), and TRL drops a tool's response that would push the sequence past the model's
-    context, so only this model gets the tool responses appended to its completions."""
-    import shutil
-
-    from transformers import AutoConfig
-
-    path = tmp_path_factory.mktemp("compat_long_tool_model") / "model"
-    shutil.copytree(tiny_tool_model_path, path)
-    cfg = AutoConfig.from_pretrained(path)
-    cfg.max_position_embeddings = 2048  # rotary positions: no weight depends on it
-    cfg.save_pretrained(path)
-    return str(path)
-
-
 def _recording_tool_mask(cls):
     """``cls`` (calling tools) that keeps TRL's ``tool_mask`` and ``completion_mask`` of each generation round, as
     TRL produced them (before the method's row weights)."""
@@ -895,13 +883,13 @@ def _recording_tool_mask(cls):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["prime-grpo", "prl"])
-def test_tool_calling_tool_responses_get_no_token_reward(tiny_long_tool_model_path, tmp_path, monkeypatch, kind):
+def test_tool_calling_tool_responses_get_no_token_reward(tiny_tool_model_path, tmp_path, monkeypatch, kind):
     """Tool responses (TRL's ``tool_mask`` 0) are not the policy's actions: PRIME gives them token reward 0 (Eq. 3)
     in step 2, when the PRM has moved, and keeps them out of the sequence reward; PRL's KL-to-go skips them."""
     monkeypatch.setitem(KINDS, kind, (_recording_tool_mask(KINDS[kind][0]), KINDS[kind][1]))
     tr, _ = _train_and_check(
         kind,
-        tiny_long_tool_model_path,
+        tiny_tool_model_path,
         tmp_path,
         tools=[add],
         train_dataset=tiny_prompt_dataset(8, conversational=True),
