@@ -58,6 +58,9 @@ def _clear_launch_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+_LAUNCH = cli.launch  # the real one, before a test patches it
+
+
 def _exit_status(argv, capsys, **kwargs) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv, **kwargs)
@@ -95,6 +98,32 @@ def test_command_line_mistakes_name_the_flag_and_exit_2(tmp_path, capsys, monkey
     assert "(read from --trainer); pass --trainer prime_rloo (the default)" in err
     code, err = _exit_status(["prof", "--config", os.path.join(CONFIGS, "prl_grpo.yaml")], capsys)
     assert code == 2 and "(read from the `trainer` key of --config " in err and "pass --trainer prof_grpo" in err
+
+
+def test_parse_errors_of_every_kind_are_command_line_errors(tmp_path, capsys, monkeypatch):
+    """What the command's parsing rejects -- an unknown flag of an in-process command, a value its config refuses, a
+    malformed ``--config`` YAML, a YAML key that neither the command nor ``accelerate launch`` knows -- is
+    ``trl-prime <command>: error: ...`` with status 2 (no traceback), and nothing is launched or trained."""
+    monkeypatch.setattr(cli, "launch", lambda *args: pytest.fail("launched"))
+    monkeypatch.setattr(demo, "main", lambda *args: pytest.fail("ran"))
+    code, err = _exit_status(["demo", "--bogus_flag", "3"], capsys)
+    assert code == 2 and err.startswith("trl-prime demo: error:") and "--bogus_flag" in err, err
+    code, err = _exit_status(["demo", "--precision", "fp16"], capsys)
+    assert code == 2 and "trl-prime demo: error: `precision`='fp16'" in err, err
+    malformed = tmp_path / "bad.yaml"
+    malformed.write_text("trainer: [unclosed\n")
+    code, err = _exit_status(["prime", "--config", str(malformed)], capsys)
+    assert code == 2 and f"trl-prime prime: error: --config {malformed} is not valid YAML" in err, err
+    import accelerate.commands.launch
+
+    monkeypatch.setattr(cli, "launch", _LAUNCH)  # the real launch: its argument check runs; accelerate never starts
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", lambda args: pytest.fail("launched"))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("max_steps: 1\nnot_a_key: 3\n")
+    code, err = _exit_status(["prime", "--config", str(unknown)], capsys)
+    assert code == 2 and "unknown option(s) --not_a_key (a key of the --config YAML)" in err, err
+    code, err = _exit_status(["prl", "--not_a_flag", "1"], capsys)
+    assert code == 2 and "unknown option(s) --not_a_flag (the command line)" in err, err
 
 
 def test_bad_accelerate_config_is_an_error_before_the_launch(capsys, monkeypatch):

@@ -44,6 +44,7 @@ its fix (:class:`CommandLineError`): an unknown argument before the command, arg
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -199,6 +200,14 @@ def check_command_argv(command: str, argv: list[str]) -> None:
             f"--config {config}: no such file (relative paths start at {os.getcwd()}). Give the path of an existing "
             "YAML file, e.g. one of the repository's recipes/configs/."
         )
+    if config is not None:
+        import yaml
+
+        with open(config) as f:
+            try:
+                yaml.safe_load(f)
+            except yaml.YAMLError as error:
+                raise CommandLineError(f"--config {config} is not valid YAML: {error}") from error
     if command in COMMAND_TRAINERS:
         try:
             choose_trainer(argv, COMMAND_TRAINERS[command])
@@ -236,7 +245,43 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
         argv, return_remaining_strings=True, separate_remaining_strings=True
     )
     launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+    _check_launch_args(command, launch_args, config_remaining, module)
     return [*launch_args, "-m", module, *subtract_subsequence(argv, cli_remaining)]
+
+
+def _check_launch_args(command: str, launch_args: list[str], from_config: list[str], module: str) -> None:
+    """Refuse the flags that neither ``trl-prime <command>`` nor ``accelerate launch`` knows, naming where they come
+    from (a key of the ``--config`` YAML or the command line), before anything is launched.
+
+    Raises:
+        CommandLineError: the unknown flags, their source and the fix.
+    """
+    from accelerate.commands.launch import launch_command_parser
+
+    _, unknown = launch_command_parser().parse_known_args([*launch_args, "-m", module])
+    unknown = [a for a in unknown if a.startswith("--")]
+    if unknown:
+        source = {a: "a key of the --config YAML" if a in from_config else "the command line" for a in unknown}
+        listed = ", ".join(f"{a} ({where})" for a, where in source.items())
+        raise CommandLineError(
+            f"unknown option(s) {listed}: neither a field of `trl-prime {command}` nor a flag of `accelerate "
+            f"launch`. See `trl-prime {command} --help` for the command's fields; fix or remove the option."
+        )
+
+
+@contextlib.contextmanager
+def command_line_errors():
+    """Inside a script's ``run``: turn what its parsing raises (``ValueError``: an unknown field, a value a config
+    rejects; ``yaml.YAMLError``: a malformed ``--config``) into :class:`CommandLineError`, which :func:`main` prints
+    as ``trl-prime <command>: error: ...`` with exit status 2 instead of a traceback."""
+    import yaml
+
+    try:
+        yield
+    except CommandLineError:
+        raise
+    except (ValueError, yaml.YAMLError) as error:
+        raise CommandLineError(str(error)) from error
 
 
 def launch(command: str, argv: list[str]) -> None:

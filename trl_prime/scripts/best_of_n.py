@@ -481,7 +481,11 @@ def parse_args(argv: Sequence[str] | None = None, default_config: str | None = N
 def run(argv: Sequence[str] | None = None, default_config: str | None = None) -> dict:
     """The command line: :func:`parse_args`, then :func:`main`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return main(parse_args(argv, default_config))
+    from trl_prime.cli import command_line_errors
+
+    with command_line_errors():
+        parsed = parse_args(argv, default_config)
+    return main(parsed)
 
 
 if __name__ == "__main__":

@@ -510,7 +510,11 @@ def run(argv=None, default_config: str = DEFAULT_CONFIG) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
-    return main(*parse(argv, default_config))
+    from trl_prime.cli import command_line_errors
+
+    with command_line_errors():
+        parsed = parse(argv, default_config)
+    return main(*parsed)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,11 @@ def main(script_args, training_args, model_args, require_peft: bool = False):
 
 def run(argv=None, default_config: str | None = None, default_trainer: str | None = None, require_peft: bool = False):
     """The command line: parse ``argv`` (default ``sys.argv[1:]``), then :func:`main`."""
-    return main(*parse_args(argv, default_config, default_trainer), require_peft=require_peft)
+    from trl_prime.cli import command_line_errors
+
+    with command_line_errors():
+        parsed = parse_args(argv, default_config, default_trainer)
+    return main(*parsed, require_peft=require_peft)
 
 
 if __name__ == "__main__":

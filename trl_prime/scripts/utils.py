@@ -125,7 +125,10 @@ def choose_trainer(argv: list[str], choices: Sequence[str], default: str | None 
         import yaml
 
         with open(config) as f:
-            trainer = (yaml.safe_load(f) or {}).get("trainer")
+            try:
+                trainer = (yaml.safe_load(f) or {}).get("trainer")
+            except yaml.YAMLError as error:
+                raise ValueError(f"--config {config} is not valid YAML: {error}") from error
     trainer = trainer or default or choices[0]
     if trainer not in choices:
         raise ValueError(f"`trainer`={trainer!r}: this command trains with one of {list(choices)}.")
@@ -164,7 +167,11 @@ def parse_rl_args(command: str, argv=None, default_config: str | None = None, de
 
 def run_rl(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
     """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), then :func:`train`. Returns the trainer."""
-    return train(*parse_rl_args(command, argv, default_config, default_trainer))
+    from trl_prime.cli import command_line_errors
+
+    with command_line_errors():
+        parsed = parse_rl_args(command, argv, default_config, default_trainer)
+    return train(*parsed)
 
 
 def rl_command(command: str):
