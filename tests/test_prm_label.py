@@ -192,6 +192,24 @@ def test_weighted_verifiers_identity_refused_other_labels_train(tiny_model_path,
         torch.testing.assert_close(rec.prm_steps[0]["labels"], torch.tensor(want * 2))
 
 
+def _even_passes(completions, **kwargs):
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+def test_weights_summing_to_one_train_with_identity(tiny_model_path, tmp_path):
+    """Four verifiers weighted [0.3, 0.4, 0.1, 0.2]: TRL's float32 weighted sum is 1.0000001 when all pass. The
+    identity label accepts it (within 1e-6 of [0, 1]) and clamps it: the PRM's labels are exactly [1, 0, 1, 0]."""
+    rec = Recorder()
+    tr = _prime(
+        PrimeRLOOTrainer, tiny_model_path, tmp_path, [_even_passes] * 4, rec=rec, max_steps=1,
+        reward_weights=[0.3, 0.4, 0.1, 0.2], filter_lower=0.0, filter_upper=1.0,
+    )  # fmt: skip
+    tr.train()
+    outcome = rec.rounds[0]["outcome_rewards"]
+    assert outcome[0].item() > 1.0  # 1.0000001: the float32 rounding the check tolerates
+    assert rec.prm_steps[0]["labels"].tolist() == [1.0, 0.0] * 4
+
+
 def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
     """The online prompt filter's accuracy is the group's mean label: threshold 1.0 labels each group [1, 0, 0, 0]
     (accuracy 0.25), dropped by filter_lower=0.3 though the mean reward (0.65) lies in [0.3, 0.8]."""

@@ -620,7 +620,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
 
     def _check_outcome_labels(self, r: PrimeRound) -> None:
         scored = r.outcome[r.scorable]
-        if bool(((scored < 0) | (scored > 1)).any()):
+        atol = F._LABEL_RANGE_ATOL  # float32 rounding of a weighted sum (1.0000001), clamped by F.prm_labels
+        if bool(((scored < -atol) | (scored > 1 + atol)).any()):
             raise ValueError(
                 f"PRIME trains the implicit PRM on outcome labels in [0, 1], but the weighted reward functions "
                 f"{self.reward_func_names} gave values in [{scored.min().item():.3g}, {scored.max().item():.3g}]. Use "
