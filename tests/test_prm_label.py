@@ -351,3 +351,28 @@ def test_kept_refusals_name_the_reason_and_the_fix(tmp_path):
         assert cls(**plain, scale_rewards="batch").scale_rewards == "batch"
     with pytest.raises(ValueError, match=r"normalize_advantages.*per-sequence statistic.*whiten_advantages`=True"):
         PrimeRLOOConfig(**plain, normalize_advantages=True)
+
+
+def test_scale_rewards_batch_refused_where_no_group_std_exists(tmp_path):
+    """'batch' replaces the group std of the GRPO outcome advantage: PRIME's 'rloo' / 'reinforce' estimators and
+    PRL's 'process_first' order have none, so 'batch' would be ignored and is refused; 'group' / 'none' pass."""
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    for est in ("rloo", "reinforce"):
+        with pytest.raises(ValueError, match=rf"'batch' would be ignored: `prime_estimator`='{est}'.*'group'.*'none'"):
+            PrimeGRPOConfig(**plain, prime_estimator=est, scale_rewards="batch")
+        for ok in ("group", "none"):
+            assert PrimeGRPOConfig(**plain, prime_estimator=est, scale_rewards=ok).scale_rewards == ok
+    with pytest.raises(ValueError, match=r"'batch' would be ignored: `prl_order`='process_first'.*advantage_first"):
+        PRLConfig(**plain, prl_order="process_first", scale_rewards="batch")
+    for ok in ("group", "none"):
+        assert PRLConfig(**plain, prl_order="process_first", scale_rewards=ok).scale_rewards == ok
+    assert PRLConfig(**plain, prl_order="advantage_first", scale_rewards="batch").scale_rewards == "batch"
+    assert PrimeGRPOConfig(**plain, prime_estimator="grpo", scale_rewards="batch").scale_rewards == "batch"
+
+
+def test_luspo_reason_is_accurate_for_prl(tmp_path):
+    """PRL has no prompt filter: the LUSPO refusal gives the length re-weighting as PRL's reason."""
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    with pytest.raises(ValueError, match=r"LUSPO.*per-completion sum weights a completion by its length once more; in "
+                       r"PRIME its mean over all rows"):  # fmt: skip
+        PRLConfig(**plain, loss_type="luspo", importance_sampling_level="sequence")
