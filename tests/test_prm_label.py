@@ -223,6 +223,22 @@ def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
     assert not rec.prm_steps  # nothing kept: no PRM step
 
 
+def test_rows_without_policy_tokens_get_no_label(tiny_model_path, tmp_path):
+    """A row whose action mask is empty (e.g. TRL's mask_truncated_completions) gets label NaN in ``r.labels``, the
+    one tensor the PRM loss, the prompt filter's accuracy and the PRM metrics read: with labels [1, 0, 1, 0] and the
+    third row empty, the group's accuracy is mean(1, 0, 0) = 1/3, not 1/2."""
+    from types import SimpleNamespace
+
+    tr = _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, verifier_a, max_steps=1)
+    outcome = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    actions = torch.tensor([[1, 1], [1, 0], [0, 0], [1, 1]])
+    r = SimpleNamespace(outcome=outcome, scorable=~outcome.isnan(), actions=actions, num_generations=K)
+    labels = tr._prm_labels(r)
+    torch.testing.assert_close(labels, torch.tensor([1.0, 0.0, float("nan"), 0.0]), equal_nan=True)
+    kept = F.prompt_accuracy_mask(outcome_rewards=labels, num_generations=K, lower=0.4, upper=1.0)
+    assert not bool(kept.any())  # accuracy 1/3 < 0.4 (the unblanked labels' 1/2 would pass)
+
+
 def test_prm_label_config_validation(tmp_path):
     plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
     for cls in (PrimeRLOOConfig, PrimeGRPOConfig):

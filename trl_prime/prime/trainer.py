@@ -604,19 +604,25 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     def _prm_labels(self, r: PrimeRound) -> torch.Tensor:
         """The ``(B_global,)`` PRM labels of the outcome rewards (:func:`trl_prime.functional.prm_labels`, option
         ``prm_label``): the cross-entropy targets of the PRM update, read by the prompt filter and the PRM metrics.
+        NaN (no label) for a row with an empty action mask (``r.actions``, e.g. a truncated completion masked by
+        ``mask_truncated_completions``).
 
         Raises:
             ValueError: with ``prm_label="identity"``, a scorable outcome reward outside ``[0, 1]``."""
         a = self.args
         if a.prm_label == "identity":
             self._check_outcome_labels(r)
-        return F.prm_labels(
+        labels = F.prm_labels(
             r.outcome,
             a.prm_label,
             num_generations=r.num_generations,
             threshold=a.prm_label_threshold,
             temperature=a.prm_label_temperature,
         )
+        # a row without a policy token (e.g. TRL's mask_truncated_completions) has nothing for the PRM to score: no
+        # label, so the PRM loss, the prompt filter's accuracy and the PRM metrics all see the same labels
+        no_action = gather((r.actions.sum(-1) == 0).to(torch.long)).bool()
+        return torch.where(no_action, torch.full_like(labels, float("nan")), labels)
 
     def _check_outcome_labels(self, r: PrimeRound) -> None:
         scored = r.outcome[r.scorable]
@@ -672,7 +678,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
         completion_mask = r.actions
         labels = r.labels[r.local].clone()
-        labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
+        labels[~r.kept[r.local]] = torch.nan  # weight 0 in the PRM loss (empty rows: already NaN in r.labels)
         if r.mode == "train":
             return self._train_prm(
                 r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=r.mm
