@@ -1202,7 +1202,11 @@ def grpo_advantages(
 
     ``scale_rewards`` is TRL's (:data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
     divides by the group std, ``"batch"`` by the unbiased std of every scorable reward of the batch (TRL's
-    ``scale_rewards="batch"``: the centring stays per group), ``"none"`` only subtracts the group mean.
+    ``scale_rewards="batch"``: the centring stays per group), ``"none"`` only subtracts the group mean. Both
+    divisors are ``std + eps`` with ``eps`` this function's (default ``1e-6``, PRL's and veRL's); TRL 1.16 divides by
+    ``std + 1e-4``, so a TRL-equal outcome term needs ``eps=1e-4``. With ``"batch"`` and fewer than two scorable rows
+    in the batch the batch std is taken as 1 (TRL's is 0 there); such a row is also the only scorable row of its
+    group, so its advantage is 0 unless ``single_row_compat=True``, where it is ``r / (1 + eps)``.
 
     ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with fewer than two
     scorable rows has no baseline: its row gets advantage 0 (no signal, as in the leave-one-out estimator of
@@ -1721,7 +1725,9 @@ def prime_advantages(
       (``"outcome_std"``; process term 0 when every scorable outcome of the batch is equal) or ``std_B rbar + eps``
       (``"process_std"``), with ``std_B`` the unbiased std over all scorable rows passed (the trainers pass the rows
       the policy trains on: the kept groups); a group whose outcomes are all equal keeps its process term.
-      ``"none"`` only centres (no divisor).
+      ``"none"`` only centres (no divisor). Every divisor adds ``eps`` (default ``1e-6``; TRL 1.16 adds ``1e-4``);
+      with fewer than two scorable rows in the batch ``std_B`` is taken as 1 (TRL's is 0), and those rows, alone
+      in their groups, get advantage 0.
 
       Extra options: ``scale_rewards``, ``eps``, ``grpo_process_form``, ``grpo_process_scale``.
     * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
