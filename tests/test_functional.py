@@ -1191,6 +1191,36 @@ def test_prm_labels_weighted_sum_of_two_verifiers():
     assert bool(((lab > 0) & (lab < 1)).all()) and bool((lab[:-1] > lab[1:]).all())  # monotone in the reward
 
 
+def test_prm_labels_identity_float32_weighted_sum_rounding():
+    """TRL sums the weighted rewards in float32: weights [0.3, 0.4, 0.1, 0.2] give 1.0000001 when every verifier
+    passes. identity accepts a reward within 1e-6 of [0, 1] and clamps it; one further out is still refused."""
+    w = torch.tensor([0.3, 0.4, 0.1, 0.2])
+    passed = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    r = (passed * w).nansum(dim=1)  # TRL's weighted sum
+    assert r[0].item() > 1.0  # 1.0000001
+    lab = F.prm_labels(r)
+    assert lab.tolist() == [1.0, 0.0, pytest.approx(0.3)]
+    assert F.prm_labels(torch.tensor([-5e-7, 1.0 + 5e-7], dtype=torch.float64)).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match=r"prm_label='identity'.*\[0, 1\]"):
+        F.prm_labels(torch.tensor([0.5, 1.00001]))
+    with pytest.raises(ValueError, match=r"prm_label='identity'.*\[0, 1\]"):
+        F.prm_labels(torch.tensor([-0.00001, 0.5]))
+
+
+def test_prm_labels_group_rank_ties_follow_the_group_spread():
+    """group_rank's tie tolerance is 1e-6 * (max - min) of the group: shift and scale invariant at any magnitude."""
+    # tiny rewards: mean 7.5e-8, spread 2e-7 -> tolerance 2e-13; 1e-7 and 2e-7 are above the mean, the zeros below
+    _same(F.prm_labels(torch.tensor([1e-7, 0.0, 0.0, 2e-7], dtype=torch.float64), "group_rank", num_generations=4),
+          [1.0, 0.0, 0.0, 1.0])  # fmt: skip
+    # huge rewards: mean 1e8 + 2, spread 5 -> tolerance 5e-6
+    r = torch.tensor([1e8, 1e8 + 3, 1e8 + 5, 1e8], dtype=torch.float64)
+    _same(F.prm_labels(r, "group_rank", num_generations=4), [0.0, 1.0, 1.0, 0.0])
+    # a reward within 1e-6 * spread of the mean ties it: [0, 2, 1, 1] (mean 1, spread 2) -> the 1s get no label
+    _same(F.prm_labels(torch.tensor([0.0, 2.0, 1.0, 1.0]), "group_rank", num_generations=4), [0.0, 1.0, NAN, NAN])
+    # all equal (mean(0.1, 0.1, 0.1) rounds away from 0.1): all ties
+    _same(F.prm_labels(torch.tensor([0.1, 0.1, 0.1]), "group_rank", num_generations=3), [NAN] * 3)
+
+
 def test_prm_labels_errors():
     r = torch.tensor([0.0, 1.0])
     with pytest.raises(ValueError, match=r"prm_label='rank' is not supported; choose one of 'identity'"):

@@ -742,3 +742,34 @@ def test_pairwise_and_kto_prm_losses_match_functional(tiny_model_path, tmp_path,
         )
         assert prm_ev["loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
     assert rec.events["on_rollouts_scored"][1]["token_rewards"].abs().max() > 0  # step 2 checks non-zero rewards
+
+
+def test_text_only_prm_next_to_a_vision_language_policy_gets_no_images(tiny_model_path, tmp_path):
+    """A text-only PRM (and PRM reference) scores the text: the multimodal inputs a vision-language policy's batch
+    carries (TRL's ``pixel_values`` ...) go to a PRM whose forward takes them, and not to a text-only causal LM
+    (which would fail deep in its forward)."""
+    from types import SimpleNamespace
+
+    from trl_prime.prime.trainer import _accepts_images
+
+    class VisionForward(torch.nn.Module):
+        def forward(self, input_ids=None, pixel_values=None, **kwargs):
+            return input_ids
+
+    assert _accepts_images(VisionForward()) and not _accepts_images(None)
+    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, prm_model=tiny_model_path)
+    assert not tr._prm_takes_images and not tr._prm_ref_takes_images
+    seen = []
+    assert tr.implicit_prm.ref_model is not None  # a separate PRM: its own frozen copy as reference
+    for m in (tr.implicit_prm.model, tr.implicit_prm.ref_model):
+        m.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw.get("pixel_values")), with_kwargs=True)
+    ids = torch.randint(0, 50, (2, 6))
+    actions = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0]])[:, 2:]
+    r = SimpleNamespace(
+        mode="eval", actions=actions, labels=torch.tensor([1.0, 0.0]), kept=torch.tensor([True, True]),
+        local=slice(0, 2), input_ids=ids, attention_mask=torch.ones_like(ids), mm={"pixel_values": torch.ones(2, 3)},
+        unscored=torch.tensor([False, False]), capture={},
+    )  # fmt: skip
+    lp, _ = tr._update_prm(None, r)
+    ref = tr._reference_logps({"completion_mask": actions}, r)
+    assert lp.shape == ref.shape == (2, 4) and seen and all(v is None for v in seen)

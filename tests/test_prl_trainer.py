@@ -124,6 +124,7 @@ def test_config_defaults_and_validation(tmp_path):
     "options",
     [
         dict(prl_step_split="length", prl_step_len=3),
+        dict(prl_step_split="length", prl_step_len=3, scale_rewards="batch"),
         dict(prl_step_split="double_newline", zero_fill_compat=True, scale_rewards="none"),
         dict(prl_step_split="newline", prl_order="process_first"),
         dict(
@@ -134,7 +135,7 @@ def test_config_defaults_and_validation(tmp_path):
             max_steps=4,
         ),
     ],
-    ids=["length", "double_newline-compat-noscale", "process_first", "token-old-logps-from-trl"],
+    ids=["length", "length-batch", "double_newline-compat-noscale", "process_first", "token-old-logps-from-trl"],
 )
 def test_trainer_advantages_equal_functional(tiny_model_path, tmp_path, options):
     """Every input rebuilt independently (verifier, step ends, rollout-policy and reference log-probs from fresh
@@ -183,7 +184,8 @@ def test_trainer_advantages_equal_functional(tiny_model_path, tmp_path, options)
             eta=a.prl_eta,
             step_ends=None if r["step_ends"] is None else ends,
             order=a.prl_order,
-            scale_rewards=a.scale_rewards != "none",
+            scale_rewards=a.scale_rewards,
+            eps=a.prl_eps,
             zero_fill_compat=a.zero_fill_compat,
         )
         torch.testing.assert_close(r["advantages"], expected, atol=1e-6, rtol=1e-6)
@@ -191,8 +193,10 @@ def test_trainer_advantages_equal_functional(tiny_model_path, tmp_path, options)
         o = r["outcome_rewards"].view(-1, K)
         if a.prl_order == "advantage_first":
             A = o - o.mean(1, keepdim=True)
-            if a.scale_rewards != "none":
+            if a.scale_rewards == "group":
                 A = A / (o.std(1, keepdim=True) + a.prl_eps)
+            elif a.scale_rewards == "batch":  # TRL's: the std of every outcome of the generation batch
+                A = A / (o.std() + a.prl_eps)
             A = A.reshape(-1)
         else:
             A = r["outcome_rewards"]

@@ -192,6 +192,24 @@ def test_weighted_verifiers_identity_refused_other_labels_train(tiny_model_path,
         torch.testing.assert_close(rec.prm_steps[0]["labels"], torch.tensor(want * 2))
 
 
+def _even_passes(completions, **kwargs):
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+def test_weights_summing_to_one_train_with_identity(tiny_model_path, tmp_path):
+    """Four verifiers weighted [0.3, 0.4, 0.1, 0.2]: TRL's float32 weighted sum is 1.0000001 when all pass. The
+    identity label accepts it (within 1e-6 of [0, 1]) and clamps it: the PRM's labels are exactly [1, 0, 1, 0]."""
+    rec = Recorder()
+    tr = _prime(
+        PrimeRLOOTrainer, tiny_model_path, tmp_path, [_even_passes] * 4, rec=rec, max_steps=1,
+        reward_weights=[0.3, 0.4, 0.1, 0.2], filter_lower=0.0, filter_upper=1.0,
+    )  # fmt: skip
+    tr.train()
+    outcome = rec.rounds[0]["outcome_rewards"]
+    assert outcome[0].item() > 1.0  # 1.0000001: the float32 rounding the check tolerates
+    assert rec.prm_steps[0]["labels"].tolist() == [1.0, 0.0] * 4
+
+
 def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
     """The online prompt filter's accuracy is the group's mean label: threshold 1.0 labels each group [1, 0, 0, 0]
     (accuracy 0.25), dropped by filter_lower=0.3 though the mean reward (0.65) lies in [0.3, 0.8]."""
@@ -203,6 +221,22 @@ def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
     tr.train()
     assert not bool(rec.rounds[0]["kept_mask"].any())
     assert not rec.prm_steps  # nothing kept: no PRM step
+
+
+def test_rows_without_policy_tokens_get_no_label(tiny_model_path, tmp_path):
+    """A row whose action mask is empty (e.g. TRL's mask_truncated_completions) gets label NaN in ``r.labels``, the
+    one tensor the PRM loss, the prompt filter's accuracy and the PRM metrics read: with labels [1, 0, 1, 0] and the
+    third row empty, the group's accuracy is mean(1, 0, 0) = 1/3, not 1/2."""
+    from types import SimpleNamespace
+
+    tr = _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, verifier_a, max_steps=1)
+    outcome = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    actions = torch.tensor([[1, 1], [1, 0], [0, 0], [1, 1]])
+    r = SimpleNamespace(outcome=outcome, scorable=~outcome.isnan(), actions=actions, num_generations=K)
+    labels = tr._prm_labels(r)
+    torch.testing.assert_close(labels, torch.tensor([1.0, 0.0, float("nan"), 0.0]), equal_nan=True)
+    kept = F.prompt_accuracy_mask(outcome_rewards=labels, num_generations=K, lower=0.4, upper=1.0)
+    assert not bool(kept.any())  # accuracy 1/3 < 0.4 (the unblanked labels' 1/2 would pass)
 
 
 def test_prm_label_config_validation(tmp_path):
@@ -333,3 +367,28 @@ def test_kept_refusals_name_the_reason_and_the_fix(tmp_path):
         assert cls(**plain, scale_rewards="batch").scale_rewards == "batch"
     with pytest.raises(ValueError, match=r"normalize_advantages.*per-sequence statistic.*whiten_advantages`=True"):
         PrimeRLOOConfig(**plain, normalize_advantages=True)
+
+
+def test_scale_rewards_batch_refused_where_no_group_std_exists(tmp_path):
+    """'batch' replaces the group std of the GRPO outcome advantage: PRIME's 'rloo' / 'reinforce' estimators and
+    PRL's 'process_first' order have none, so 'batch' would be ignored and is refused; 'group' / 'none' pass."""
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    for est in ("rloo", "reinforce"):
+        with pytest.raises(ValueError, match=rf"'batch' would be ignored: `prime_estimator`='{est}'.*'group'.*'none'"):
+            PrimeGRPOConfig(**plain, prime_estimator=est, scale_rewards="batch")
+        for ok in ("group", "none"):
+            assert PrimeGRPOConfig(**plain, prime_estimator=est, scale_rewards=ok).scale_rewards == ok
+    with pytest.raises(ValueError, match=r"'batch' would be ignored: `prl_order`='process_first'.*advantage_first"):
+        PRLConfig(**plain, prl_order="process_first", scale_rewards="batch")
+    for ok in ("group", "none"):
+        assert PRLConfig(**plain, prl_order="process_first", scale_rewards=ok).scale_rewards == ok
+    assert PRLConfig(**plain, prl_order="advantage_first", scale_rewards="batch").scale_rewards == "batch"
+    assert PrimeGRPOConfig(**plain, prime_estimator="grpo", scale_rewards="batch").scale_rewards == "batch"
+
+
+def test_luspo_reason_is_accurate_for_prl(tmp_path):
+    """PRL has no prompt filter: the LUSPO refusal gives the length re-weighting as PRL's reason."""
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    with pytest.raises(ValueError, match=r"LUSPO.*per-completion sum weights a completion by its length once more; in "
+                       r"PRIME its mean over all rows"):  # fmt: skip
+        PRLConfig(**plain, loss_type="luspo", importance_sampling_level="sequence")

@@ -1202,7 +1202,11 @@ def grpo_advantages(
 
     ``scale_rewards`` is TRL's (:data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
     divides by the group std, ``"batch"`` by the unbiased std of every scorable reward of the batch (TRL's
-    ``scale_rewards="batch"``: the centring stays per group), ``"none"`` only subtracts the group mean.
+    ``scale_rewards="batch"``: the centring stays per group), ``"none"`` only subtracts the group mean. Both
+    divisors are ``std + eps`` with ``eps`` this function's (default ``1e-6``, PRL's and veRL's); TRL 1.16 divides by
+    ``std + 1e-4``, so a TRL-equal outcome term needs ``eps=1e-4``. With ``"batch"`` and fewer than two scorable rows
+    in the batch the batch std is taken as 1 (TRL's is 0 there); such a row is also the only scorable row of its
+    group, so its advantage is 0 unless ``single_row_compat=True``, where it is ``r / (1 + eps)``.
 
     ``std`` is the unbiased (n-1) standard deviation over the group's scorable rows. A group with fewer than two
     scorable rows has no baseline: its row gets advantage 0 (no signal, as in the leave-one-out estimator of
@@ -1721,7 +1725,9 @@ def prime_advantages(
       (``"outcome_std"``; process term 0 when every scorable outcome of the batch is equal) or ``std_B rbar + eps``
       (``"process_std"``), with ``std_B`` the unbiased std over all scorable rows passed (the trainers pass the rows
       the policy trains on: the kept groups); a group whose outcomes are all equal keeps its process term.
-      ``"none"`` only centres (no divisor).
+      ``"none"`` only centres (no divisor). Every divisor adds ``eps`` (default ``1e-6``; TRL 1.16 adds ``1e-4``);
+      with fewer than two scorable rows in the batch ``std_B`` is taken as 1 (TRL's is 0), and those rows, alone
+      in their groups, get advantage 0.
 
       Extra options: ``scale_rewards``, ``eps``, ``grpo_process_form``, ``grpo_process_scale``.
     * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
@@ -1979,8 +1985,11 @@ def prm_abs_accuracy(sequence_rewards: torch.Tensor, outcome_rewards: torch.Tens
     return float(hit[valid].to(torch.float64).mean().item())
 
 
-#: group_rank: a reward within this relative distance of its group's mean (``rtol * max(1, |mean|)``) ties it
+#: group_rank: a reward within this fraction of its group's spread (``rtol * (max - min)``) of the mean ties it
 _LABEL_TIE_RTOL = 1e-6
+#: identity: a reward this close outside [0, 1] is float32 rounding of a weighted sum (TRL sums the weighted rewards
+#: in float32: weights [0.3, 0.4, 0.1, 0.2] give 1.0000001 when every verifier passes); it is clamped into [0, 1]
+_LABEL_RANGE_ATOL = 1e-6
 
 
 def prm_labels(
@@ -2000,14 +2009,15 @@ def prm_labels(
     computes them); only the PRM's label (and what is read from it: the online prompt filter's accuracy and the PRM
     metrics) comes from this function:
 
-    - ``"identity"``: ``l = r`` (a 0/1 verifier, or a fraction of tests passed). A reward outside ``[0, 1]`` raises.
+    - ``"identity"``: ``l = r`` (a 0/1 verifier, or a fraction of tests passed). A reward within ``1e-6`` outside
+      ``[0, 1]`` (float32 rounding of a weighted sum) is clamped into it; one further outside raises.
     - ``"threshold"``: ``l = 1`` if ``r >= threshold`` else ``0`` (e.g. a reward model's score with a cut-off).
     - ``"sigmoid"``: ``l = sigmoid(r / temperature)``: a soft label, 0.5 at ``r = 0`` (a sequence-classification
       reward model's logit is such a score); ``threshold`` is not used.
     - ``"group_rank"``: ``l = 1`` above the mean of the row's group (its prompt's ``K`` completions), ``0`` below:
-      PRIME's pairwise spirit, invariant to the reward's scale and shift. A reward within ``1e-6 * max(1, |mean|)``
-      of its group's mean ties it and gets no label (NaN, excluded from the PRM loss, the filter's accuracy and
-      the metrics); so does a group whose rewards are all equal, and the only scorable row of a group. The group
+      PRIME's pairwise spirit, invariant to the reward's scale and shift. A reward within ``1e-6 * (max - min)``
+      of its group's mean (``max - min``: the spread of the group's scorable rewards) ties it and gets no label
+      (NaN, excluded from the PRM loss, the filter's accuracy and the metrics); so does a group whose rewards are all equal, and the only scorable row of a group. The group
       mean is over the group's scorable rows. For a 0/1 verifier the labels equal ``"identity"``'s, except in
       groups whose rewards are all equal, which get none.
 
@@ -2041,14 +2051,14 @@ def prm_labels(
     nan = torch.full_like(r, float("nan"))
     if mode == "identity":
         scored = r[valid]
-        if bool(((scored < 0) | (scored > 1)).any()):
+        if bool(((scored < -_LABEL_RANGE_ATOL) | (scored > 1 + _LABEL_RANGE_ATOL)).any()):
             raise ValueError(
                 f"prm_label='identity' uses the outcome reward as the implicit PRM's cross-entropy label, which must "
                 f"lie in [0, 1], but the rewards span [{scored.min().item():.4g}, {scored.max().item():.4g}]. Set "
                 "prm_label='threshold' (label 1 at reward >= prm_label_threshold), 'sigmoid' (sigmoid(reward / "
                 "prm_label_temperature)) or 'group_rank' (1 above the group's mean, 0 below)."
             )
-        labels = r
+        labels = r.clamp(0.0, 1.0)  # NaN stays NaN
     elif mode == "threshold":
         if not math.isfinite(float(threshold)):
             raise ValueError(f"threshold={threshold!r} must be a finite number.")
@@ -2063,7 +2073,13 @@ def prm_labels(
         gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_labels")
         cnt = _group_sum(valid.to(r.dtype), gid, G)
         mean = (_group_sum(torch.where(valid, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
-        tie = (r - mean).abs() <= _LABEL_TIE_RTOL * mean.abs().clamp(min=1.0)
+        inf = torch.full_like(r, float("inf"))
+        gmax = torch.full((G,), -float("inf"), dtype=r.dtype, device=r.device)
+        gmax = gmax.scatter_reduce(0, gid, torch.where(valid, r, -inf), reduce="amax", include_self=True)
+        gmin = torch.full((G,), float("inf"), dtype=r.dtype, device=r.device)
+        gmin = gmin.scatter_reduce(0, gid, torch.where(valid, r, inf), reduce="amin", include_self=True)
+        spread = torch.where(cnt > 0, gmax - gmin, torch.zeros_like(gmax))[gid]
+        tie = (spread == 0) | ((r - mean).abs() <= _LABEL_TIE_RTOL * spread)
         labels = torch.where(valid & ~tie, (r > mean).to(r.dtype), nan)
     return labels.to(od)
 

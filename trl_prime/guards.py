@@ -168,7 +168,9 @@ def check_sum_then_normalize(args, why: str) -> None:
         raise ValueError(f"`multi_objective_aggregation`={value!r}: {why}; use 'sum_then_normalize'.")
 
 
-def check_grpo_outcome_options(args, *, grouped: str | None, summed: str, token_level: str | None = None) -> None:
+def check_grpo_outcome_options(
+    args, *, grouped: str | None, summed: str, token_level: str | None = None, no_group_std: str | None = None
+) -> None:
     """The TRL ``GRPOConfig`` options a trl-prime GRPO config constrains: its outcome advantage is centred within
     each prompt's group (GRPO, DeepSeekMath arXiv 2402.03300 Sec. 4.1; PRIME Appendix B.3, PRL Sec. 3.3, PROF Sec. 3)
     over the weighted sum of the reward functions, and PRIME and PRL feed token-level ``(B, T)`` advantages.
@@ -182,12 +184,23 @@ def check_grpo_outcome_options(args, *, grouped: str | None, summed: str, token_
             (:func:`check_sum_then_normalize`).
         token_level: why a sequence-level ``loss_type`` (:data:`~trl_prime.functional.SEQUENCE_LEVEL_LOSS_TYPES`) is
             refused; ``None`` skips that check.
+        no_group_std: with ``grouped=None``, why the chosen advantage has no group std for ``scale_rewards="batch"``
+            to replace (PRIME's ``"rloo"`` / ``"reinforce"`` estimators, PRL's ``"process_first"`` order), so
+            ``"batch"`` would be ignored and is refused; ``"group"`` (TRL's default) and ``"none"`` ask for no batch
+            statistic and pass. ``None`` skips that check.
 
     Raises:
         ValueError: an invalid option; the message names the field and the fix.
     """
     if grouped is None:
         check_choice(args.scale_rewards, SCALE_REWARDS, "scale_rewards")
+        if no_group_std is not None and args.scale_rewards == "batch":
+            raise ValueError(
+                f"`scale_rewards`='batch' would be ignored: {no_group_std}, so there is no group std for the batch "
+                "std to replace. Keep `scale_rewards`='group' (TRL's default) or 'none', or choose the GRPO outcome "
+                "advantage that 'batch' scales (PrimeGRPOConfig `prime_estimator`='grpo', PRLConfig "
+                "`prl_order`='advantage_first')."
+            )
     elif args.scale_rewards not in GROUP_SCALE_REWARDS:
         raise ValueError(
             f"`scale_rewards`={args.scale_rewards!r}: {grouped}; use 'group' (divide by the group std) or 'none' "
@@ -206,8 +219,9 @@ def check_grpo_outcome_options(args, *, grouped: str | None, summed: str, token_
 #: ``(B, T)`` advantages (TRL 1.16 ``GRPOTrainer._compute_loss``); also in docs/guides/trl_options.md
 SEQUENCE_LOSS_REASONS = {
     "luspo": "LUSPO sums each completion's token losses, a length-unbiased objective built for one advantage per "
-    "completion repeated on its tokens: on PRIME / PRL's per-token reward-to-go it weights a completion by its "
-    "length once more, and its mean over all rows lets the rows the prompt filter drops scale each update",
+    "completion repeated on its tokens: on PRIME / PRL's per-token reward-to-go (each token already carries the "
+    "reward still to come) the per-completion sum weights a completion by its length once more; in PRIME its mean "
+    "over all rows also lets the rows the prompt filter drops scale each update",
     "vespo": "VESPO weights each completion by a Gamma function of its sequence-level importance ratio whose shape "
     "(vespo_k_pos/vespo_lambda_pos or vespo_k_neg/vespo_lambda_neg) is chosen by the sign of the completion's one "
     "advantage; PRIME / PRL advantages change sign from token to token inside a completion, so the sign, and the "

@@ -414,6 +414,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             summed="PRIME's outcome r_o (Eq. 5, and the PRM's labels) is the weighted sum of the reward functions, "
             "so TRL's per-function normalisation would be ignored",
             token_level="PRIME feeds token-level (B, T) advantages",
+            no_group_std=None
+            if self.prime_estimator == "grpo"
+            else f"`prime_estimator`={self.prime_estimator!r} does not normalise the outcome by a group std "
+            "('rloo': the leave-one-out mean only, PRIME Eq. 5; 'reinforce': the raw returns)",
         )
         filtering = (
             self.filter_lower > 0.0

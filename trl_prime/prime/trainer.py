@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import os
 import warnings
@@ -142,6 +143,17 @@ def _logps_of_rows(
         out = out.to(sub.dtype)
         out[rows] = sub
     return out
+
+
+def _accepts_images(model: nn.Module | None) -> bool:
+    """Whether ``model``'s forward (inside DDP / DeepSpeed / PEFT wrappers) takes ``pixel_values``: a vision-language
+    model; a text-only causal LM (e.g. a text PRM next to a VLM policy) scores the text alone."""
+    if model is None:
+        return False
+    base = unwrap(model)
+    if hasattr(base, "get_base_model"):
+        base = base.get_base_model()
+    return "pixel_values" in inspect.signature(base.forward).parameters
 
 
 @dataclass
@@ -321,6 +333,12 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         del self._prm_spec
         self.prm_optim = PRMOptimizer(
             self.implicit_prm, self.args, self.accelerator, deepspeed=self.is_deepspeed_enabled
+        )
+        # a text-only PRM (or PRM reference) next to a vision-language policy scores the text: no images for it
+        prm = self.implicit_prm
+        self._prm_takes_images = _accepts_images(prm.model)
+        self._prm_ref_takes_images = (
+            _accepts_images(prm.ref_model) if prm.ref_model is not None else self._prm_takes_images
         )
         self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof/); None when prof_mode="off"
         self._guard_setup()  # start-up dataset checks; non-finite / verifier guards (trl_prime/guards.py)
@@ -604,23 +622,30 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     def _prm_labels(self, r: PrimeRound) -> torch.Tensor:
         """The ``(B_global,)`` PRM labels of the outcome rewards (:func:`trl_prime.functional.prm_labels`, option
         ``prm_label``): the cross-entropy targets of the PRM update, read by the prompt filter and the PRM metrics.
+        NaN (no label) for a row with an empty action mask (``r.actions``, e.g. a truncated completion masked by
+        ``mask_truncated_completions``).
 
         Raises:
             ValueError: with ``prm_label="identity"``, a scorable outcome reward outside ``[0, 1]``."""
         a = self.args
         if a.prm_label == "identity":
             self._check_outcome_labels(r)
-        return F.prm_labels(
+        labels = F.prm_labels(
             r.outcome,
             a.prm_label,
             num_generations=r.num_generations,
             threshold=a.prm_label_threshold,
             temperature=a.prm_label_temperature,
         )
+        # a row without a policy token (e.g. TRL's mask_truncated_completions) has nothing for the PRM to score: no
+        # label, so the PRM loss, the prompt filter's accuracy and the PRM metrics all see the same labels
+        no_action = gather((r.actions.sum(-1) == 0).to(torch.long)).bool()
+        return torch.where(no_action, torch.full_like(labels, float("nan")), labels)
 
     def _check_outcome_labels(self, r: PrimeRound) -> None:
         scored = r.outcome[r.scorable]
-        if bool(((scored < 0) | (scored > 1)).any()):
+        atol = F._LABEL_RANGE_ATOL  # float32 rounding of a weighted sum (1.0000001), clamped by F.prm_labels
+        if bool(((scored < -atol) | (scored > 1 + atol)).any()):
             raise ValueError(
                 f"PRIME trains the implicit PRM on outcome labels in [0, 1], but the weighted reward functions "
                 f"{self.reward_func_names} gave values in [{scored.min().item():.3g}, {scored.max().item():.3g}]. Use "
@@ -654,7 +679,12 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             ref_logps = r.capture["trl_ref_logps"]
         else:
             ref_logps = _logps_of_rows(
-                self.implicit_prm.ref_logps, r.input_ids, r.attention_mask, T, skip=r.unscored, mm=r.mm
+                self.implicit_prm.ref_logps,
+                r.input_ids,
+                r.attention_mask,
+                T,
+                skip=r.unscored,
+                mm=r.mm if self._prm_ref_takes_images else {},
             )
         self._guard_inspect(
             r.mode,
@@ -669,14 +699,14 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         :meth:`_train_prm`), or the PRM's forward alone (evaluation).
 
         Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
-        completion_mask = r.actions
+        completion_mask, mm = r.actions, (r.mm if self._prm_takes_images else {})
         labels = r.labels[r.local].clone()
-        labels[~r.kept[r.local] | (completion_mask.sum(-1) == 0)] = torch.nan  # weight 0 in the PRM loss
+        labels[~r.kept[r.local]] = torch.nan  # weight 0 in the PRM loss (empty rows: already NaN in r.labels)
         if r.mode == "train":
             return self._train_prm(
-                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=r.mm
+                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=mm
             )
-        lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=r.mm)
+        lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
         return lp, {"loss": math.nan}
 
     def _token_rewards(self, output: dict, r: PrimeRound) -> torch.Tensor:

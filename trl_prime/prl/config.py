@@ -19,7 +19,8 @@ class PRLConfig(GuardOptions, GRPOConfig):
     weights, with coefficient ``1/eta``) and token-mean aggregation (TRL's ``loss_type="dapo"``). TRL's
     ``scale_rewards`` chooses the divisor of the group-centred outcome ``A``: ``"group"`` (the group std, PRL's),
     ``"batch"`` (the std of every scorable outcome of the generation batch, as TRL) or ``"none"`` (no divisor); it
-    applies with ``prl_order="advantage_first"``. TRL's sequence-level ``loss_type`` ``"luspo"`` and ``"vespo"`` are
+    applies with ``prl_order="advantage_first"`` (``"process_first"`` uses the raw outcome, so ``"batch"`` is refused
+    there). TRL's sequence-level ``loss_type`` ``"luspo"`` and ``"vespo"`` are
     refused (the message says why; docs/guides/trl_options.md). The paper uses
     ``num_generations`` 5 (set it with a generation batch size divisible by 5). Policy learning rate: TRL's 1e-6 (PRL
     Table 6), at a constant rate (``lr_scheduler_type`` ``"constant"``; TRL's default ``"linear"`` decays it to 0).
@@ -91,4 +92,7 @@ class PRLConfig(GuardOptions, GRPOConfig):
             grouped=None,  # every TRL scale_rewards: "group", "batch" (the batch std) or "none"
             summed="PRL's outcome is the weighted sum of the reward functions",
             token_level="PRL feeds token-level (B, T) weights (PRL Algorithm 1)",
+            no_group_std=None
+            if self.prl_order == "advantage_first"
+            else "`prl_order`='process_first' uses the raw outcome as A (no group mean, no std)",
         )
