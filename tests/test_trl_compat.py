@@ -189,7 +189,8 @@ def _check(kind, trainer, rounds: ScoredRounds | None, prm_before, *, max_steps,
 def _train_and_check(kind, model, tmp_path, step_prm_path=None, *, metrics=(), before_train=None, **kw):
     """Build, train and check a trainer of ``kind``; returns ``(trainer, logs)``."""
     rounds = ScoredRounds() if kind in PRIME else None
-    trainer = _build(kind, model, tmp_path, step_prm_path, callbacks=[rounds] if rounds else [], **kw)
+    callbacks = [*([rounds] if rounds else []), *kw.pop("callbacks", ())]
+    trainer = _build(kind, model, tmp_path, step_prm_path, callbacks=callbacks, **kw)
     if before_train is not None:
         before_train(trainer)
     prm_before = _prm_weights(trainer) if kind in PRIME else None
@@ -424,17 +425,59 @@ def test_sequence_importance_sampling(run, kind):
     )
 
 
+class PrmSteps(PrimeCallback):
+    """Keeps every ``on_prm_step`` payload (PRIME trainers)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_prm_step(self, args, state, control, **kw):
+        self.steps.append(kw)
+
+
+def _spy_loss_inputs(seen: list):
+    """A ``before_train`` hook keeping the inputs of every ``_compute_loss`` call."""
+
+    def spy(tr):
+        compute_loss = tr._compute_loss
+
+        def wrapped(model, inputs):
+            seen.append({k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+            return compute_loss(model, inputs)
+
+        tr._compute_loss = wrapped
+
+    return spy
+
+
 @pytest.mark.parametrize("kind", ALL)
 def test_mask_truncated_completions(run, kind):
-    """Truncated completions out of the loss (DAPO). An EOS bias at generation lets some completions end."""
+    """Truncated completions out of the loss (DAPO) and, for PRIME, out of the PRM's labels. An EOS bias at
+    generation lets some completions end within ``max_completion_length``; the others are truncated."""
     eos = build_tokenizer().eos_token_id
+    prm_steps, rounds, loss_inputs = PrmSteps(), ScoredRounds(), []
     tr, logs = run(
         kind,
         mask_truncated_completions=True,
         max_completion_length=12,
         generation_kwargs={"sequence_bias": {(eos,): 3.0}},
+        callbacks=[prm_steps, rounds] if kind in PRIME else [],
+        before_train=_spy_loss_inputs(loss_inputs),
     )
     assert 0.0 < logs["completions/clipped_ratio"][0] < 1.0
+    # the loss: every truncated row (no EOS in its completion) has completion_mask 0, the others keep tokens
+    inputs = loss_inputs[0]
+    truncated = ~(inputs["completion_ids"] == eos).any(dim=1)
+    assert truncated.any() and (~truncated).any()
+    assert inputs["completion_mask"][truncated].sum() == 0
+    assert (inputs["completion_mask"][~truncated].sum(dim=1) > 0).all()
+    if kind in PRIME:  # the PRM: no label (NaN, weight 0) and no policy loss for the truncated rows of the round
+        first = rounds.rounds[0]
+        cut = ~(first["completion_ids"] == eos).any(dim=1).cpu()
+        labels, weights = prm_steps.steps[0]["labels"].cpu(), prm_steps.steps[0]["row_weights"].cpu()
+        assert cut.any() and labels[cut].isnan().all() and (weights[cut] == 0).all()
+        assert not labels[~cut].isnan().any() and (weights[~cut] > 0).all()
+        assert first["loss_mask"][cut].sum() == 0
 
 
 @pytest.mark.parametrize("kind", ALL)
