@@ -585,8 +585,21 @@ def test_peft_model_with_gradient_checkpointing(run, tiny_model_path, kind):
 
 @pytest.mark.parametrize("kind", ALL)
 def test_lora_config_without_task_type(run, kind):
-    # LoraConfig() without task_type is accepted (taken as a causal LM)
-    run(kind, peft_config=_lora())
+    """``LoraConfig()`` without ``task_type`` is accepted (taken as a causal LM) and its adapter trains: the policy's
+    ``"default"`` adapter moves for every trainer (PRIME's ``"prm"`` adapter is checked by :func:`_check`)."""
+    before = {}
+
+    def snapshot(tr):
+        named = tr.model.named_parameters()
+        before.update({n: p.detach().clone() for n, p in named if p.requires_grad and ".default." in n})
+
+    tr, _ = run(kind, peft_config=_lora(), before_train=snapshot)
+    after = dict(tr.model.named_parameters())
+    assert before and all("lora_" in n for n in before)
+    assert any(not torch.equal(b, after[n].detach()) for n, b in before.items()), "the policy adapter did not train"
+    if kind in PRIME:
+        assert tr.implicit_prm.adapter_name == "prm"
+        assert all(".prm." in n for n, _ in tr.model.named_parameters() if "lora_" in n and ".default." not in n)
 
 
 # ----------------------------------------------------------------------------------------------------------------
