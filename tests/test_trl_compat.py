@@ -730,14 +730,48 @@ def test_vision_language_model(run, tiny_vlm_path, kind):
 @pytest.mark.parametrize("kind", PRIME)
 def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
     """Every forward of the implicit PRM (and of its reference, the same model under PEFT or a copy) gets TRL's
-    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image."""
-    tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset())
-    calls = []
-    tr.implicit_prm.model.register_forward_pre_hook(
-        lambda module, args, kwargs: calls.append(kwargs.get("pixel_values") is not None), with_kwargs=True
-    )
+    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image. Each row gets its own
+    image: the reference log-probs of the round equal those of the row scored alone with its ``pixel_values``."""
+    from trl_prime.modeling import select_mm_rows
+
+    rounds, loss_inputs = ScoredRounds(), []
+    tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset(), callbacks=[rounds])
+    prm = tr.implicit_prm
+    assert prm.ref_model is not None and prm.ref_model is not prm.model  # a separate reference (no PEFT)
+    calls = {"prm": [], "ref": []}
+    for name, module in (("prm", prm.model), ("ref", prm.ref_model)):
+        module.register_forward_pre_hook(
+            lambda module, args, kwargs, name=name: calls[name].append(kwargs.get("pixel_values") is not None),
+            with_kwargs=True,
+        )
+    compute_loss = tr._compute_loss
+
+    def spy(model, inputs):
+        loss_inputs.append(dict(inputs))
+        return compute_loss(model, inputs)
+
+    tr._compute_loss = spy
     tr.train()
-    assert calls and all(calls)
+    assert calls["prm"] and all(calls["prm"]) and calls["ref"] and all(calls["ref"])
+    # TRL's loss inputs hold each row's own pixel_values; find the row in the round (the loss may shuffle rows)
+    first, inputs = rounds.rounds[0], loss_inputs[0]
+    mm_keys = ("pixel_values", "image_sizes", "image_grid_thw", "num_images")
+    mm = {k: inputs[k] for k in mm_keys if inputs.get(k) is not None}
+    T = first["completion_ids"].shape[1]
+    moved = []  # does another row's image change the log-probs (so the check above can fail)?
+    for j in range(inputs["completion_ids"].shape[0]):
+        same = (first["completion_ids"] == inputs["completion_ids"][j]).all(1)
+        same &= (first["prompt_ids"] == inputs["prompt_ids"][j]).all(1)
+        i = int(same.nonzero()[0])
+        ids = torch.cat([first["prompt_ids"][i : i + 1], first["completion_ids"][i : i + 1]], dim=1)
+        mask = torch.cat([first["prompt_mask"][i : i + 1], first["completion_mask"][i : i + 1]], dim=1)
+        alone = prm.ref_logps(ids, mask, T, mm_inputs=select_mm_rows(mm, [j]))[0]
+        keep = first["completion_mask"][i].bool()
+        torch.testing.assert_close(alone[keep], first["ref_logps"][i][keep].float(), atol=1e-5, rtol=0)
+        other = next(k for k in range(len(same)) if not torch.equal(mm["pixel_values"][k], mm["pixel_values"][j]))
+        wrong = prm.ref_logps(ids, mask, T, mm_inputs=select_mm_rows(mm, [other]))[0]
+        moved.append((wrong[keep] - alone[keep]).abs().max().item() > 1e-4)
+    assert all(moved)
 
 
 def _mm_batches():
