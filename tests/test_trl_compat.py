@@ -356,6 +356,21 @@ def test_eval_dataset(run, kind):
 
 
 @pytest.mark.parametrize("kind", ALL)
+def test_num_generations_eval(run, kind):
+    """``num_generations_eval`` (passed to TRL): 4 eval prompts with 2 completions each, 4 per training prompt."""
+    tr, logs = run(
+        kind,
+        eval_dataset=tiny_prompt_dataset(4),
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=8,
+        num_generations_eval=2,
+    )
+    assert tr.num_generations_eval == 2
+    assert "eval_reward" in logs and all(math.isfinite(v) for v in logs["eval_reward"])
+
+
+@pytest.mark.parametrize("kind", ALL)
 def test_iterable_dataset(run, kind):
     run(kind, train_dataset=tiny_prompt_dataset(8).to_iterable_dataset(), max_steps=2)
 
@@ -423,6 +438,43 @@ def test_sequence_importance_sampling(run, kind):
         num_iterations=2,
         max_steps=2,
     )
+
+
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_off_policy_mask_threshold(run, kind):
+    """TRL's off-policy sequence mask (``off_policy_mask_threshold``) with two PPO epochs."""
+    tr, _ = run(kind, off_policy_mask_threshold=0.5, num_iterations=2, max_steps=2)
+    assert tr.off_policy_mask_threshold == 0.5
+
+
+@pytest.mark.parametrize("kind", ["prime-grpo", "prl"])  # PROF refuses "sapo"
+def test_sapo_temperatures(run, kind):
+    """SAPO's soft gate with its own temperatures (``sapo_temperature_pos`` / ``sapo_temperature_neg``)."""
+    tr, _ = run(kind, loss_type="sapo", sapo_temperature_pos=0.5, sapo_temperature_neg=2.0)
+    assert (tr.args.sapo_temperature_pos, tr.args.sapo_temperature_neg) == (0.5, 2.0)
+
+
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_cast_lm_head_to_fp32(run, kind):
+    """``cast_lm_head_to_fp32`` (GRPO only): TRL casts the policy's head to float32 (already float32 on CPU)."""
+    tr, _ = run(kind, cast_lm_head_to_fp32=True)
+    assert tr.model.get_output_embeddings().weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_pad_to_multiple_of(run, kind):
+    """``pad_to_multiple_of``: TRL pads the prompts to a multiple of 16 tokens."""
+    loss_inputs = []
+    run(kind, pad_to_multiple_of=16, before_train=_spy_loss_inputs(loss_inputs))
+    assert loss_inputs[0]["prompt_ids"].shape[1] % 16 == 0
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_log_completions(run, kind):
+    """``log_completions``: TRL's completions table gets every row with a finite advantage."""
+    tr, _ = run(kind, log_completions=True, num_completions_to_print=2)
+    assert len(tr._logs["prompt"]) == 8 and len(tr._logs["advantages"]) == 8
+    assert all(math.isfinite(a) for a in tr._logs["advantages"])
 
 
 class PrmSteps(PrimeCallback):
