@@ -189,7 +189,8 @@ def _check(kind, trainer, rounds: ScoredRounds | None, prm_before, *, max_steps,
 def _train_and_check(kind, model, tmp_path, step_prm_path=None, *, metrics=(), before_train=None, **kw):
     """Build, train and check a trainer of ``kind``; returns ``(trainer, logs)``."""
     rounds = ScoredRounds() if kind in PRIME else None
-    trainer = _build(kind, model, tmp_path, step_prm_path, callbacks=[rounds] if rounds else [], **kw)
+    callbacks = [*([rounds] if rounds else []), *kw.pop("callbacks", ())]
+    trainer = _build(kind, model, tmp_path, step_prm_path, callbacks=callbacks, **kw)
     if before_train is not None:
         before_train(trainer)
     prm_before = _prm_weights(trainer) if kind in PRIME else None
@@ -355,6 +356,21 @@ def test_eval_dataset(run, kind):
 
 
 @pytest.mark.parametrize("kind", ALL)
+def test_num_generations_eval(run, kind):
+    """``num_generations_eval`` (passed to TRL): 4 eval prompts with 2 completions each, 4 per training prompt."""
+    tr, logs = run(
+        kind,
+        eval_dataset=tiny_prompt_dataset(4),
+        eval_strategy="steps",
+        eval_steps=1,
+        per_device_eval_batch_size=8,
+        num_generations_eval=2,
+    )
+    assert tr.num_generations_eval == 2
+    assert "eval_reward" in logs and all(math.isfinite(v) for v in logs["eval_reward"])
+
+
+@pytest.mark.parametrize("kind", ALL)
 def test_iterable_dataset(run, kind):
     run(kind, train_dataset=tiny_prompt_dataset(8).to_iterable_dataset(), max_steps=2)
 
@@ -424,17 +440,96 @@ def test_sequence_importance_sampling(run, kind):
     )
 
 
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_off_policy_mask_threshold(run, kind):
+    """TRL's off-policy sequence mask (``off_policy_mask_threshold``) with two PPO epochs."""
+    tr, _ = run(kind, off_policy_mask_threshold=0.5, num_iterations=2, max_steps=2)
+    assert tr.off_policy_mask_threshold == 0.5
+
+
+@pytest.mark.parametrize("kind", ["prime-grpo", "prl"])  # PROF refuses "sapo"
+def test_sapo_temperatures(run, kind):
+    """SAPO's soft gate with its own temperatures (``sapo_temperature_pos`` / ``sapo_temperature_neg``)."""
+    tr, _ = run(kind, loss_type="sapo", sapo_temperature_pos=0.5, sapo_temperature_neg=2.0)
+    assert (tr.args.sapo_temperature_pos, tr.args.sapo_temperature_neg) == (0.5, 2.0)
+
+
+@pytest.mark.parametrize("kind", GRPO_BASED)
+def test_cast_lm_head_to_fp32(run, kind):
+    """``cast_lm_head_to_fp32`` (GRPO only): TRL casts the policy's head to float32 (already float32 on CPU)."""
+    tr, _ = run(kind, cast_lm_head_to_fp32=True)
+    assert tr.model.get_output_embeddings().weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_pad_to_multiple_of(run, kind):
+    """``pad_to_multiple_of``: TRL pads the prompts to a multiple of 16 tokens."""
+    loss_inputs = []
+    run(kind, pad_to_multiple_of=16, before_train=_spy_loss_inputs(loss_inputs))
+    assert loss_inputs[0]["prompt_ids"].shape[1] % 16 == 0
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_log_completions(run, kind):
+    """``log_completions``: TRL's completions table gets every row with a finite advantage."""
+    tr, _ = run(kind, log_completions=True, num_completions_to_print=2)
+    assert len(tr._logs["prompt"]) == 8 and len(tr._logs["advantages"]) == 8
+    assert all(math.isfinite(a) for a in tr._logs["advantages"])
+
+
+class PrmSteps(PrimeCallback):
+    """Keeps every ``on_prm_step`` payload (PRIME trainers)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_prm_step(self, args, state, control, **kw):
+        self.steps.append(kw)
+
+
+def _spy_loss_inputs(seen: list):
+    """A ``before_train`` hook keeping the inputs of every ``_compute_loss`` call."""
+
+    def spy(tr):
+        compute_loss = tr._compute_loss
+
+        def wrapped(model, inputs):
+            seen.append({k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+            return compute_loss(model, inputs)
+
+        tr._compute_loss = wrapped
+
+    return spy
+
+
 @pytest.mark.parametrize("kind", ALL)
 def test_mask_truncated_completions(run, kind):
-    """Truncated completions out of the loss (DAPO). An EOS bias at generation lets some completions end."""
+    """Truncated completions out of the loss (DAPO) and, for PRIME, out of the PRM's labels. An EOS bias at
+    generation lets some completions end within ``max_completion_length``; the others are truncated."""
     eos = build_tokenizer().eos_token_id
+    prm_steps, rounds, loss_inputs = PrmSteps(), ScoredRounds(), []
     tr, logs = run(
         kind,
         mask_truncated_completions=True,
         max_completion_length=12,
         generation_kwargs={"sequence_bias": {(eos,): 3.0}},
+        callbacks=[prm_steps, rounds] if kind in PRIME else [],
+        before_train=_spy_loss_inputs(loss_inputs),
     )
     assert 0.0 < logs["completions/clipped_ratio"][0] < 1.0
+    # the loss: every truncated row (no EOS in its completion) has completion_mask 0, the others keep tokens
+    inputs = loss_inputs[0]
+    truncated = ~(inputs["completion_ids"] == eos).any(dim=1)
+    assert truncated.any() and (~truncated).any()
+    assert inputs["completion_mask"][truncated].sum() == 0
+    assert (inputs["completion_mask"][~truncated].sum(dim=1) > 0).all()
+    if kind in PRIME:  # the PRM: no label (NaN, weight 0) and no policy loss for the truncated rows of the round
+        first = rounds.rounds[0]
+        cut = ~(first["completion_ids"] == eos).any(dim=1).cpu()
+        labels, weights = prm_steps.steps[0]["labels"].cpu(), prm_steps.steps[0]["row_weights"].cpu()
+        assert cut.any() and labels[cut].isnan().all() and (weights[cut] == 0).all()
+        assert not labels[~cut].isnan().any() and (weights[~cut] > 0).all()
+        assert first["loss_mask"][cut].sum() == 0
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -542,8 +637,21 @@ def test_peft_model_with_gradient_checkpointing(run, tiny_model_path, kind):
 
 @pytest.mark.parametrize("kind", ALL)
 def test_lora_config_without_task_type(run, kind):
-    # LoraConfig() without task_type is accepted (taken as a causal LM)
-    run(kind, peft_config=_lora())
+    """``LoraConfig()`` without ``task_type`` is accepted (taken as a causal LM) and its adapter trains: the policy's
+    ``"default"`` adapter moves for every trainer (PRIME's ``"prm"`` adapter is checked by :func:`_check`)."""
+    before = {}
+
+    def snapshot(tr):
+        named = tr.model.named_parameters()
+        before.update({n: p.detach().clone() for n, p in named if p.requires_grad and ".default." in n})
+
+    tr, _ = run(kind, peft_config=_lora(), before_train=snapshot)
+    after = dict(tr.model.named_parameters())
+    assert before and all("lora_" in n for n in before)
+    assert any(not torch.equal(b, after[n].detach()) for n, b in before.items()), "the policy adapter did not train"
+    if kind in PRIME:
+        assert tr.implicit_prm.adapter_name == "prm"
+        assert all(".prm." in n for n, _ in tr.model.named_parameters() if "lora_" in n and ".default." not in n)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -674,14 +782,48 @@ def test_vision_language_model(run, tiny_vlm_path, kind):
 @pytest.mark.parametrize("kind", PRIME)
 def test_vision_language_model_prm_sees_the_image(build, tiny_vlm_path, kind):
     """Every forward of the implicit PRM (and of its reference, the same model under PEFT or a copy) gets TRL's
-    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image."""
-    tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset())
-    calls = []
-    tr.implicit_prm.model.register_forward_pre_hook(
-        lambda module, args, kwargs: calls.append(kwargs.get("pixel_values") is not None), with_kwargs=True
-    )
+    ``pixel_values``: the token rewards of PRIME Eq. 3 are those of the prompt with its image. Each row gets its own
+    image: the reference log-probs of the round equal those of the row scored alone with its ``pixel_values``."""
+    from trl_prime.modeling import select_mm_rows
+
+    rounds, loss_inputs = ScoredRounds(), []
+    tr = build(kind, model=tiny_vlm_path, train_dataset=_image_dataset(), callbacks=[rounds])
+    prm = tr.implicit_prm
+    assert prm.ref_model is not None and prm.ref_model is not prm.model  # a separate reference (no PEFT)
+    calls = {"prm": [], "ref": []}
+    for name, module in (("prm", prm.model), ("ref", prm.ref_model)):
+        module.register_forward_pre_hook(
+            lambda module, args, kwargs, name=name: calls[name].append(kwargs.get("pixel_values") is not None),
+            with_kwargs=True,
+        )
+    compute_loss = tr._compute_loss
+
+    def spy(model, inputs):
+        loss_inputs.append(dict(inputs))
+        return compute_loss(model, inputs)
+
+    tr._compute_loss = spy
     tr.train()
-    assert calls and all(calls)
+    assert calls["prm"] and all(calls["prm"]) and calls["ref"] and all(calls["ref"])
+    # TRL's loss inputs hold each row's own pixel_values; find the row in the round (the loss may shuffle rows)
+    first, inputs = rounds.rounds[0], loss_inputs[0]
+    mm_keys = ("pixel_values", "image_sizes", "image_grid_thw", "num_images")
+    mm = {k: inputs[k] for k in mm_keys if inputs.get(k) is not None}
+    T = first["completion_ids"].shape[1]
+    moved = []  # does another row's image change the log-probs (so the check above can fail)?
+    for j in range(inputs["completion_ids"].shape[0]):
+        same = (first["completion_ids"] == inputs["completion_ids"][j]).all(1)
+        same &= (first["prompt_ids"] == inputs["prompt_ids"][j]).all(1)
+        i = int(same.nonzero()[0])
+        ids = torch.cat([first["prompt_ids"][i : i + 1], first["completion_ids"][i : i + 1]], dim=1)
+        mask = torch.cat([first["prompt_mask"][i : i + 1], first["completion_mask"][i : i + 1]], dim=1)
+        alone = prm.ref_logps(ids, mask, T, mm_inputs=select_mm_rows(mm, [j]))[0]
+        keep = first["completion_mask"][i].bool()
+        torch.testing.assert_close(alone[keep], first["ref_logps"][i][keep].float(), atol=1e-5, rtol=0)
+        other = next(k for k in range(len(same)) if not torch.equal(mm["pixel_values"][k], mm["pixel_values"][j]))
+        wrong = prm.ref_logps(ids, mask, T, mm_inputs=select_mm_rows(mm, [other]))[0]
+        moved.append((wrong[keep] - alone[keep]).abs().max().item() > 1e-4)
+    assert all(moved)
 
 
 def _mm_batches():

@@ -419,12 +419,8 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             else f"`prime_estimator`={self.prime_estimator!r} does not normalise the outcome by a group std "
             "('rloo': the leave-one-out mean only, PRIME Eq. 5; 'reinforce': the raw returns)",
         )
-        filtering = (
-            self.filter_lower > 0.0
-            or self.filter_upper < 1.0
-            or self.filter_truncated
-            or getattr(self, "prof_mode", "off") != "off"
-        )
+        # prof_mode != "off" allows only PROF_LOSS_TYPES ("dapo", "cispo"): refused in ProfOptions before this point
+        filtering = self.filter_lower > 0.0 or self.filter_upper < 1.0 or self.filter_truncated
         if filtering and self.loss_type in ("grpo", "sapo", "bnpo", "dr_grpo"):
             how = {
                 "grpo": "averages per-sequence means over all rows, filtered ones included with weight 0, so each "
@@ -438,7 +434,7 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             }[self.loss_type]
             warnings.warn(
                 f"`loss_type`={self.loss_type!r} {how}; with the prompt filter on (filter_lower/filter_upper/"
-                "filter_truncated/prof_mode) that fraction varies from step to step. Use loss_type='dapo' (PRIME's "
+                "filter_truncated) that fraction varies from step to step. Use loss_type='dapo' (PRIME's "
                 "token mean over the kept tokens of the batch), or switch filtering off (filter_lower=0, "
                 "filter_upper=1).",
                 UserWarning,
