@@ -352,5 +352,14 @@ class RolloutMixin:
         return {}
 
     def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
-        """The method's own work on a scored generation round; returns the output for TRL's loss."""
-        raise NotImplementedError
+        """The method's own work on a scored generation round; returns the output for TRL's loss.
+
+        Abstract: every trainer that mixes :class:`RolloutMixin` in defines it (PRIME's Algorithm 1, PRL's and PROF's
+        steps).
+
+        Raises:
+            TypeError: the trainer class does not define its step.
+        """
+        raise TypeError(
+            f"{type(self).__name__} mixes in RolloutMixin but does not define _algorithm_step(output, rollout)."
+        )
