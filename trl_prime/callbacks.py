@@ -1,11 +1,12 @@
 """Callbacks for the PRIME trainers.
 
-:class:`PrimeCallback` is a ``transformers.TrainerCallback`` with three extra events that the PRIME trainers
+:class:`PrimeCallback` is a ``transformers.TrainerCallback`` with four extra events that the PRIME trainers
 (:class:`~trl_prime.PrimeRLOOTrainer`, :class:`~trl_prime.PrimeGRPOTrainer`) dispatch to *every* callback that
 defines a method of that name (subclassing :class:`PrimeCallback` is only a convenience):
 
 - ``on_prompts_filtered(args, state, control, **kw)`` after the online prompt filter, each generation round;
 - ``on_prm_step(args, state, control, **kw)`` after each PRM optimizer step;
+- ``on_value_step(args, state, control, **kw)`` after each value-model optimizer step (``prime_estimator="ppo"``);
 - ``on_rollouts_scored(args, state, control, **kw)`` once the token rewards and advantages of a generation round
   are known (before the policy update).
 
@@ -54,6 +55,18 @@ class PrimeCallback(TrainerCallback):
             loss_group_ids, loss_labels: ``(B_global,)`` the prompt-group id and label of every row of the global
                 batch the ``"dpo"``/``"nca"``/``"kto"`` loss was computed on (pairs only form inside a group id);
                 ``None`` with ``"ce"``.
+        """
+
+    def on_value_step(self, args, state, control, **kwargs):
+        """After a value-model optimizer step (``prime_estimator="ppo"``, ``prime_value="critic"``; one per value
+        epoch, dispatched once after the round's last one).
+
+        Keyword arguments:
+            loss: float, the global clipped value loss (``value/loss``, before ``vf_coef``; mean over the epochs).
+            grad_norm: float, the value model's gradient norm before clipping (last epoch).
+            learning_rate: float, its learning rate after the scheduler step.
+            num_updates: int, value-model updates so far.
+            value_model: the :class:`~trl_prime.prime.value.ValueModel` (unwrapped).
         """
 
     def on_rollouts_scored(self, args, state, control, **kwargs):

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
+import trl_prime._ppo_standin  # noqa: F401  (temporary, until the PPO math lands in functional)
 from trl_prime.functional import (
     BASELINES,
     ESTIMATORS,
     GRPO_PROCESS_FORMS,
     GRPO_PROCESS_SCALES,
+    PRIME_VALUES,
     PRM_LABELS,
     PRM_LOSSES,
     PRM_REFERENCES,
@@ -42,6 +44,7 @@ PRIME_CHOICES = {
     "grpo_process_form": GRPO_PROCESS_FORMS,
     "grpo_process_scale": GRPO_PROCESS_SCALES,
     "prm_lr_scheduler": PRM_SCHEDULERS,
+    "prime_value": PRIME_VALUES,
 }
 
 
@@ -239,6 +242,58 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "completions/clipped_ratio counts it)."
         },
     )
+    # --- PPO: a learned value model (prime_estimator="ppo"; PRIME section 5.4, Table 4) -------------------------
+    prime_value: str = field(
+        default="critic",
+        metadata={
+            "help": "Baseline of prime_estimator='ppo': 'critic' (a learned value model V(y_<t), trained by a clipped "
+            "value loss on GAE returns of the token rewards r_t = process_coef * r_phi(y_t) + outcome_coef * r_o on "
+            "the last token; process_coef=0 is plain PPO) or 'implicit_prm' (PRIME section 5.4's ablation, no "
+            "critic: the implicit PRM's prefix value V(y_<t) = sum_{s<t} r_phi(y_s) is the baseline of the outcome "
+            "reward, which is the only reward, on the last token; with gamma=lam=1, A_t = outcome_coef * r_o - "
+            "sum_{s<t} r_phi(y_s)). Only with prime_estimator='ppo'."
+        },
+    )
+    value_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Path of the value model's initial checkpoint (a causal LM; a saved `value/` folder also brings "
+            "its scalar head). Default: a copy of the policy's initial checkpoint plus a new scalar head (under "
+            "PEFT: a third adapter 'value' on the policy's base plus the head). prime_value='critic' only."
+        },
+    )
+    value_learning_rate: float = field(
+        default=1e-5,
+        metadata={"help": "Learning rate of the value model's own AdamW (veRL's critic default, PRIME's code base)."},
+    )
+    value_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the value model's AdamW."})
+    value_max_grad_norm: float | None = field(
+        default=1.0, metadata={"help": "Gradient clipping (max global L2 norm) of value updates; None disables it."}
+    )
+    vf_coef: float = field(
+        default=0.1, metadata={"help": "Weight of the clipped value loss (TRL's last PPOConfig: 0.1). > 0."}
+    )
+    cliprange_value: float = field(
+        default=0.2,
+        metadata={
+            "help": "Clip range of the value loss around the values of the round's first value forward (TRL's last "
+            "PPOConfig: 0.2). > 0."
+        },
+    )
+    lam: float = field(
+        default=1.0,
+        metadata={
+            "help": "GAE lambda of prime_estimator='ppo', in [0, 1] (veRL's default 1: the return minus the value; 0 is "
+            "the one-step TD error). The discount is `prime_gamma`."
+        },
+    )
+    value_epochs: int = field(
+        default=1,
+        metadata={
+            "help": "Value-model epochs per generation round, each one pass over the rows (a fresh forward) and one "
+            "optimizer step; the returns and the clip centre are those of the first epoch. >= 1."
+        },
+    )
 
     def __post_init__(self):
         self._validate_prime()  # first, so PRIME's messages win over TRL's
@@ -298,8 +353,42 @@ class PrimeOptions(GuardOptions, ProfOptions):
                 raise ValueError(f"`{name}`={value} must be a finite number >= 0 (paper: 1.0; 0 drops that term).")
         if self.process_coef == 0 and self.outcome_coef == 0:
             raise ValueError("`process_coef` and `outcome_coef` are both 0: every advantage would be 0. Set one > 0.")
+        self._validate_ppo()
         self._validate_prof()
         self._validate_guards()
+
+    def _validate_ppo(self) -> None:
+        """The value-model options of ``prime_estimator="ppo"`` (PRIME section 5.4, Table 4)."""
+        ppo = self.prime_estimator == "ppo"
+        if not ppo and (self.prime_value != "critic" or self.value_model is not None):
+            name = "prime_value" if self.prime_value != "critic" else "value_model"
+            raise ValueError(
+                f"`{name}` is set but `prime_estimator`={self.prime_estimator!r} has no value model. Set "
+                "prime_estimator='ppo', or leave prime_value='critic' and value_model=None."
+            )
+        if self.value_model is not None and self.prime_value == "implicit_prm":
+            raise ValueError(
+                "`value_model` is set but `prime_value`='implicit_prm' uses the implicit PRM as the value (no learned "
+                "critic). Unset value_model, or set prime_value='critic'."
+            )
+        if ppo and (self.process_reward_norm != "none" or not self.include_last_token):
+            raise ValueError(
+                "`process_reward_norm` and `include_last_token` shape the returns of the 'rloo' estimator (the "
+                "released code); prime_estimator='ppo' sums the raw token rewards by GAE. Keep process_reward_norm="
+                "'none' and include_last_token=True."
+            )
+        for name in ("value_learning_rate", "value_weight_decay"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"`{name}`={getattr(self, name)} must be >= 0.")
+        for name in ("vf_coef", "cliprange_value"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}`={getattr(self, name)} must be > 0 (TRL's PPO: vf_coef 0.1, 0.2).")
+        if self.value_max_grad_norm is not None and self.value_max_grad_norm <= 0:
+            raise ValueError(f"`value_max_grad_norm`={self.value_max_grad_norm} must be > 0, or None to disable it.")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"`lam`={self.lam} must lie in [0, 1] (veRL: 1.0).")
+        if self.value_epochs < 1:
+            raise ValueError(f"`value_epochs`={self.value_epochs} must be >= 1.")
 
     def _validate_prm_label(self) -> None:
         """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0 (``prm_label`` is checked with
@@ -338,7 +427,10 @@ class PrimeRLOOConfig(PrimeOptions, RLOOConfig):
 
     prime_estimator: str = field(
         default="rloo",
-        metadata={"help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo' or 'reinforce' (PRIME App. B.3)."},
+        metadata={
+            "help": "Advantage estimator: 'rloo' (Eq. 5, default), 'grpo', 'reinforce' (PRIME App. B.3) or 'ppo' (GAE "
+            "with a value model, `prime_value`; PRIME section 5.4)."
+        },
     )
     beta: float = field(
         default=0.0,
@@ -396,7 +488,10 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
 
     prime_estimator: str = field(
         default="grpo",
-        metadata={"help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5) or 'reinforce'."},
+        metadata={
+            "help": "Advantage estimator: 'grpo' (default here), 'rloo' (Eq. 5), 'reinforce' or 'ppo' (GAE with a "
+            "value model, `prime_value`)."
+        },
     )
     loss_type: str = field(
         default="dapo",
@@ -417,7 +512,8 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             no_group_std=None
             if self.prime_estimator == "grpo"
             else f"`prime_estimator`={self.prime_estimator!r} does not normalise the outcome by a group std "
-            "('rloo': the leave-one-out mean only, PRIME Eq. 5; 'reinforce': the raw returns)",
+            "('rloo': the leave-one-out mean only, PRIME Eq. 5; 'reinforce': the raw returns; 'ppo': GAE with a "
+            "value model)",
         )
         # prof_mode != "off" allows only PROF_LOSS_TYPES ("dapo", "cispo"): refused in ProfOptions before this point
         filtering = self.filter_lower > 0.0 or self.filter_upper < 1.0 or self.filter_truncated

@@ -1,14 +1,18 @@
-"""The implicit PRM's optimisation state inside a PRIME trainer: optimizer, LR scheduler, DeepSpeed engine, steps and
-checkpoint files (PRIME Algorithm 1 line 8, arXiv 2502.01456).
+"""The optimisation state of a second trained model inside a PRIME trainer: optimizer, LR scheduler, DeepSpeed
+engine, steps and checkpoint files. Two models use it: the implicit PRM (PRIME Algorithm 1 line 8, arXiv 2502.01456)
+and the value model of ``prime_estimator="ppo"`` (PRIME section 5.4).
 
-:class:`PRMOptimizer` is what the PRIME trainers hold as ``self.prm_optim``: the PRM is trained by its own AdamW and
-scheduler (``prm_learning_rate``, ``prm_lr_scheduler``, ...), next to the policy's optimizer that TRL's Trainer owns.
-Under DDP the PRM's gradients are all-reduced by hand (each rank's loss is already its share of the global mean);
-under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config without optimizer/scheduler).
+:class:`ModelOptimizer` is the machinery, :class:`PRMOptimizer` (``self.prm_optim`` of the PRIME trainers) and
+:class:`ValueOptimizer` (``self.value_optim``) name its settings: each model is trained by its own AdamW and scheduler
+(``prm_learning_rate``, ``prm_lr_scheduler``, ... / ``value_learning_rate``, ...), next to the policy's optimizer
+that TRL's Trainer owns. Under DDP the model's gradients are all-reduced by hand (each rank's loss is already its share
+of the global mean); under DeepSpeed the model is its own engine (a copy of the Trainer's DeepSpeed config without
+optimizer/scheduler).
 
 Checkpoint layout (inside ``checkpoint-N/``): ``prm/`` (the :meth:`~trl_prime.ImplicitPRM.save_pretrained` folder
 written by the trainer's ``save_model``) plus ``prm/optimizer.pt``, ``prm/scheduler.pt`` and ``prm/prime_state.json``
-(``{"num_updates": n}``), or ``prm_deepspeed/`` (the engine's checkpoint) under DeepSpeed.
+(``{"num_updates": n}``), or ``prm_deepspeed/`` (the engine's checkpoint) under DeepSpeed; the value model likewise in
+``value/`` and ``value_deepspeed/``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import copy
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +35,8 @@ from trl_prime.modeling import unwrap
 PRM_ADAPTER = "prm"
 PRM_CHECKPOINT_DIR = "prm"
 PRM_DEEPSPEED_DIR = "prm_deepspeed"
+VALUE_CHECKPOINT_DIR = "value"
+VALUE_DEEPSPEED_DIR = "value_deepspeed"
 PRIME_STATE_NAME = "prime_state.json"
 
 
@@ -40,7 +47,7 @@ def _drop_auto(cfg: Any) -> Any:
     return cfg
 
 
-def _load_weights(model: nn.Module, folder: str) -> None:
+def load_weights(model: nn.Module, folder: str) -> None:
     """Load a ``save_pretrained`` folder's weights (single file or sharded) into ``model`` in place."""
     single = os.path.join(folder, "model.safetensors")
     if os.path.isfile(single):
@@ -52,7 +59,7 @@ def _load_weights(model: nn.Module, folder: str) -> None:
         missing = [k for k in missing if k not in tied]
         if unexpected or missing:
             raise RuntimeError(
-                f"PRM checkpoint {folder} does not match the PRM: missing {missing}, unexpected {unexpected}"
+                f"Checkpoint {folder} does not match the model: missing {missing}, unexpected {unexpected}"
             )
     else:
         from transformers.trainer_utils import load_sharded_checkpoint
@@ -60,30 +67,53 @@ def _load_weights(model: nn.Module, folder: str) -> None:
         load_sharded_checkpoint(model, folder, strict=False)
 
 
-class PRMOptimizer:
-    """The implicit PRM's optimizer, LR scheduler and (under DeepSpeed) engine, with its backward, step and
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What differs between the models a :class:`ModelOptimizer` trains: the names of the config fields holding its
+    hyperparameters, and its checkpoint folders."""
+
+    name: str  # the model, in messages: "PRM", "value model"
+    learning_rate: str  # config field names
+    weight_decay: str
+    max_grad_norm: str
+    lr_scheduler: str | None  # None: a constant schedule without warmup
+    warmup_steps: str | None
+    checkpoint_dir: str
+    deepspeed_dir: str
+
+
+class ModelOptimizer:
+    """A second trained model's optimizer, LR scheduler and (under DeepSpeed) engine, with its backward, step and
     checkpoint state.
 
     Args:
-        implicit_prm: the trainer's :class:`~trl_prime.ImplicitPRM` (its ``model`` becomes the DeepSpeed engine).
-        args: the PRIME config (``prm_learning_rate``, ``prm_weight_decay``, ``prm_lr_scheduler``,
-            ``prm_warmup_steps``, ``prm_max_grad_norm``, ``prm_loss``, batch sizes, AdamW betas and eps, ``optim``).
+        holder: the object holding the model: ``model`` (an ``nn.Module``; it becomes the DeepSpeed engine),
+            ``trainable_parameters()``, ``adapter_name`` (a PEFT adapter on the policy, or ``None``) and
+            ``micro_batch_size`` (rows per forward / backward); e.g. :class:`~trl_prime.ImplicitPRM`.
+        args: the PRIME config (the fields named by ``settings``, batch sizes, AdamW betas and eps, ``optim``).
         accelerator: the trainer's ``Accelerator``.
         deepspeed: whether the trainer runs under DeepSpeed.
+        settings: the config fields and folders of this model (:class:`OptimizerSettings`).
 
-    Attributes: ``optimizer`` and ``lr_scheduler`` (``None`` until :meth:`create`), ``engine`` (the PRM's DeepSpeed
-    engine or ``None``), ``num_updates`` (PRM steps applied; saved in ``prime_state.json``).
+    Attributes: ``optimizer`` and ``lr_scheduler`` (``None`` until :meth:`create`), ``engine`` (the model's DeepSpeed
+    engine or ``None``), ``num_updates`` (steps applied; saved in ``prime_state.json``).
     """
 
-    def __init__(self, implicit_prm, args, accelerator, *, deepspeed: bool):
-        self.implicit_prm = implicit_prm
+    def __init__(self, holder, args, accelerator, *, deepspeed: bool, settings: OptimizerSettings):
+        self.holder = holder
         self.args = args
         self.accelerator = accelerator
         self.deepspeed = deepspeed
+        self.settings = settings
         self.optimizer = None
         self.lr_scheduler = None
         self.engine = None
         self.num_updates = 0
+
+    def _option(self, key: str, default=None):
+        """The config value of the field ``settings.<key>`` names (``default`` when it names none)."""
+        name = getattr(self.settings, key)
+        return default if name is None else getattr(self.args, name)
 
     # ------------------------------------------------------------------------------------------------------
     # Creation
@@ -92,9 +122,11 @@ class PRMOptimizer:
         return self.args.per_device_train_batch_size * self.args.steps_per_generation
 
     def _num_micro(self) -> int:
-        if self.args.prm_loss != "ce":
-            return 1  # pairwise / KTO losses need every local row in one backward
-        return math.ceil(self._local_batch() / self.implicit_prm.micro_batch_size)
+        """Backward passes per optimizer step (one per micro-batch of the local rows)."""
+        return math.ceil(self._local_batch() / self.holder.micro_batch_size)
+
+    def _micro_batch(self) -> int:
+        return self.holder.micro_batch_size
 
     def _total_updates(self, max_steps: int) -> int:
         a = self.args
@@ -107,11 +139,11 @@ class PRMOptimizer:
         base.pop("scheduler", None)
         cfg = _drop_auto(base)
         n_micro = self._num_micro()
-        mb = self.implicit_prm.micro_batch_size if self.args.prm_loss == "ce" else self._local_batch()
+        mb = self._micro_batch()
         cfg["train_micro_batch_size_per_gpu"] = mb
         cfg["gradient_accumulation_steps"] = n_micro
         cfg["train_batch_size"] = mb * n_micro * self.accelerator.num_processes
-        cfg["gradient_clipping"] = self.args.prm_max_grad_norm or 0.0
+        cfg["gradient_clipping"] = self._option("max_grad_norm") or 0.0
         cfg.setdefault("steps_per_print", 10**9)
         return cfg
 
@@ -120,7 +152,7 @@ class PRMOptimizer:
         if self.optimizer is not None:
             return
         a = self.args
-        params = self.implicit_prm.trainable_parameters()
+        params = self.holder.trainable_parameters()
         # the fused AdamW kernel when the policy's optimizer uses it too (TRL's default "adamw_torch_fused"): about 4x
         # faster than the for-loop AdamW on CPU; not under DeepSpeed (its engine wraps the optimizer)
         fused = (
@@ -130,30 +162,33 @@ class PRMOptimizer:
         )
         optimizer = torch.optim.AdamW(
             params,
-            lr=a.prm_learning_rate,
+            lr=self._option("learning_rate"),
             betas=(a.adam_beta1, a.adam_beta2),
             eps=a.adam_epsilon,
-            weight_decay=a.prm_weight_decay,
+            weight_decay=self._option("weight_decay"),
             **({"fused": True} if fused else {}),
         )
         total = self._total_updates(max_steps)
 
         def make_scheduler(opt):
             return get_scheduler(
-                a.prm_lr_scheduler, opt, num_warmup_steps=a.prm_warmup_steps, num_training_steps=total
+                self._option("lr_scheduler", "constant"),
+                opt,
+                num_warmup_steps=self._option("warmup_steps", 0),
+                num_training_steps=total,
             )
 
-        if self.deepspeed and self.implicit_prm.adapter_name is None:
+        if self.deepspeed and self.holder.adapter_name is None:
             import deepspeed
 
             engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
-                model=unwrap(self.implicit_prm.model),
+                model=unwrap(self.holder.model),
                 optimizer=optimizer,
                 lr_scheduler=make_scheduler,
                 config=self._deepspeed_config(),
             )
             self.engine = engine
-            self.implicit_prm.model = engine
+            self.holder.model = engine
             self.optimizer, self.lr_scheduler = ds_optimizer, ds_scheduler
         else:
             self.optimizer, self.lr_scheduler = optimizer, make_scheduler(optimizer)
@@ -186,7 +221,7 @@ class PRMOptimizer:
         return norm
 
     def discard(self, loss_finite: bool = True) -> None:
-        """Drop this batch's PRM gradients (a poisoned batch): weights, moments and schedule unchanged. Under
+        """Drop this batch's gradients (a poisoned batch): weights, moments and schedule unchanged. Under
         DeepSpeed the engine stepped inside :meth:`backward` and cannot be held back: its step is accounted for."""
         if self.engine is None:
             self.optimizer.zero_grad(set_to_none=True)
@@ -195,8 +230,8 @@ class PRMOptimizer:
 
     @property
     def learning_rate(self) -> float:
-        """The PRM's current learning rate (the ``prm/learning_rate`` metric)."""
-        return self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self.args.prm_learning_rate
+        """The current learning rate (the ``prm/learning_rate`` metric of the PRM)."""
+        return self.lr_scheduler.get_last_lr()[0] if self.lr_scheduler is not None else self._option("learning_rate")
 
     def _engine_step_result(self, loss_finite: bool) -> float | None:
         """The DeepSpeed engine's step, judged. Its ZeRO optimizer skips a step whose gradient norm is not finite
@@ -215,14 +250,15 @@ class PRMOptimizer:
             return float("nan")
         if applied:
             raise RuntimeError(
-                f"The PRM's DeepSpeed engine applied a step whose gradient norm is {norm} (loss finite: "
-                f"{loss_finite}): its weights are no longer finite. Enable DeepSpeed's overflow check (bf16: "
-                "`check_grad_overflow: true`), lower `prm_learning_rate`, and resume from the last checkpoint."
+                f"The {self.settings.name}'s DeepSpeed engine applied a step whose gradient norm is {norm} (loss "
+                f"finite: {loss_finite}): its weights are no longer finite. Enable DeepSpeed's overflow check (bf16: "
+                f"`check_grad_overflow: true`), lower `{self.settings.learning_rate}`, and resume from the last "
+                "checkpoint."
             )
         return None
 
     def _all_reduce_gradients(self, params: list[nn.Parameter]) -> None:
-        """Sum the PRM's gradients over processes (one flat all-reduce; a parameter without gradient counts 0)."""
+        """Sum the model's gradients over processes (one flat all-reduce; a parameter without gradient counts 0)."""
         grads = []
         for p in params:
             if p.grad is None:
@@ -234,11 +270,12 @@ class PRMOptimizer:
             g.copy_(synced)
 
     def _optimizer_step(self, loss_finite: bool) -> float | None:
-        params = self.implicit_prm.trainable_parameters()
+        params = self.holder.trainable_parameters()
         if self.accelerator.num_processes > 1:
             self._all_reduce_gradients(params)
-        if self.args.prm_max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.args.prm_max_grad_norm).item()
+        max_norm = self._option("max_grad_norm")
+        if max_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
         else:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])).item()
         if not (loss_finite and math.isfinite(norm)):  # same on every rank: loss reduced, gradients all-reduced
@@ -265,6 +302,90 @@ class PRMOptimizer:
                 return {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
         return None
 
+    def save_state(self, checkpoint: str, *, is_main_process: bool) -> None:
+        """Write the optimisation state into ``checkpoint`` (next to the model's weights in ``settings.checkpoint_dir``);
+        call it on every rank."""
+        if self.engine is not None:
+            self.engine.save_checkpoint(os.path.join(checkpoint, self.settings.deepspeed_dir))
+        if is_main_process:
+            folder = os.path.join(checkpoint, self.settings.checkpoint_dir)
+            os.makedirs(folder, exist_ok=True)
+            if self.engine is None and self.optimizer is not None:
+                torch.save(self.optimizer.state_dict(), os.path.join(folder, "optimizer.pt"))
+                torch.save(self.lr_scheduler.state_dict(), os.path.join(folder, "scheduler.pt"))
+            with open(os.path.join(folder, PRIME_STATE_NAME), "w") as f:
+                json.dump({"num_updates": self.num_updates}, f)
+
+    def load_state(self, checkpoint: str, model: nn.Module) -> None:
+        """Restore the model's weights (``model``: the unwrapped model, or the PeftModel holding its adapter) and
+        optimisation state from a PRIME checkpoint.
+
+        Raises:
+            FileNotFoundError: when ``checkpoint`` has no ``settings.checkpoint_dir`` folder (not written by a PRIME
+                trainer with this model).
+        """
+        folder = os.path.join(checkpoint, self.settings.checkpoint_dir)
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(
+                f"{checkpoint} has no `{self.settings.checkpoint_dir}/` folder: it was not written by a PRIME trainer "
+                f"with a {self.settings.name}, so the {self.settings.name} cannot be restored. Resume from such a "
+                "checkpoint, or start a new run."
+            )
+        with open(os.path.join(folder, PRIME_STATE_NAME)) as f:
+            self.num_updates = json.load(f)["num_updates"]
+        if self.engine is not None:
+            self.engine.load_checkpoint(
+                os.path.join(checkpoint, self.settings.deepspeed_dir),
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+            return
+        self.load_weights(folder, model)
+        # loaded on the CPU (torch.load rejects map_location "cpu:0", the device of a CPU DDP process); the optimizer
+        # moves its state to the parameters' device
+        self.optimizer.load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), map_location="cpu"))
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(folder, "scheduler.pt")))
+
+    def load_weights(self, folder: str, model: nn.Module) -> None:
+        """Load the saved weights of ``folder`` into ``model`` (a subclass's format)."""
+        raise NotImplementedError
+
+
+class PRMOptimizer(ModelOptimizer):
+    """The implicit PRM's :class:`ModelOptimizer` (PRIME Algorithm 1 line 8): ``prm_learning_rate``,
+    ``prm_weight_decay``, ``prm_lr_scheduler``, ``prm_warmup_steps``, ``prm_max_grad_norm``; folders ``prm/`` and
+    ``prm_deepspeed/``. The pairwise / KTO losses (``prm_loss`` other than ``"ce"``) take every local row in one
+    backward.
+
+    Args:
+        implicit_prm: the trainer's :class:`~trl_prime.ImplicitPRM` (its ``model`` becomes the DeepSpeed engine).
+        args, accelerator, deepspeed: as :class:`ModelOptimizer`.
+    """
+
+    SETTINGS = OptimizerSettings(
+        name="PRM",
+        learning_rate="prm_learning_rate",
+        weight_decay="prm_weight_decay",
+        max_grad_norm="prm_max_grad_norm",
+        lr_scheduler="prm_lr_scheduler",
+        warmup_steps="prm_warmup_steps",
+        checkpoint_dir=PRM_CHECKPOINT_DIR,
+        deepspeed_dir=PRM_DEEPSPEED_DIR,
+    )
+
+    def __init__(self, implicit_prm, args, accelerator, *, deepspeed: bool):
+        super().__init__(implicit_prm, args, accelerator, deepspeed=deepspeed, settings=self.SETTINGS)
+
+    @property
+    def implicit_prm(self):
+        return self.holder
+
+    def _num_micro(self) -> int:
+        return 1 if self.args.prm_loss != "ce" else super()._num_micro()  # pairwise / KTO: every local row at once
+
+    def _micro_batch(self) -> int:
+        return self.holder.micro_batch_size if self.args.prm_loss == "ce" else self._local_batch()
+
     def save_pretrained(self, output_dir: str, *, save_reference: bool, is_main_process: bool) -> None:
         """Save the implicit PRM as an :meth:`~trl_prime.ImplicitPRM.save_pretrained` folder; call it on every rank."""
         prm = self.implicit_prm
@@ -279,47 +400,52 @@ class PRMOptimizer:
             is_main_process=is_main_process,
         )
 
-    def save_state(self, checkpoint: str, *, is_main_process: bool) -> None:
-        """Write the optimisation state into ``checkpoint`` (next to the ``prm/`` weights); call it on every rank."""
-        if self.engine is not None:
-            self.engine.save_checkpoint(os.path.join(checkpoint, PRM_DEEPSPEED_DIR))
-        if is_main_process:
-            prm_dir = os.path.join(checkpoint, PRM_CHECKPOINT_DIR)
-            if self.engine is None and self.optimizer is not None:
-                torch.save(self.optimizer.state_dict(), os.path.join(prm_dir, "optimizer.pt"))
-                torch.save(self.lr_scheduler.state_dict(), os.path.join(prm_dir, "scheduler.pt"))
-            with open(os.path.join(prm_dir, PRIME_STATE_NAME), "w") as f:
-                json.dump({"num_updates": self.num_updates}, f)
-
-    def load_state(self, checkpoint: str, prm_model: nn.Module) -> None:
-        """Restore the PRM's weights (``prm_model``: the unwrapped PRM, or the PeftModel holding adapter ``"prm"``)
-        and optimisation state from a PRIME checkpoint.
-
-        Raises:
-            FileNotFoundError: when ``checkpoint`` has no ``prm/`` folder (not written by a PRIME trainer).
-        """
-        prm_dir = os.path.join(checkpoint, PRM_CHECKPOINT_DIR)
-        if not os.path.isdir(prm_dir):
-            raise FileNotFoundError(
-                f"{checkpoint} has no `{PRM_CHECKPOINT_DIR}/` folder: it was not written by a PRIME trainer, so the "
-                "PRM cannot be restored. Resume from a PRIME checkpoint, or start a new run."
-            )
-        with open(os.path.join(prm_dir, PRIME_STATE_NAME)) as f:
-            self.num_updates = json.load(f)["num_updates"]
-        if self.engine is not None:
-            self.engine.load_checkpoint(
-                os.path.join(checkpoint, PRM_DEEPSPEED_DIR), load_optimizer_states=True, load_lr_scheduler_states=True
-            )
-            return
+    def load_weights(self, folder: str, model: nn.Module) -> None:
+        """The PRM's weights: adapter ``"prm"`` of a PEFT PRM, else the full model."""
         if self.implicit_prm.adapter_name is not None:
             from peft import set_peft_model_state_dict
             from peft.utils import load_peft_weights
 
-            weights = load_peft_weights(prm_dir, device=str(self.accelerator.device))
-            set_peft_model_state_dict(prm_model, weights, adapter_name=PRM_ADAPTER)
+            weights = load_peft_weights(folder, device=str(self.accelerator.device))
+            set_peft_model_state_dict(model, weights, adapter_name=PRM_ADAPTER)
         else:
-            _load_weights(prm_model, prm_dir)
-        # loaded on the CPU (torch.load rejects map_location "cpu:0", the device of a CPU DDP process); the optimizer
-        # moves its state to the parameters' device
-        self.optimizer.load_state_dict(torch.load(os.path.join(prm_dir, "optimizer.pt"), map_location="cpu"))
-        self.lr_scheduler.load_state_dict(torch.load(os.path.join(prm_dir, "scheduler.pt")))
+            load_weights(model, folder)
+
+
+class ValueOptimizer(ModelOptimizer):
+    """The value model's :class:`ModelOptimizer` (``prime_estimator="ppo"``, ``prime_value="critic"``):
+    ``value_learning_rate``, ``value_weight_decay``, ``value_max_grad_norm``, a constant schedule; folders ``value/``
+    and ``value_deepspeed/``. One optimizer step per value epoch of a generation round.
+
+    Args:
+        value_function: the trainer's :class:`~trl_prime.prime.value.ValueFunction`.
+        args, accelerator, deepspeed: as :class:`ModelOptimizer`.
+    """
+
+    SETTINGS = OptimizerSettings(
+        name="value model",
+        learning_rate="value_learning_rate",
+        weight_decay="value_weight_decay",
+        max_grad_norm="value_max_grad_norm",
+        lr_scheduler=None,
+        warmup_steps=None,
+        checkpoint_dir=VALUE_CHECKPOINT_DIR,
+        deepspeed_dir=VALUE_DEEPSPEED_DIR,
+    )
+
+    def __init__(self, value_function, args, accelerator, *, deepspeed: bool):
+        super().__init__(value_function, args, accelerator, deepspeed=deepspeed, settings=self.SETTINGS)
+
+    def _total_updates(self, max_steps: int) -> int:
+        return super()._total_updates(max_steps) * self.args.value_epochs
+
+    def save_pretrained(self, output_dir: str, *, is_main_process: bool) -> None:
+        """Save the value model (:meth:`~trl_prime.prime.value.ValueFunction.save_pretrained`); call it on every
+        rank."""
+        fn = self.holder
+        sd = self.gathered_state_dict(fn.model) if fn.adapter_name is None else None
+        fn.save_pretrained(output_dir, state_dict=sd, is_main_process=is_main_process)
+
+    def load_weights(self, folder: str, model: nn.Module) -> None:
+        """The value model's weights (backbone or adapter ``"value"``, and the head)."""
+        self.holder.load_weights(folder)

@@ -59,6 +59,7 @@ from trl_prime.modeling import (
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
 from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, PRMOptimizer
+from trl_prime.prime.value import ValueMixin
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
 from trl_prime.rollout import (
     MM_KEYS,
@@ -178,13 +179,16 @@ class PrimeRound(Rollout):
     policy_kept: torch.Tensor | None = None  # (B_global,) bool: rows the policy trains on (PROF narrows `kept`)
     rewards_g: torch.Tensor | None = None  # (B_global, T_max) token rewards, padded and gathered
     mask_g: torch.Tensor | None = None  # (B_global, T_max) completion mask, padded and gathered
+    value_rewards: torch.Tensor | None = None  # (B, T) PPO token rewards: process + outcome on the last token
+    values: torch.Tensor | None = None  # (B, T) V(y_<t) of PPO's GAE (the critic's, or the implicit PRM's prefix)
+    value_stats: dict | None = None  # the critic's update: loss, clipfrac, grad_norm, learning_rate
     advantage_inputs: dict | None = None  # the keyword arguments of functional.prime_advantages
     advantages_g: torch.Tensor | None = None  # (B_global, T_max) Eq. 5 advantages
     advantages: torch.Tensor | None = None  # (B, T) this process's advantages
     loss_mask: torch.Tensor | None = None  # (B, T) loss weight: completion tokens of kept, scorable rows
 
 
-class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
+class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
 
     It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimisation state
@@ -242,6 +246,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         *trainer_args,
         prm_model: str | nn.Module | None = None,
         prm_ref_model: str | nn.Module | None = None,
+        value_model: str | nn.Module | None = None,
         **trainer_kwargs,
     ):
         args, peft_config = resolve_trainer_args(
@@ -255,8 +260,10 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             accepted=PrimeOptions,
         )
         self._prm_spec = self._build_prm_models(model, args, prm_model, prm_ref_model, peft_config)
+        value_spec = self._build_value_model(model, args, value_model, peft_config)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self._setup_prm()
+        self._setup_value(value_spec)
 
     # ----------------------------------------------------------------------------------------------------------
     # Construction
@@ -438,6 +445,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         self.prm_optim.create(max_steps)
         if resume_from_checkpoint is not None:
             self.prm_optim.load_state(resume_from_checkpoint, self.prm_model)
+        self._value_prepare(max_steps, resume_from_checkpoint)
         return model, train_dataloader
 
     def _save_checkpoint(self, model, trial):
@@ -449,10 +457,12 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             run_dir = self._get_output_dir(trial=trial)
             output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             self.prm_optim.save_state(output_dir, is_main_process=self.args.should_save)
+            self._value_save_state(output_dir)
             self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the policy as ``Trainer.save_model`` does, and the trained implicit PRM in ``<output_dir>/prm``.
+        """Save the policy as ``Trainer.save_model`` does, the trained implicit PRM in ``<output_dir>/prm`` and the
+        value model (``prime_estimator="ppo"``) in ``<output_dir>/value``.
 
         ``<output_dir>/prm`` is a :meth:`~trl_prime.ImplicitPRM.save_pretrained` folder (PRM weights or adapter,
         tokenizer, reference unless ``prm_save_reference=False``, ``implicit_prm_config.json``) that
@@ -461,6 +471,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         """
         super().save_model(output_dir, _internal_call=_internal_call)
         self.save_prm(os.path.join(output_dir or self.args.output_dir, PRM_CHECKPOINT_DIR))
+        self.save_value_model(self._value_save_dir(output_dir))
         self.accelerator.wait_for_everyone()
 
     def save_prm(self, output_dir: str) -> None:
@@ -546,7 +557,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
           on the kept rows; its forward gives ``log pi_phi`` (``prm_update="double"``: a forward after the step);
         - line 7, Eq. 3 token rewards ``r_phi(y_t) = beta log pi_phi(y_t) / pi_ref(y_t)``;
         - optional row filter (PROF, arXiv 2509.03403): ``m`` of the ``K`` completions of each kept prompt;
-        - line 9, Eq. 5 advantages (or the GRPO / REINFORCE estimators of Appendix B) over the global batch;
+        - ``prime_estimator="ppo"`` (section 5.4, Table 4): the values ``V(y_<t)``, with one update of the critic;
+        - line 9, Eq. 5 advantages (or the GRPO / REINFORCE estimators of Appendix B, or GAE) over the global batch;
         - line 10, hand-off to TRL's loss: token-level PPO-clip, Eq. 6, with the loss mask of filtered rows;
         - metrics and the ``on_rollouts_scored`` callbacks.
 
@@ -559,6 +571,7 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
         r.prm_logps, r.prm_stats = self._update_prm(output, r)  # line 8 (and log pi_phi of line 7)
         r.token_rewards = self._token_rewards(output, r)  # line 7: Eq. 3
         r.policy_kept = self._filter_rows(output, r)  # PROF (optional)
+        r.values = self._update_value(output, r)  # PPO (section 5.4): the value baseline, the critic's update
         r.advantages_g = self._advantages(output, r)  # line 9: Eq. 5
         self._hand_to_loss(output, r)  # line 10: Eq. 6 in TRL's loss
         self._log_round(output, r)
@@ -744,6 +757,44 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             num_generations=r.num_generations,
         )
 
+    def _update_value(self, output: dict, r: PrimeRound) -> torch.Tensor | None:
+        """``prime_estimator="ppo"`` (PRIME section 5.4, Table 4): the ``(B, T)`` detached values ``V(y_<t)`` GAE
+        subtracts (``None`` for the other estimators). Sets ``r.value_rewards`` (the PPO token rewards
+        :func:`trl_prime.functional.ppo_token_rewards`) and ``r.value_stats``.
+
+        - ``prime_value="critic"``: the token rewards are ``process_coef * r_phi(y_t)`` (Eq. 3) on every token plus
+          ``outcome_coef * r_o`` on the last; the value model's forward gives the values, and its clipped value loss
+          on their GAE returns trains it (:meth:`~trl_prime.prime.value.ValueMixin._train_value`; training only).
+        - ``prime_value="implicit_prm"``: no critic; the reward is ``outcome_coef * r_o`` on the last token only, and
+          the value is the implicit PRM's prefix value ``V(y_<t) = sum_{s<t} r_phi(y_s)``
+          (:func:`trl_prime.functional.implicit_prm_values`), so with ``gamma = lam = 1`` GAE gives
+          ``A_t = outcome_coef * r_o - sum_{s<t} r_phi(y_s)``: the outcome minus the PRM's value of the prefix.
+
+        Rows outside ``r.policy_kept`` (prompt filter, PROF) or unscorable get no reward (NaN), no value loss and no
+        advantage."""
+        a = self.args
+        if a.prime_estimator != "ppo":
+            return None
+        outcome = self._outcome_with_kl_penalty(output, r)
+        outcome = torch.where(r.policy_kept, outcome, torch.full_like(outcome, torch.nan))[r.local]
+        critic = a.prime_value == "critic"
+        r.value_rewards = F.ppo_token_rewards(
+            r.token_rewards,
+            outcome,
+            r.actions,
+            process_coef=a.process_coef if critic else 0.0,
+            outcome_coef=a.outcome_coef,
+        )
+        train_mask = r.actions * (r.policy_kept & r.scorable)[r.local].unsqueeze(1).to(r.actions.dtype)
+        if critic:
+            values, returns, r.value_stats = self._train_value(r, r.value_rewards, train_mask)
+        else:
+            values = F.implicit_prm_values(r.token_rewards, r.actions)
+            returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
+            r.value_stats = {}
+        self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
+        return values
+
     def _advantages(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """Algorithm 1 line 9, PRIME Eq. 5 (:func:`trl_prime.functional.prime_advantages`) over the global batch (token
         rewards padded and gathered; rows outside ``r.policy_kept`` get no outcome): ``(B_global, T_max)``; zeros
@@ -760,6 +811,8 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
             group_ids=torch.arange(outcome.numel(), device=self.accelerator.device) // K,
             **self._advantage_options(),
         )
+        if r.values is not None:  # PPO: GAE against the values (section 5.4)
+            r.advantage_inputs["values"] = gather_padded(self.accelerator, r.values)
         advantages_g = F.prime_advantages(**r.advantage_inputs) if K >= 2 else torch.zeros_like(r.rewards_g)
         self._guard_advantages(r, advantages_g)
         r.advantages = advantages_g[r.local, : completion_mask.size(1)]
@@ -779,6 +832,16 @@ class PrimeMixin(RolloutMixin, CheckpointMixin, GuardsMixin):
     def _advantage_options(self) -> dict:
         """The estimator options of :func:`trl_prime.functional.prime_advantages` from the config."""
         a = self.args
+        if a.prime_estimator == "ppo":  # the implicit PRM as the value: the outcome is the only reward
+            process_coef = a.process_coef if a.prime_value == "critic" else 0.0
+            return dict(
+                estimator="ppo",
+                process_coef=process_coef,
+                outcome_coef=a.outcome_coef,
+                gamma=a.prime_gamma,
+                lam=a.lam,
+                whiten=a.whiten_advantages,
+            )
         opts = dict(
             estimator=a.prime_estimator,
             process_coef=a.process_coef,
