@@ -557,12 +557,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
           on the kept rows; its forward gives ``log pi_phi`` (``prm_update="double"``: a forward after the step);
         - line 7, Eq. 3 token rewards ``r_phi(y_t) = beta log pi_phi(y_t) / pi_ref(y_t)``;
         - optional row filter (PROF, arXiv 2509.03403): ``m`` of the ``K`` completions of each kept prompt;
-        - ``prime_estimator="ppo"`` (section 5.4, Table 4): the values ``V(y_<t)``, with one update of the critic;
-        - line 9, Eq. 5 advantages (or the GRPO / REINFORCE estimators of Appendix B, or GAE) over the global batch;
+        - ``prime_estimator="ppo"`` (section 5.4): the values ``V(y_<t)`` of GAE, with one update of the critic;
+        - line 9, Eq. 5 advantages (or GRPO / REINFORCE, Appendix B; or GAE) over the global batch;
         - line 10, hand-off to TRL's loss: token-level PPO-clip, Eq. 6, with the loss mask of filtered rows;
-        - metrics and the ``on_rollouts_scored`` callbacks.
-
-        Line 11 (``theta_old <- theta``) is TRL's: the next generation round samples from the updated policy.
+        - metrics and the ``on_rollouts_scored`` callbacks. Line 11 (``theta_old <- theta``) is TRL's.
         """
         r.actions = action_mask(output)  # tool responses are not the policy's actions: no token reward on them
         r.mm = {k: output[k] for k in MM_KEYS if output.get(k) is not None}  # the PRM and reference see the images

@@ -77,7 +77,7 @@ class ValueModel(nn.Module):
         decoder = _decoder(backbone)
         hidden = unwrap(backbone).config.get_text_config().hidden_size
         param = next(decoder.parameters())
-        self.head = nn.Linear(hidden, 1, device=param.device, dtype=param.dtype)
+        self.head = nn.utils.skip_init(nn.Linear, hidden, 1, device=param.device, dtype=param.dtype)
         std = getattr(unwrap(backbone).config.get_text_config(), "initializer_range", 0.02)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():

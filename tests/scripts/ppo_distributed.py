@@ -1,0 +1,151 @@
+"""Two-process PRIME-PPO run on CPU, launched by tests/test_ppo.py (or by hand):
+
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
+        tests/scripts/ppo_distributed.py --mode ddp --model PATH --out DIR
+
+``--mode ddp``: DDP over gloo (``use_cpu=True``): the value model's gradients are all-reduced by hand. ``--mode
+zero3``: DeepSpeed ZeRO-3 over gloo, the value model its own partitioned engine (the setup of
+``tests/scripts/prime_distributed.py``).
+
+Every rank asserts ``num_processes == 2``, that the value model changed and is identical on both ranks; it writes its
+``on_rollouts_scored`` payloads (advantages, the global advantage inputs and result) to ``DIR/rank{r}.pt``; rank 0
+writes ``DIR/summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["ddp", "zero3"], required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    cli = parser.parse_args()
+
+    import torch
+
+    zero3 = cli.mode == "zero3"
+    if zero3:
+        from accelerate import PartialState
+
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        PartialState(backend="gloo")  # accelerate 1.15 sets no backend on CPU (see shared notes)
+        extra = dict(
+            use_cpu=False,
+            accelerator_config={"use_configured_state": True},
+            deepspeed={
+                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "train_batch_size": "auto",
+                "gradient_clipping": "auto",
+                "bf16": {"enabled": False},
+                "fp16": {"enabled": False},
+            },
+        )
+    else:
+        extra = dict(use_cpu=True)
+
+    import torch.distributed as dist
+    from tiny import tiny_prompt_dataset
+
+    from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
+    from trl_prime.callbacks import PrimeCallback
+    from trl_prime.modeling import unwrap
+
+    class Dump(PrimeCallback):
+        def __init__(self):
+            self.steps = []
+
+        def on_rollouts_scored(self, args, state, control, **kw):
+            keep = ("advantages", "global_advantages", "advantage_inputs")
+            detach = lambda v: v.detach().cpu() if torch.is_tensor(v) else v  # noqa: E731
+            self.steps.append({k: detach(kw[k]) for k in keep})
+            self.steps[-1]["advantage_inputs"] = {k: detach(v) for k, v in kw["advantage_inputs"].items()}
+
+    def split_reward(completions, **kwargs):
+        first = 1 - int(os.environ.get("RANK", "0")) % 2
+        return [float((i + first) % 2) for i in range(len(completions))]
+
+    args = PrimeRLOOConfig(
+        output_dir=cli.out,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=3,  # 3 rows per rank, groups of 2: one group is split across the ranks
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        seed=0,
+        learning_rate=1e-3,
+        prm_learning_rate=1e-2,
+        value_learning_rate=1e-3,
+        filter_lower=0.0,
+        filter_upper=1.0,
+        prm_micro_batch_size=2,
+        prime_estimator="ppo",
+        whiten_advantages=True,
+        **extra,
+    )
+    dump = Dump()
+    trainer = PrimeRLOOTrainer(
+        model=cli.model,
+        reward_funcs=split_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(12),
+        callbacks=[dump],
+    )
+    acc = trainer.accelerator
+    assert acc.num_processes == 2, f"expected 2 processes, got {acc.num_processes}: launch with --multi_gpu"
+
+    def value_params():
+        params = [p for p in unwrap(trainer.value_function.model).parameters() if p.requires_grad]
+        if zero3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                return torch.cat([p.detach().flatten().clone() for p in params])
+        return torch.cat([p.detach().flatten().clone() for p in params])
+
+    before = value_params()
+    trainer.train()
+    after = value_params()
+    assert not torch.equal(before, after), "the value model did not train"
+    both = [torch.zeros_like(after) for _ in range(2)]
+    dist.all_gather(both, after)
+    assert torch.equal(both[0], both[1]), "value weights differ between ranks"
+    if zero3:
+        assert type(trainer.value_function.model).__name__ == "DeepSpeedEngine"
+    torch.save({"steps": dump.steps}, os.path.join(cli.out, f"rank{acc.process_index}.pt"))
+    if acc.is_main_process:
+        ckpt = os.path.join(cli.out, "checkpoint-2")
+        summary = {
+            "num_processes": acc.num_processes,
+            "logs": [h for h in trainer.state.log_history if "value/loss" in h],
+            "value_checkpoint_files": sorted(os.listdir(os.path.join(ckpt, "value"))),
+            "checkpoint_files": sorted(os.listdir(ckpt)),
+            "value_updates": trainer.value_optim.num_updates,
+        }
+        with open(os.path.join(cli.out, "summary.json"), "w") as f:
+            json.dump(summary, f)
+    acc.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
+    from tiny import exit_launched_process
+
+    exit_launched_process()  # skip interpreter teardown with gloo threads alive (see tests/tiny.py)
