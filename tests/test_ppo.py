@@ -243,6 +243,39 @@ def test_filtered_rows_get_no_advantage_and_no_value_loss(tiny_model_path, tmp_p
     assert torch.equal(seen["train_mask"][:K], s["completion_mask"][:K].to(seen["train_mask"].dtype))
 
 
+def test_rows_prof_drops_get_no_advantage_and_no_value_loss(tiny_model_path, tmp_path):
+    """PROF inside PRIME-PPO (prof_num_remove=4 of 8 per prompt): the dropped rows have loss weight 0, advantage 0
+    and no value loss; the kept rows train the critic."""
+    rec = Recorder()
+    tr = _trainer(
+        tiny_model_path,
+        tmp_path,
+        callbacks=[rec],
+        max_steps=1,
+        n=4,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        prof_mode="both",
+        prof_prm="implicit",
+        prof_num_remove=4,
+    )
+    seen = {}
+    original = tr._train_value
+
+    def spy(r, rewards, train_mask):
+        seen["train_mask"] = train_mask.clone()
+        return original(r, rewards, train_mask)
+
+    tr._train_value = spy
+    tr.train()
+    s = rec.scored[0]
+    dropped = s["loss_mask"].sum(-1) == 0
+    assert int(dropped.sum()) == 8
+    assert torch.all(s["advantages"][dropped] == 0) and s["advantages"][~dropped].abs().sum() > 0
+    torch.testing.assert_close(seen["train_mask"].float(), s["loss_mask"].float())
+    assert tr.value_optim.num_updates == 1
+
+
 def test_implicit_prm_as_value_by_hand(tiny_model_path, tmp_path):
     """prime_value="implicit_prm": no critic; A_t = r_o - sum_{s<t} r_phi(y_s) (gamma = lam = 1) from the logged
     token rewards (PRIME section 5.4)."""
@@ -386,11 +419,11 @@ def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
 # Two processes on CPU (tests/scripts/ppo_distributed.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "zero3"])
+@pytest.mark.parametrize("mode", ["ddp", "zero3", "zero2"])
 def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, mode):
-    """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-3: its own
-    engine, partitioned), and each rank's advantages are the GAE of the global batch (whitened over it)."""
-    if mode == "zero3":
+    """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-2/3: its own
+    engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over it)."""
+    if mode.startswith("zero"):
         pytest.importorskip("deepspeed")
     from trl_prime import functional as F
 
@@ -401,7 +434,7 @@ def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, 
         for k in ("value/loss", "value/mean", "value/explained_variance"):
             assert math.isfinite(h[k]), k
     assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
-    if mode == "zero3":
+    if mode.startswith("zero"):
         assert "value_deepspeed" in summary["checkpoint_files"]
     else:
         assert {"optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(summary["value_checkpoint_files"])

@@ -131,7 +131,7 @@ def test_config_defaults_and_validation(tmp_path):
         (dict(prm_update="triple"), "prm_update"),
         (dict(prm_loss="mse"), "prm_loss"),
         (dict(prm_reference="ema"), "prm_reference"),
-        (dict(prime_estimator="ppo"), "prime_estimator"),
+        (dict(prime_estimator="a2c"), "prime_estimator"),  # "ppo" is an estimator (tests/test_ppo.py)
         (dict(prime_baseline="mine"), "prime_baseline"),
         (dict(process_reward_norm="max"), "process_reward_norm"),
         (dict(prm_beta=0.0), "prm_beta"),

@@ -4,8 +4,8 @@
         tests/scripts/ppo_distributed.py --mode ddp --model PATH --out DIR
 
 ``--mode ddp``: DDP over gloo (``use_cpu=True``): the value model's gradients are all-reduced by hand. ``--mode
-zero3``: DeepSpeed ZeRO-3 over gloo, the value model its own partitioned engine (the setup of
-``tests/scripts/prime_distributed.py``).
+zero3`` (``zero2``): DeepSpeed ZeRO-3 (ZeRO-2) over gloo, the value model its own engine, partitioned under ZeRO-3
+(the setup of ``tests/scripts/prime_distributed.py``).
 
 Every rank asserts ``num_processes == 2``, that the value model changed and is identical on both ranks; it writes its
 ``on_rollouts_scored`` payloads (advantages, the global advantage inputs and result) to ``DIR/rank{r}.pt``; rank 0
@@ -26,7 +26,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["ddp", "zero3"], required=True)
+    parser.add_argument("--mode", choices=["ddp", "zero2", "zero3"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     cli = parser.parse_args()
@@ -34,7 +34,7 @@ def main():
     import torch
 
     zero3 = cli.mode == "zero3"
-    if zero3:
+    if cli.mode.startswith("zero"):
         from accelerate import PartialState
 
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
@@ -43,7 +43,7 @@ def main():
             use_cpu=False,
             accelerator_config={"use_configured_state": True},
             deepspeed={
-                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0} if zero3 else {"stage": 2},
                 "train_micro_batch_size_per_gpu": "auto",
                 "gradient_accumulation_steps": "auto",
                 "train_batch_size": "auto",
@@ -127,7 +127,7 @@ def main():
     both = [torch.zeros_like(after) for _ in range(2)]
     dist.all_gather(both, after)
     assert torch.equal(both[0], both[1]), "value weights differ between ranks"
-    if zero3:
+    if cli.mode.startswith("zero"):
         assert type(trainer.value_function.model).__name__ == "DeepSpeedEngine"
     torch.save({"steps": dump.steps}, os.path.join(cli.out, f"rank{acc.process_index}.pt"))
     if acc.is_main_process:
