@@ -422,7 +422,8 @@ def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
 @pytest.mark.parametrize("mode", ["ddp", "zero3", "zero2"])
 def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, mode):
     """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-2/3: its own
-    engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over it)."""
+    engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over
+    it)."""
     if mode.startswith("zero"):
         pytest.importorskip("deepspeed")
     from trl_prime import functional as F

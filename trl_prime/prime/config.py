@@ -59,6 +59,8 @@ class PrimeOptions(GuardOptions, ProfOptions):
     reference, Eq. 5 RLOO advantages with process and outcome coefficients 1, gamma 1, the online prompt filter
     0.2 <= accuracy <= 0.8, and no KL penalty (TRL's ``beta`` = 0). The released code differs (double forward,
     ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
+    ``prime_estimator="ppo"`` adds a value model (``prime_value``, ``value_*``, ``vf_coef``, ``cliprange_value``,
+    ``lam``; PRIME section 5.4, Table 4), on both trainers: their losses take ``(B, T)`` advantages.
     """
 
     # --- TRL defaults PRIME changes (PRIME Table 5), in both configs ---------------------------------------------
@@ -283,8 +285,8 @@ class PrimeOptions(GuardOptions, ProfOptions):
     lam: float = field(
         default=1.0,
         metadata={
-            "help": "GAE lambda of prime_estimator='ppo', in [0, 1] (veRL's default 1: the return minus the value; 0 is "
-            "the one-step TD error). The discount is `prime_gamma`."
+            "help": "GAE lambda of prime_estimator='ppo', in [0, 1] (veRL's default 1: the return minus the value; "
+            "0 is the one-step TD error). The discount is `prime_gamma`."
         },
     )
     value_epochs: int = field(

@@ -303,8 +303,8 @@ class ModelOptimizer:
         return None
 
     def save_state(self, checkpoint: str, *, is_main_process: bool) -> None:
-        """Write the optimisation state into ``checkpoint`` (next to the model's weights in ``settings.checkpoint_dir``);
-        call it on every rank."""
+        """Write the optimisation state into ``checkpoint`` (next to the model's weights, in
+        ``settings.checkpoint_dir``); call it on every rank."""
         if self.engine is not None:
             self.engine.save_checkpoint(os.path.join(checkpoint, self.settings.deepspeed_dir))
         if is_main_process:

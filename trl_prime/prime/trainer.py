@@ -229,6 +229,15 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     reward functions log through ``log_metric`` (e.g. ``math/<reason>`` counts of
     :func:`trl_prime.rewards.math_reward`).
 
+    PPO (``prime_estimator="ppo"``, PRIME section 5.4, Table 4): a value model
+    (:class:`~trl_prime.prime.value.ValueModel` in ``self.value_function``, its optimizer ``self.value_optim``, a
+    :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`) gives ``V(y_<t)``; :meth:`_update_value` trains it once per
+    generation round and GAE gives the advantages. With ``prime_value="implicit_prm"`` there is no critic: the
+    advantage is the outcome minus the implicit PRM's prefix value, ``A_t = r_o - sum_{s<t} r_phi(y_s)`` (``gamma =
+    lam = 1``). The value model is a copy of the policy's initial checkpoint (``value_model``: another one), or under
+    PEFT a third adapter ``"value"`` on the policy's base; metrics ``value/loss``, ``value/explained_variance``,
+    ``value/clipfrac``, ``value/mean``; callbacks ``on_value_step``; checkpoints ``value/``.
+
     Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
     global number of kept rows); under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config
     without optimizer/scheduler) and the reference goes through TRL's ``prepare_deepspeed``. Every rank runs the same
@@ -1161,6 +1170,8 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
 
     - ``prm_model``: the PRM's initial model (a path or a causal LM instance); overrides ``args.prm_model``.
     - ``prm_ref_model``: the PRM reference (a path or a causal LM); overrides ``args.prm_ref_model``.
+    - ``value_model``: the value model's initial causal LM (a path or a module; ``prime_estimator="ppo"``); overrides
+      ``args.value_model``.
 
     TRL 1.16's RLOO loss is sequence-level; this trainer replaces it with PRIME's token-level PPO-clip objective
     (Eq. 6, :func:`trl_prime.functional.token_ppo_clip_loss`): ``-min(rho_t A_t, clip(rho_t, 1-eps, 1+eps_high) A_t)``
@@ -1249,8 +1260,8 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
 class PrimeGRPOTrainer(PrimeMixin, DropZeroWeightRowsMixin, GRPOTrainer):
     """PRIME on TRL's ``GRPOTrainer``: the same PRIME machinery (:class:`PrimeMixin`) with the GRPO estimator.
 
-    Args: as ``trl.GRPOTrainer`` (``args`` a :class:`~trl_prime.PrimeGRPOConfig`), plus, by keyword, ``prm_model``
-    and ``prm_ref_model`` as in :class:`PrimeRLOOTrainer`.
+    Args: as ``trl.GRPOTrainer`` (``args`` a :class:`~trl_prime.PrimeGRPOConfig`), plus, by keyword, ``prm_model``,
+    ``prm_ref_model`` and ``value_model`` as in :class:`PrimeRLOOTrainer`.
 
     TRL's GRPO loss already takes ``(B, T)`` advantages with a token-level ratio; PRIME's loss mask (filtered and
     unscorable rows) reaches it as ``tool_mask`` (a loss-only mask, it does not change attention), and

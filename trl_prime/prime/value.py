@@ -60,7 +60,8 @@ class ValueModel(nn.Module):
             adapter and the head are the value model's).
         adapter_name: the PEFT adapter of the value model (``"value"``), or ``None`` for a separate model.
         seed: seeds the head's initialisation (normal with the backbone's ``initializer_range``, 0.02 by default, as
-            the score head of veRL's critic; bias 0) without touching the global random state (the rollouts of a run with and without a value model sample the same numbers).
+            the score head of veRL's critic; bias 0) without touching the global random state (the rollouts of a run
+            with and without a value model sample the same numbers).
     """
 
     def __init__(self, backbone: nn.Module, *, adapter_name: str | None = None, seed: int = 0):
@@ -244,9 +245,9 @@ class ValueMixin:
         policy adapter, else a fresh one of the policy's config) plus the head."""
         if self.is_deepspeed_enabled:
             raise ValueError(
-                "The shared-base PEFT value model (adapter 'value' on the policy) is not supported with DeepSpeed: its "
-                "adapter would be partitioned inside the policy's engine. Pass `value_model` (a separate value model, "
-                "trained as its own DeepSpeed engine) or train without DeepSpeed."
+                "The shared-base PEFT value model (adapter 'value' on the policy) is not supported with DeepSpeed: "
+                "its adapter would be partitioned inside the policy's engine. Pass `value_model` (a separate value "
+                "model, trained as its own DeepSpeed engine) or train without DeepSpeed."
             )
         peft_model = self.model
         check_peft_adapter_supported(peft_model)
