@@ -382,6 +382,30 @@ def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(tiny_model_path, 
         assert torch.equal(st["exp_avg"], second_opt["state"][i]["exp_avg"])
 
 
+def test_resume_inside_a_generation_window_is_bit_identical(tiny_model_path, tmp_path):
+    """steps_per_generation=2, num_iterations=2: one generation (and one value update) every 4 optimizer steps; a
+    checkpoint at step 2 lies inside the window (tests/test_resume_buffered.py): the resumed run logs the same metrics
+    and ends with the same policy and value model as the uninterrupted one, the value model updated once per
+    generation batch."""
+    from test_resume_buffered import StopAfter, _rows, _same, _snap, make
+
+    opts = dict(spg=2, num_iterations=2, grad_accum=1, save_steps=2, max_steps=6, prime_estimator="ppo")
+    opts.update(value_learning_rate=1e-3, whiten_advantages=True)
+    full = make("prime_rloo", tiny_model_path, None, tmp_path / "full", [], **opts)
+    full.train()
+    first = make("prime_rloo", tiny_model_path, None, tmp_path / "resumed", [], callbacks=[StopAfter(3)], **opts)
+    first.train()
+    second = make("prime_rloo", tiny_model_path, None, tmp_path / "resumed", [], **opts)
+    second.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-2"))
+    a, b = _rows(full), _rows(second)
+    for step in range(3, 7):
+        assert a[step] == b[step], step
+    assert "value/loss" in a[5] and "value/loss" not in a[4]  # the round of step 5 trained the critic
+    assert _same(_snap(full.model), _snap(second.model))
+    assert _same(_snap(full.value_function.module), _snap(second.value_function.module))
+    assert second.value_optim.num_updates == full.value_optim.num_updates == 2
+
+
 def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
     from peft import LoraConfig
 
