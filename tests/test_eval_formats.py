@@ -9,6 +9,7 @@ and whose ``type`` is called ``subject``).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -160,10 +161,12 @@ def test_math_row_without_gold_and_gsm8k_row_without_number(tmp_path):
     path = tmp_path / "m.jsonl"
     rows = [{"problem": "P1", "solution": "$\\boxed{2}$"}, {"problem": "P2", "solution": "no box"}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match=rf"{path} line 2\) is malformed \(missing_gold\).*'solution' has no"):
+    with pytest.raises(
+        ValueError, match=rf"is malformed \(missing_gold\) at {re.escape(str(path))} line 2: .*'solution' has no"
+    ):
         load_prompt_dataset(str(path), on_bad_rows="error")
     path.write_text(json.dumps({"question": "Q", "answer": "#### many"}) + "\n" + json.dumps(rows[0]) + "\n")
-    with pytest.raises(ValueError, match=r"line 1\) is malformed \(bad_gold\)"):
+    with pytest.raises(ValueError, match=r"is malformed \(bad_gold\) at .*m.jsonl line 1:"):
         load_prompt_dataset(str(path), on_bad_rows="error")
 
 

@@ -937,6 +937,28 @@ def _normalize_any(row: Any, i: int, fmt: str, source: str, split: str, prompt_c
     return out
 
 
+def _check_report(report: LoadReport, max_bad_fraction: float) -> None:
+    """Raise ``ValueError`` when no row, or more than ``max_bad_fraction`` of the rows, is usable; warn once (with
+    the counts) when some rows were dropped."""
+    source, bad = report.source, report.total - report.kept
+    if report.total == 0:
+        raise ValueError(f"{source}: the dataset is empty")
+    if not report.kept:
+        raise ValueError(
+            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
+            "not look like the Eurus-2-RL-Data, GSM8K or MATH format (see trl_prime.data)"
+        )
+    if bad > max_bad_fraction * report.total:
+        raise ValueError(
+            f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
+            f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
+        )
+    if bad:
+        warnings.warn(
+            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=3
+        )
+
+
 def normalize_rows(
     rows: Iterable[Mapping[str, Any] | Exception],
     *,
@@ -996,9 +1018,9 @@ def normalize_rows(
             out.append(_normalize_any(row, i, fmt or "eurus", source, split, prompt_column, metadata))
         except _BadRow as e:
             if on_bad_rows == "error":
-                where = f" ({row_names[i]})" if row_names is not None and i < len(row_names) else ""
+                where = f" at {row_names[i]}" if row_names is not None and i < len(row_names) else ""
                 raise ValueError(
-                    f"{source}: row {i}{where} is malformed ({e.reason}): {e}; fix the row, or pass "
+                    f"{source}: row {i} is malformed ({e.reason}){where}: {e}; fix the row, or pass "
                     "on_bad_rows='drop' to skip malformed rows"
                 ) from None
             report.dropped[e.reason] = report.dropped.get(e.reason, 0) + 1
@@ -1006,23 +1028,7 @@ def normalize_rows(
             if len(ex) < 5:
                 ex.append(i)
     report.kept = len(out)
-    if report.total == 0:
-        raise ValueError(f"{source}: the dataset is empty")
-    bad = report.total - report.kept
-    if not out:
-        raise ValueError(
-            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
-            "not look like the Eurus-2-RL-Data, GSM8K or MATH format (see trl_prime.data)"
-        )
-    if bad > max_bad_fraction * report.total:
-        raise ValueError(
-            f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
-            f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
-        )
-    if bad:
-        warnings.warn(
-            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=2
-        )
+    _check_report(report, max_bad_fraction)
     ids = [r["id"] for r in out]
     if len(set(ids)) != len(ids):  # ids from the data collide: fall back to positions, which are stable
         for r, i in zip(out, range(len(out))):
@@ -1092,6 +1098,26 @@ def _split_file(folder: Path, split: str) -> Path:
     )
 
 
+def _read_local(path: Path, split: str, size: int | None) -> tuple[Path, Any, list[str], list[str] | None]:
+    """``(file, rows, columns, row names)`` of a local file, or of a folder's file for ``split``: the first ``size``
+    rows, and for JSON Lines each row's ``"<file> line <n>"`` (None otherwise)."""
+    if not path.exists():
+        raise ValueError(f"no such file or folder: {path}")
+    if path.is_dir():
+        path = _split_file(path, split)
+    if path.suffix not in _EXTENSIONS:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .json, .jsonl or .parquet")
+    if path.suffix == ".parquet":
+        from datasets import Dataset
+
+        table = Dataset.from_parquet(str(path), keep_in_memory=True)
+        rows = iter(table) if size is None else (table[i] for i in range(min(size, len(table))))
+        return path, rows, table.column_names, None
+    rows, columns, lines = _read_json_rows(path)
+    rows = rows[:size] if size is not None else rows
+    return path, rows, columns, None if lines is None else [f"{path} line {n}" for n in lines[: len(rows)]]
+
+
 def load_prompt_dataset(
     name_or_path: str,
     split: str = "train",
@@ -1158,27 +1184,9 @@ def load_prompt_dataset(
     path = Path(os.path.expanduser(name_or_path))
     looks_local = path.exists() or path.suffix in _EXTENSIONS or name_or_path.startswith((".", "/", "~"))
     if looks_local:
-        if not path.exists():
-            raise ValueError(f"no such file or folder: {path}")
-        if path.is_dir():
-            path = _split_file(path, split)
-        if path.suffix not in _EXTENSIONS:
-            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .json, .jsonl or .parquet")
-        if path.suffix == ".parquet":
-            from datasets import Dataset
-
-            table = Dataset.from_parquet(str(path), keep_in_memory=True)
-            columns, rows = table.column_names, iter(table)
-            if size is not None:
-                rows = (table[i] for i in range(min(size, len(table))))
-        else:
-            rows, columns, lines = _read_json_rows(path)
-            rows = rows[:size] if size is not None else rows
-            if lines is not None:
-                common["row_names"] = [f"{path} line {n}" for n in lines[: len(rows)]]
-        ds, report = normalize_rows(
-            rows, source=path.stem if path.stem not in ("train", "test") else str(path), columns=columns, **common
-        )
+        path, rows, columns, row_names = _read_local(path, split, size)
+        source = path.stem if path.stem not in ("train", "test") else str(path)
+        ds, report = normalize_rows(rows, source=source, columns=columns, row_names=row_names, **common)
     else:
         from datasets import load_dataset
 
