@@ -38,6 +38,7 @@ GSM8K_BAD = str(DATA / "gsm8k_missing_answer.jsonl")
         ("#### $18", "18"),
         ("a first #### 3 inside the reasoning\n#### 1,000,000", "1000000"),  # the last '####' counts
         ("#### -1,234.50", "-1234.50"),
+        ("#### 3/4", "3/4"),  # a fraction is kept whole
         ("72", "72"),  # no '####': a bare number is accepted
         ("1,000", "1000"),
         (72, "72"),
@@ -227,6 +228,14 @@ def test_eval_main_per_level_and_subject_numbers(tiny_model_path, tmp_path):
     }
     g = result["datasets"][GSM8K]
     assert g["pass@1"] == 1.0 and "by_level" not in g and "by_subject" not in g
+
+
+def test_on_bad_rows_is_validated():
+    from trl_prime.scripts import evaluate
+
+    assert evaluate.EvaluateScriptArguments().on_bad_rows == "error"
+    with pytest.raises(ValueError, match="--on_bad_rows must be error or drop, got 'skip'"):
+        evaluate.EvaluateScriptArguments(on_bad_rows="skip").validate()
 
 
 def test_trl_prime_eval_on_jsonl_files_prints_the_breakdown(tiny_model_path, tmp_path, capsys):

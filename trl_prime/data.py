@@ -713,7 +713,7 @@ def _gold_of(row: Mapping[str, Any], route: str) -> Any:
 
 # ------------------------------------------------------------------------------------------ GSM8K and MATH rows
 
-_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)")
+_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d+)?(?:/\d+)?|\.\d+)")  # 72, -5, 2.5, .5, 3/4
 
 
 def gsm8k_gold(answer: Any) -> str:
@@ -721,7 +721,7 @@ def gsm8k_gold(answer: Any) -> str:
 
     GSM8K (Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems") ends each reference solution
     with a line ``#### <number>``: ``"...reasoning...\n#### 1,234"`` -> ``"1234"``, ``"#### -5"`` -> ``"-5"``,
-    ``"#### 0.25"`` -> ``"0.25"``, ``"#### $18"`` -> ``"18"``. An ``answer`` without ``####`` is accepted when it is
+    ``"#### 0.25"`` -> ``"0.25"``, ``"#### $18"`` -> ``"18"``, ``"#### 3/4"`` -> ``"3/4"``. An ``answer`` without ``####`` is accepted when it is
     itself a number (``"72"``, ``72``, ``"1,000"``).
 
     Raises:
