@@ -22,7 +22,11 @@ learning rate (``--lr``, constant schedule, AdamW) and step budget:
   (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
   ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
   ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
-  ``--prm-lr``).
+  ``--prm-lr``);
+- PRIME Table 4's PPO rows: ``ppo`` (``prime_estimator="ppo"``, a learned value model copied from the warm start,
+  GAE with ``gamma = lam = 1``, ``process_coef=0``) vs ``prime_ppo`` (the same with PRIME's process rewards), and
+  ``prime_as_value`` (no learned critic: the implicit PRM's prefix value is the baseline of the outcome reward,
+  ``prime_value="implicit_prm"``; compared with ``prime_reinforce``, the PRM as a reward).
 
 PRIME's online prompt filter is opened to [0, 1] for every PRIME method, so every method trains on every row (TRL's
 RLOO/GRPO have no filter). Held-out accuracy (256 problems never trained on; sampled at temperature 1, 2 samples
@@ -60,6 +64,9 @@ import _common  # noqa: E402,F401  (offline environment, repository on sys.path)
 import learning_task as lt  # noqa: E402
 
 
+# the value model's learning rate over the policy's: veRL's critic / actor defaults (1e-5 / 1e-6), on which PRIME's
+# released code is built
+VALUE_LR_OVER_LR = 10.0
 # name: (trainer, config, option overrides)
 METHODS = {
     "rloo": ("trl.RLOOTrainer", "trl.RLOOConfig", {}),
@@ -93,6 +100,23 @@ METHODS = {
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
+    # PRIME Table 4: PPO with a learned value model (a copy of the warm start; GAE with gamma = lam = 1), without
+    # and with PRIME's process rewards, and the implicit PRM as the value baseline (section 5.4)
+    "ppo": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prime_estimator": "ppo", "process_coef": 0.0, "value_lr_over_lr": VALUE_LR_OVER_LR},
+    ),
+    "prime_ppo": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prime_estimator": "ppo", "value_lr_over_lr": VALUE_LR_OVER_LR},
+    ),
+    "prime_as_value": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prime_estimator": "ppo", "prime_value": "implicit_prm"},
+    ),
 }
 QUICK_METHODS = [
     "rloo",
@@ -106,7 +130,20 @@ QUICK_METHODS = [
 ]
 PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
-ESTIMATOR_PAIRS = [("rloo", "prime_rloo"), ("grpo", "prime_grpo"), ("reinforce", "prime_reinforce")]
+ESTIMATOR_PAIRS = [
+    ("rloo", "prime_rloo"),
+    ("grpo", "prime_grpo"),
+    ("reinforce", "prime_reinforce"),
+    ("ppo", "prime_ppo"),
+]
+# PRIME Table 4 (average of 7 benchmarks at step 240, %): each row's accuracy without and with PRIME
+PAPER_TABLE_4 = {
+    "RLOO": ("rloo", 36.9, "prime_rloo", 41.0),
+    "REINFORCE": ("reinforce", 36.0, "prime_reinforce", 37.8),
+    "GRPO": ("grpo", 36.1, "prime_grpo", 37.8),
+    "PPO": ("ppo", 35.8, "prime_ppo", 39.4),
+    "PRIME as value model": (None, None, "prime_as_value", 36.6),
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -167,6 +204,8 @@ def rl_config(
     over = dict(overrides)
     if "prm_lr_over_lr" in over:
         over["prm_learning_rate"] = lr * over.pop("prm_lr_over_lr")
+    if "value_lr_over_lr" in over:
+        over["value_learning_rate"] = lr * over.pop("value_lr_over_lr")
     if over.get("prm_model") == "<offline>":
         if offline_prm is None:
             raise ValueError(f"method {method!r} needs the offline PRM (built by the benchmark before the runs)")
@@ -608,12 +647,30 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
             "inconclusive (one seed)"
             if "?" in verdicts
             else "replicated"
-            if all(v == "up" for v in verdicts) and len(pairs) == 3
+            if all(v == "up" for v in verdicts) and len(pairs) == len(ESTIMATOR_PAIRS)
             else "not replicated"
             if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
             else "inconclusive"
         )
-        rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE)", "; ".join(parts), verdict))
+        rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE, PPO)", "; ".join(parts), verdict))
+    if "prime_reinforce" in summary and "prime_as_value" in summary:
+        d, lo, hi = diff_ci(summary["prime_as_value"]["auc_per_seed"], summary["prime_reinforce"]["auc_per_seed"])
+        verdict = (
+            "inconclusive (one seed)"
+            if math.isnan(lo)
+            else "replicated"
+            if lo > 0
+            else "not replicated"
+            if hi < 0 or d <= 0
+            else "inconclusive"
+        )
+        rows.append(
+            (
+                "the implicit PRM works better as a reward (REINFORCE w/ PRIME) than as a value (section 5.4)",
+                f"AUC prime_reinforce - prime_as_value {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                verdict,
+            )
+        )
     if "rloo" in summary and "prime_rloo_pc0" in summary:
         d, lo, hi = diff_ci(summary["rloo"]["auc_per_seed"], summary["prime_rloo_pc0"]["auc_per_seed"])
         rows.append(
@@ -651,6 +708,31 @@ def fmt(mc: tuple[float, float]) -> str:
     return f"{m:.3f}" if math.isnan(h) else f"{m:.3f} ± {h:.3f}"
 
 
+def table4_lines(summ: dict) -> list[str]:
+    """PRIME Table 4 next to this task: each estimator without and with PRIME (final held-out accuracy, sampled)."""
+    rows = [(k, v) for k, v in PAPER_TABLE_4.items() if v[2] in summ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "PRIME Table 4 (average accuracy of 7 benchmarks at step 240, %) next to this task (final held-out accuracy, "
+        "sampled; AUC difference with its 95% interval):",
+        "",
+        "| estimator | paper: without -> with PRIME | here: without -> with PRIME | AUC with - without |",
+        "|---|---|---|---|",
+    ]
+    for name, (base, paper_base, prime, paper_prime) in rows:
+        paper = f"{paper_prime}" if base is None else f"{paper_base} -> {paper_prime}"
+        here = fmt(summ[prime]["final"])
+        diff = ""
+        if base is not None and base in summ:
+            here = f"{fmt(summ[base]['final'])} -> {here}"
+            d, lo, hi = diff_ci(summ[base]["auc_per_seed"], summ[prime]["auc_per_seed"])
+            diff = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        lines.append(f"| {name} | {paper} | {here} | {diff} |")
+    return lines
+
+
 def report(result: dict) -> str:
     lines = []
     summ_s, summ_g = result["summary"]["sampled"], result["summary"]["greedy"]
@@ -681,6 +763,7 @@ def report(result: dict) -> str:
     lines.append("|---|---|---|")
     for c, meas, v in result["claims"]:
         lines.append(f"| {c} | {meas} | **{v}** |")
+    lines += table4_lines(summ_s)
     off = result.get("offline_prm")
     if off:
         lines.append("")
@@ -720,6 +803,7 @@ GROUPS = [
     ),
     ("GRPO family", ["grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prof_grpo"]),
     ("REINFORCE", ["reinforce", "prime_reinforce"]),
+    ("PPO (PRIME Table 4)", ["ppo", "prime_ppo", "prime_as_value"]),
 ]
 
 

@@ -34,6 +34,20 @@ may be in a ``solution`` or ``answer`` column (math) or a ``tests`` column (code
 ``ability`` may be missing when ``data_source`` names a known source (:func:`route_of`). Columns other than
 those above are dropped.
 
+Two public math formats are read too, picked from the columns by :func:`detect_format` (or forced with
+``dataset_format``), so that a benchmark file downloaded once is evaluated without Hub access:
+
+* **GSM8K** (``openai/gsm8k``): ``{"question": ..., "answer": "...reasoning...\\n#### 1,234"}``; the prompt is
+  the question, the gold the number after ``####`` with its commas removed (:func:`gsm8k_gold`: ``"1234"``).
+* **MATH / MATH-500**: ``{"problem": ..., "solution": "...\\boxed{...}...", "answer": ..., "level": "Level 3",
+  "subject": "Algebra"}`` (MATH-500; the original MATH has no ``answer`` and calls the subject ``type``); the
+  prompt is the problem, the gold ``answer``, else the last ``\\boxed{}`` of ``solution`` (:func:`math_gold`).
+  With ``metadata=True`` the ``level`` and ``subject`` are kept (:data:`METADATA_COLUMNS`), for per-level and
+  per-subject accuracy in ``trl-prime eval``.
+
+Both are math rows (``ability="math"``); the prompt is the question as written (no instruction is added: pass
+a system prompt that asks for ``\\boxed{}``, e.g. ``trl-prime eval --system_prompt``).
+
 Bad input
 ---------
 * **Dataset-level problems raise** :class:`ValueError` naming the column and the fix: no prompt column, no
@@ -43,10 +57,11 @@ Bad input
 * **Row-level problems drop the row with a warning and a count** (``on_bad_rows="drop"``, the default): an
   empty prompt or one that is not a string / list of chat messages, a missing gold answer, code tests that are
   not a JSON object, an ability that is neither math nor code and a data source that does not say which, a
-  line of a JSONL file that is not JSON. One :class:`UserWarning` per load lists the count of each reason and
-  the first row numbers; ``return_report=True`` also returns them as a :class:`LoadReport`. With
-  ``on_bad_rows="error"`` the first malformed row raises instead. A run therefore never dies on one bad row,
-  and never loses rows silently.
+  line of a JSONL file that is not JSON, a GSM8K ``answer`` with no number after ``####``. One
+  :class:`UserWarning` per load lists the count of each reason and the first row numbers;
+  ``return_report=True`` also returns them as a :class:`LoadReport`. With ``on_bad_rows="error"`` the first
+  malformed row raises instead, naming the field (and, in a JSONL file, the file and line). A run therefore
+  never dies on one bad row, and never loses rows silently.
 
 Routing rewards
 ---------------
@@ -78,14 +93,19 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BOXED_INSTRUCTION",
     "COLUMNS",
+    "DATASET_FORMATS",
     "EMBEDDED_DATASETS",
     "EMBEDDED_PREFIX",
     "FEATURES",  # noqa: F822 (built on first access by the module __getattr__)
     "EmbeddedDataset",
     "LoadReport",
+    "METADATA_COLUMNS",
+    "detect_format",
+    "gsm8k_gold",
     "load_prompt_dataset",
     "load_reasoning_gym",
     "make_routed_reward",
+    "math_gold",
     "normalize_rows",
     "outcome_reward",
     "route_of",
@@ -99,25 +119,32 @@ BOXED_INSTRUCTION = "Put your final answer within \\boxed{}."
 #: the columns of every dataset this module returns, in order
 COLUMNS: tuple[str, ...] = ("id", "data_source", "ability", "prompt", "solution", "tests")
 
+#: extra columns of file / Hub data loaded with ``metadata=True`` (MATH's difficulty level and subject)
+METADATA_COLUMNS: tuple[str, ...] = ("level", "subject")
+
+#: row formats of files and Hub data (``"auto"``: :func:`detect_format` picks one from the columns)
+DATASET_FORMATS: tuple[str, ...] = ("auto", "eurus", "gsm8k", "math")
+
 #: fraction of the question space (by hash of the question text) reserved for the held-out split
 TEST_FRACTION = 0.125
 # the test split draws reasoning-gym items from a seed range far from the train split's
 _TEST_SEED_OFFSET = 1_000_000_007
 
 
-def _features():
+def _features(metadata: bool = False):
     from datasets import Features, List, Value
 
-    return Features(
-        {
-            "id": Value("string"),
-            "data_source": Value("string"),
-            "ability": Value("string"),
-            "prompt": List({"role": Value("string"), "content": Value("string")}),
-            "solution": Value("string"),
-            "tests": Value("string"),
-        }
-    )
+    columns = {
+        "id": Value("string"),
+        "data_source": Value("string"),
+        "ability": Value("string"),
+        "prompt": List({"role": Value("string"), "content": Value("string")}),
+        "solution": Value("string"),
+        "tests": Value("string"),
+    }
+    if metadata:
+        columns.update({c: Value("string") for c in METADATA_COLUMNS})
+    return Features(columns)
 
 
 def __getattr__(name):
@@ -614,7 +641,7 @@ class LoadReport:
         total: rows read (including malformed lines of a JSONL file).
         kept: rows in the returned dataset.
         dropped: ``{reason: count}``; reasons: ``bad_json``, ``empty_prompt``, ``bad_prompt``, ``missing_gold``,
-            ``bad_tests``, ``unknown_ability``.
+            ``bad_gold`` (a GSM8K answer without a number), ``bad_tests``, ``unknown_ability``.
         examples: ``{reason: [row numbers]}`` (0-based, at most 5 per reason).
     """
 
@@ -682,6 +709,123 @@ def _gold_of(row: Mapping[str, Any], route: str) -> Any:
         if row.get(k) not in (None, ""):
             return row[k]
     return None
+
+
+# ------------------------------------------------------------------------------------------ GSM8K and MATH rows
+
+_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d+)?(?:/\d+)?|\.\d+)")  # 72, -5, 2.5, .5, 3/4
+
+
+def gsm8k_gold(answer: Any) -> str:
+    """The gold number of a GSM8K ``answer`` field: the number after its last ``####``, commas removed.
+
+    GSM8K (Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems") ends each reference solution
+    with a line ``#### <number>``: ``"...reasoning...\n#### 1,234"`` -> ``"1234"``, ``"#### -5"`` -> ``"-5"``,
+    ``"#### 0.25"`` -> ``"0.25"``, ``"#### $18"`` -> ``"18"``, ``"#### 3/4"`` -> ``"3/4"``. An ``answer`` without ``####`` is accepted when it is
+    itself a number (``"72"``, ``72``, ``"1,000"``).
+
+    Raises:
+        ValueError: ``answer`` is missing/empty, not a string or number, or holds no number where one is expected.
+    """
+    if answer is None:
+        raise ValueError("the gold field 'answer' is missing")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
+        raise ValueError(f"the gold field 'answer' must be a non-empty string or number, got {answer!r}")
+    text = str(answer)
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].replace(",", "").strip()
+        m = _NUMBER_RE.search(tail)
+        if m is None:
+            raise ValueError(f"the gold field 'answer' has no number after its last '####' (got {tail[:40]!r})")
+        return m.group(0)
+    plain = text.replace(",", "").strip()
+    if _NUMBER_RE.fullmatch(plain) is None:
+        raise ValueError(
+            "the gold field 'answer' has no '#### <number>' final line and is not a number "
+            f"(got {text.strip()[-40:]!r})"
+        )
+    return plain
+
+
+def math_gold(answer: Any = None, solution: Any = None) -> str:
+    """The gold answer of a MATH / MATH-500 row: ``answer`` when present, else the last ``\\boxed{...}`` of
+    ``solution``.
+
+    MATH (Hendrycks et al. 2021, "Measuring Mathematical Problem Solving With the MATH Dataset") marks the final
+    answer of each solution with ``\\boxed{}``; MATH-500 also stores it in an ``answer`` field. The box is the last
+    complete top-level ``\\boxed{}`` / ``\\fbox{}``, braces balanced (``\\boxed{\\frac{1}{2}}`` ->
+    ``\\frac{1}{2}``), found by :func:`trl_prime.rewards.math_verifier.extract_answer`, the reader of completions.
+
+    Raises:
+        ValueError: no non-empty ``answer`` and no complete ``\\boxed{}`` in ``solution``.
+    """
+    if not isinstance(answer, bool) and isinstance(answer, (str, int, float)) and str(answer).strip():
+        return str(answer).strip()
+    if isinstance(solution, str):
+        from trl_prime.rewards.math_verifier import extract_answer
+
+        boxed = extract_answer(solution)
+        if boxed:
+            return boxed
+    raise ValueError(
+        "no gold answer: the field 'answer' is missing or empty and the field 'solution' has no complete "
+        f"\\boxed{{...}} (solution: {str(solution)[-60:]!r})"
+    )
+
+
+def detect_format(columns: Iterable[str], prompt_column: str = "prompt") -> str:
+    """The row format of a file or Hub dataset from its column names (:data:`DATASET_FORMATS`).
+
+    * ``"eurus"`` (Eurus-2-RL-Data and the simpler rows of the module doc) when ``prompt_column`` or
+      ``reward_model`` is a column;
+    * else ``"gsm8k"`` when ``question`` and ``answer`` are columns (``openai/gsm8k``);
+    * else ``"math"`` when ``problem`` and ``answer`` or ``solution`` are (MATH, MATH-500);
+    * else ``"eurus"`` (whose checks then name the missing columns).
+    """
+    cols = set(columns)
+    if prompt_column in cols or "reward_model" in cols:
+        return "eurus"
+    if {"question", "answer"} <= cols:
+        return "gsm8k"
+    if "problem" in cols and cols & {"answer", "solution"}:
+        return "math"
+    return "eurus"
+
+
+def _level_subject(row: Mapping[str, Any], fmt: str) -> dict[str, str | None]:
+    """``level`` (an integer level ``3`` of MATH-500 becomes ``"Level 3"``, as in MATH) and ``subject`` (MATH's
+    ``type``), as strings or None."""
+    level = row.get("level")
+    if isinstance(level, int) and not isinstance(level, bool):
+        level = f"Level {level}"
+    subject = row.get("subject")
+    if subject in (None, "") and fmt == "math":
+        subject = row.get("type")
+    clean = {}
+    for key, value in (("level", level), ("subject", subject)):
+        clean[key] = value.strip() if isinstance(value, str) and value.strip() else None
+    return clean
+
+
+def _public_row(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+    """A GSM8K / MATH row as a generic math row (``prompt``, ``solution``, ``ability="math"``, ``id``, source)."""
+    field_name = "question" if fmt == "gsm8k" else "problem"
+    prompt = row.get(field_name)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise _BadRow("empty_prompt", f"{fmt} row without its prompt: the field {field_name!r} is {prompt!r}")
+    try:
+        if fmt == "gsm8k":
+            gold = gsm8k_gold(row.get("answer"))
+        else:
+            gold = math_gold(row.get("answer"), row.get("solution"))
+    except ValueError as e:
+        reason = "bad_gold" if fmt == "gsm8k" and row.get("answer") not in (None, "") else "missing_gold"
+        raise _BadRow(reason, f"{fmt} row: {e}") from None
+    out = {"prompt": prompt, "solution": gold, "ability": "math", "data_source": row.get("data_source")}
+    rid = row.get("id", row.get("unique_id"))
+    if rid is not None:
+        out["id"] = rid
+    return out
 
 
 def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prompt_column: str) -> dict:
@@ -761,6 +905,60 @@ def _check_columns(columns: Iterable[str], source: str, prompt_column: str) -> N
         )
 
 
+def _resolve_format(columns: Iterable[str], source: str, prompt_column: str, dataset_format: str) -> str:
+    """The format of the rows (``dataset_format``, or :func:`detect_format` for ``"auto"``), after checking that
+    its prompt and gold columns exist (``ValueError`` naming them and the fix otherwise)."""
+    columns = list(columns)
+    fmt = detect_format(columns, prompt_column) if dataset_format == "auto" else dataset_format
+    if fmt == "eurus":
+        _check_columns(columns, source, prompt_column)
+        return fmt
+    need = ("question", ("answer",)) if fmt == "gsm8k" else ("problem", ("answer", "solution"))
+    if need[0] not in columns or not any(c in columns for c in need[1]):
+        raise ValueError(
+            f"{source}: dataset_format={fmt!r} needs a {need[0]!r} column and a gold column "
+            f"{' or '.join(map(repr, need[1]))} (columns: {columns}); pass the right dataset_format or fix the data"
+        )
+    return fmt
+
+
+def _normalize_any(row: Any, i: int, fmt: str, source: str, split: str, prompt_column: str, metadata: bool) -> dict:
+    """One row of :func:`normalize_rows` (``_BadRow`` when malformed)."""
+    if isinstance(row, Exception):
+        raise _BadRow("bad_json", f"unreadable row: {row}")
+    if not isinstance(row, Mapping):
+        raise _BadRow("bad_json", f"row is a {type(row).__name__}, not an object")
+    if fmt == "eurus":
+        out = _normalize_row(row, i, source, split, prompt_column)
+    else:
+        out = _normalize_row(_public_row(row, fmt), i, source, split, "prompt")
+    if metadata:
+        out.update(_level_subject(row, fmt))
+    return out
+
+
+def _check_report(report: LoadReport, max_bad_fraction: float) -> None:
+    """Raise ``ValueError`` when no row, or more than ``max_bad_fraction`` of the rows, is usable; warn once (with
+    the counts) when some rows were dropped."""
+    source, bad = report.source, report.total - report.kept
+    if report.total == 0:
+        raise ValueError(f"{source}: the dataset is empty")
+    if not report.kept:
+        raise ValueError(
+            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
+            "not look like the Eurus-2-RL-Data, GSM8K or MATH format (see trl_prime.data)"
+        )
+    if bad > max_bad_fraction * report.total:
+        raise ValueError(
+            f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
+            f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
+        )
+    if bad:
+        warnings.warn(
+            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=3
+        )
+
+
 def normalize_rows(
     rows: Iterable[Mapping[str, Any] | Exception],
     *,
@@ -771,18 +969,29 @@ def normalize_rows(
     on_bad_rows: str = "drop",
     max_bad_fraction: float = 0.5,
     return_report: bool = False,
+    dataset_format: str = "auto",
+    metadata: bool = False,
+    row_names: Sequence[str] | None = None,
 ):
-    """Normalise rows in the Eurus-2-RL-Data format (or the simpler variants above) to :data:`COLUMNS`.
+    """Normalise rows in the Eurus-2-RL-Data format (or the simpler variants above), GSM8K or MATH format to
+    :data:`COLUMNS`.
 
     Args:
         rows: dicts (an ``Exception`` item stands for an unreadable row, e.g. a JSONL line that is not JSON).
         source: name used in ids of rows without one, as the default ``data_source``, and in messages.
         split: used in fallback ids.
-        prompt_column: the column holding the prompt.
+        prompt_column: the column holding the prompt (Eurus-2-RL-Data format).
         columns: the dataset's column names, checked up front (default: the keys of the first row).
         on_bad_rows: ``"drop"`` (default: drop malformed rows, warn once with counts) or ``"error"``.
         max_bad_fraction: raise when more than this share of the rows is malformed.
         return_report: also return the :class:`LoadReport`.
+        dataset_format: one of :data:`DATASET_FORMATS`: ``"auto"`` (:func:`detect_format`), ``"eurus"``,
+            ``"gsm8k"`` (prompt ``question``, gold :func:`gsm8k_gold` of ``answer``) or ``"math"`` (prompt
+            ``problem``, gold :func:`math_gold` of ``answer`` / ``solution``).
+        metadata: also return the string columns :data:`METADATA_COLUMNS` (``level``; ``subject``, or MATH's
+            ``type``), None where a row has none.
+        row_names: where each row comes from (``"data/test.jsonl line 7"``), added to the messages of
+            malformed rows.
 
     Returns:
         A :class:`datasets.Dataset` (and the :class:`LoadReport` when ``return_report``).
@@ -795,27 +1004,23 @@ def normalize_rows(
 
     if on_bad_rows not in ("drop", "error"):
         raise ValueError(f"on_bad_rows must be 'drop' or 'error', got {on_bad_rows!r}")
+    if dataset_format not in DATASET_FORMATS:
+        raise ValueError(f"dataset_format must be one of {DATASET_FORMATS}, got {dataset_format!r}")
     report = LoadReport(source=source)
     out: list[dict] = []
     columns = list(columns) if columns is not None else []
-    checked = bool(columns)
-    if checked:
-        _check_columns(columns, source, prompt_column)
+    fmt = _resolve_format(columns, source, prompt_column, dataset_format) if columns else None
     for i, row in enumerate(rows):
         report.total += 1
         try:
-            if isinstance(row, Exception):
-                raise _BadRow("bad_json", f"unreadable row: {row}")
-            if not isinstance(row, Mapping):
-                raise _BadRow("bad_json", f"row is a {type(row).__name__}, not an object")
-            if not checked:
-                _check_columns(row.keys(), source, prompt_column)
-                checked = True
-            out.append(_normalize_row(row, i, source, split, prompt_column))
+            if fmt is None and isinstance(row, Mapping):
+                fmt = _resolve_format(row.keys(), source, prompt_column, dataset_format)
+            out.append(_normalize_any(row, i, fmt or "eurus", source, split, prompt_column, metadata))
         except _BadRow as e:
             if on_bad_rows == "error":
+                where = f" at {row_names[i]}" if row_names is not None and i < len(row_names) else ""
                 raise ValueError(
-                    f"{source}: row {i} is malformed ({e.reason}): {e}; fix the row, or pass "
+                    f"{source}: row {i} is malformed ({e.reason}){where}: {e}; fix the row, or pass "
                     "on_bad_rows='drop' to skip malformed rows"
                 ) from None
             report.dropped[e.reason] = report.dropped.get(e.reason, 0) + 1
@@ -823,45 +1028,30 @@ def normalize_rows(
             if len(ex) < 5:
                 ex.append(i)
     report.kept = len(out)
-    if report.total == 0:
-        raise ValueError(f"{source}: the dataset is empty")
-    bad = report.total - report.kept
-    if not out:
-        raise ValueError(
-            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
-            "not look like the Eurus-2-RL-Data format (see trl_prime.data)"
-        )
-    if bad > max_bad_fraction * report.total:
-        raise ValueError(
-            f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
-            f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
-        )
-    if bad:
-        warnings.warn(
-            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=2
-        )
+    _check_report(report, max_bad_fraction)
     ids = [r["id"] for r in out]
     if len(set(ids)) != len(ids):  # ids from the data collide: fall back to positions, which are stable
         for r, i in zip(out, range(len(out))):
             r["id"] = f"{source}/{split}/{i}"
-    ds = Dataset.from_list(out, features=_features())
+    ds = Dataset.from_list(out, features=_features(metadata))
     return (ds, report) if return_report else ds
 
 
-def _read_json_rows(path: Path) -> tuple[list, list[str]]:
-    """Rows of a .json (array, or {"data": [...]}) or .jsonl file, and the union of their keys.
+def _read_json_rows(path: Path) -> tuple[list, list[str], list[int] | None]:
+    """Rows of a .json (array, or {"data": [...]}) or .jsonl file, the union of their keys, and the 1-based line
+    number of each row (JSON Lines; None for a JSON array).
 
     Unreadable JSONL lines become exception items (dropped and counted by :func:`normalize_rows`).
     """
-    rows, _ = _read_json_items(path)
+    rows, lines = _read_json_items(path)
     columns: dict[str, None] = {}
     for row in rows:
         if isinstance(row, Mapping):
             columns.update(dict.fromkeys(row))
-    return rows, list(columns)
+    return rows, list(columns), lines
 
 
-def _read_json_items(path: Path) -> tuple[list, None]:
+def _read_json_items(path: Path) -> tuple[list, list[int] | None]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         try:
@@ -881,14 +1071,16 @@ def _read_json_items(path: Path) -> tuple[list, None]:
                 raise ValueError(f"{path}: expected a JSON array of row objects, got {type(data).__name__}")
             return data, None
     rows: list = []
+    lines: list[int] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        lines.append(n)
         try:
             rows.append(json.loads(line))
         except ValueError as e:
             rows.append(ValueError(f"{path.name} line {n} is not JSON ({e})"))
-    return rows, None
+    return rows, lines
 
 
 _EXTENSIONS = (".json", ".jsonl", ".parquet")
@@ -906,6 +1098,26 @@ def _split_file(folder: Path, split: str) -> Path:
     )
 
 
+def _read_local(path: Path, split: str, size: int | None) -> tuple[Path, Any, list[str], list[str] | None]:
+    """``(file, rows, columns, row names)`` of a local file, or of a folder's file for ``split``: the first ``size``
+    rows, and for JSON Lines each row's ``"<file> line <n>"`` (None otherwise)."""
+    if not path.exists():
+        raise ValueError(f"no such file or folder: {path}")
+    if path.is_dir():
+        path = _split_file(path, split)
+    if path.suffix not in _EXTENSIONS:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .json, .jsonl or .parquet")
+    if path.suffix == ".parquet":
+        from datasets import Dataset
+
+        table = Dataset.from_parquet(str(path), keep_in_memory=True)
+        rows = iter(table) if size is None else (table[i] for i in range(min(size, len(table))))
+        return path, rows, table.column_names, None
+    rows, columns, lines = _read_json_rows(path)
+    rows = rows[:size] if size is not None else rows
+    return path, rows, columns, None if lines is None else [f"{path} line {n}" for n in lines[: len(rows)]]
+
+
 def load_prompt_dataset(
     name_or_path: str,
     split: str = "train",
@@ -916,6 +1128,8 @@ def load_prompt_dataset(
     on_bad_rows: str = "drop",
     max_bad_fraction: float = 0.5,
     return_report: bool = False,
+    dataset_format: str = "auto",
+    metadata: bool = False,
     **kwargs: Any,
 ):
     """Load a prompt dataset by the names the recipes accept, normalised to :data:`COLUMNS`.
@@ -925,12 +1139,14 @@ def load_prompt_dataset(
             ``chain_sum``, ``gsm_symbolic``, ``mixed``); a ``.json`` / ``.jsonl`` / ``.parquet`` file; a folder
             holding ``<split>.jsonl`` (or ``.json`` / ``.parquet``; ``test`` falls back to ``validation``); or a
             Hub dataset id (``PRIME-RL/Eurus-2-RL-Data``; ``split="test"`` falls back to ``"validation"`` when
-            the dataset has no test split). Files and Hub data are read in the Eurus-2-RL-Data format.
+            the dataset has no test split). Files and Hub data are read in the Eurus-2-RL-Data, GSM8K or MATH
+            format (``dataset_format``).
         split: ``"train"`` or ``"test"`` (a single file is the split you asked for).
         size: embedded: number of rows (default 1000 train / 200 test); others: keep the first ``size`` rows.
         seed: embedded only: generator seed.
-        prompt_column, on_bad_rows, max_bad_fraction, return_report: see :func:`normalize_rows` (not used for
-            embedded data, which is always well formed; the report is then None).
+        prompt_column, on_bad_rows, max_bad_fraction, return_report, dataset_format, metadata: see
+            :func:`normalize_rows` (not used for embedded data, which is always well formed and has no
+            metadata; the report is then None). Malformed rows of a JSONL file are named by file and line.
         **kwargs: embedded: passed to :func:`load_reasoning_gym` (``task_configs``, ``instruction``, ...);
             Hub: passed to :func:`datasets.load_dataset` (``revision``, ``data_dir``, ...).
 
@@ -962,29 +1178,15 @@ def load_prompt_dataset(
         on_bad_rows=on_bad_rows,
         max_bad_fraction=max_bad_fraction,
         return_report=True,
+        dataset_format=dataset_format,
+        metadata=metadata,
     )
     path = Path(os.path.expanduser(name_or_path))
     looks_local = path.exists() or path.suffix in _EXTENSIONS or name_or_path.startswith((".", "/", "~"))
     if looks_local:
-        if not path.exists():
-            raise ValueError(f"no such file or folder: {path}")
-        if path.is_dir():
-            path = _split_file(path, split)
-        if path.suffix not in _EXTENSIONS:
-            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .json, .jsonl or .parquet")
-        if path.suffix == ".parquet":
-            from datasets import Dataset
-
-            table = Dataset.from_parquet(str(path), keep_in_memory=True)
-            columns, rows = table.column_names, iter(table)
-            if size is not None:
-                rows = (table[i] for i in range(min(size, len(table))))
-        else:
-            rows, columns = _read_json_rows(path)
-            rows = rows[:size] if size is not None else rows
-        ds, report = normalize_rows(
-            rows, source=path.stem if path.stem not in ("train", "test") else str(path), columns=columns, **common
-        )
+        path, rows, columns, row_names = _read_local(path, split, size)
+        source = path.stem if path.stem not in ("train", "test") else str(path)
+        ds, report = normalize_rows(rows, source=source, columns=columns, row_names=row_names, **common)
     else:
         from datasets import load_dataset
 

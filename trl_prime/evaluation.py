@@ -13,7 +13,8 @@ Definitions, for one problem with ``n`` sampled completions of which ``c`` are c
 
 A dataset's metric is the mean over its problems. Over several datasets, **micro** is the problem-weighted
 mean (each problem counts once) and **macro** the plain mean of the per-dataset metrics (each dataset counts
-once).
+once). A group of a dataset's problems (a data source; MATH's level or subject) gets the same metrics over its
+own problems (:func:`grouped_metrics`), with its problem count.
 
 Unscorable samples (reward ``None``/NaN: a gold answer math-verify cannot parse, malformed tests, an
 infrastructure error) count as **incorrect with reward 0** -- an evaluation never gets better because the
@@ -30,7 +31,9 @@ __all__ = [
     "aggregate",
     "dataset_metrics",
     "default_ks",
+    "format_breakdowns",
     "format_table",
+    "grouped_metrics",
     "metric_names",
     "pass_at_k",
 ]
@@ -155,6 +158,34 @@ def dataset_metrics(
     return out
 
 
+def grouped_metrics(
+    rewards: Sequence[Sequence[float | None]],
+    groups: Sequence[str | None],
+    ks: Iterable[int] | None = None,
+    threshold: float = 1.0,
+) -> dict[str, dict[str, float | int]]:
+    """:func:`dataset_metrics` of each group of problems (a data source, MATH's level or subject).
+
+    Args:
+        rewards: one list of rewards per problem, as in :func:`dataset_metrics`.
+        groups: the group of each problem (``None``: the group ``"(none)"``).
+        ks, threshold: as in :func:`dataset_metrics`.
+
+    Returns:
+        ``{group: metrics}`` in sorted group order; the groups' ``n_problems`` add up to ``len(rewards)``.
+
+    Raises:
+        ValueError: ``groups`` and ``rewards`` differ in length, and the errors of :func:`dataset_metrics`.
+    """
+    if len(groups) != len(rewards):
+        raise ValueError(f"{len(groups)} groups for {len(rewards)} problems")
+    names = ["(none)" if g is None else str(g) for g in groups]
+    return {
+        g: dataset_metrics([r for r, name in zip(rewards, names) if name == g], ks, threshold=threshold)
+        for g in sorted(set(names))
+    }
+
+
 def aggregate(per_dataset: Mapping[str, Mapping[str, float | int]], keys: Iterable[str] | None = None) -> dict:
     """Micro (problem-weighted) and macro (mean over datasets) averages of per-dataset metrics.
 
@@ -202,13 +233,14 @@ def format_table(
     per_dataset: Mapping[str, Mapping],
     averages: Mapping[str, Mapping] | None = None,
     keys: Sequence[str] | None = None,
+    first_column: str = "dataset",
 ) -> str:
     """A plain-text table: one row per dataset (metrics in %, problems, unscored) and the micro/macro rows."""
     if keys is None:
         keys = sorted(
             {k for m in per_dataset.values() for k in m if k.startswith(("pass@", "avg@"))}, key=_metric_order
         )
-    header = ["dataset", "problems", *keys, "unscored"]
+    header = [first_column, "problems", *keys, "unscored"]
     rows = []
     for name, m in per_dataset.items():
         rows.append(
@@ -232,3 +264,18 @@ def format_table(
     if averages:
         out += [sep, *[line(r) for r in rows[len(per_dataset) :]]]
     return "\n".join(out)
+
+
+#: the per-group breakdowns :func:`format_breakdowns` prints, in order, and their row labels
+BREAKDOWNS = (("by_level", "level"), ("by_subject", "subject"))
+
+
+def format_breakdowns(per_dataset: Mapping[str, Mapping], keys: Sequence[str] | None = None) -> str:
+    """One table per dataset that has per-level or per-subject metrics (MATH): a row per level, then a row per
+    subject (``"level Level 3"``, ``"subject Algebra"``), as in :func:`format_table`; ``""`` when none has."""
+    tables = []
+    for name, m in per_dataset.items():
+        rows = {f"{label} {g}": gm for key, label in BREAKDOWNS for g, gm in (m.get(key) or {}).items()}
+        if rows:
+            tables.append(f"{name}: by level and subject\n" + format_table(rows, None, keys, first_column="group"))
+    return "\n\n".join(tables)

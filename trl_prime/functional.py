@@ -58,6 +58,12 @@ __all__ = [
     "grpo_advantages",
     "prime_advantages",
     "single_row_group_mask",
+    # PPO: GAE, value loss, the implicit PRM as value
+    "ppo_token_rewards",
+    "implicit_prm_values",
+    "gae_advantages",
+    "clipped_value_loss",
+    "explained_variance",
     # policy loss
     "token_ppo_clip_loss",
     # PRIME metrics and filter
@@ -80,6 +86,7 @@ __all__ = [
     "PRM_REFERENCES",
     "PRM_SCHEDULERS",
     "ESTIMATORS",
+    "PRIME_VALUES",
     "BASELINES",
     "PROCESS_REWARD_NORMS",
     "GRPO_PROCESS_FORMS",
@@ -127,9 +134,12 @@ PRM_SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
-#: PRIME advantage estimators (PRIME Eq. 5 and Appendix B.3): ``PrimeOptions.prime_estimator``,
+#: PRIME advantage estimators (PRIME Eq. 5, Appendix B.3 and Table 4): ``PrimeOptions.prime_estimator``,
 #: :func:`prime_advantages` ``estimator``
-ESTIMATORS = ("rloo", "grpo", "reinforce")
+ESTIMATORS = ("rloo", "grpo", "reinforce", "ppo")
+#: what PPO's values come from (PRIME Table 4: a learned value model, or the implicit PRM as value, section 5.4):
+#: ``PrimeOptions.prime_value``
+PRIME_VALUES = ("critic", "implicit_prm")
 #: process-reward baselines (PRIME Eq. 5 vs the released code): ``PrimeOptions.prime_baseline``, ``baseline``
 BASELINES = ("paper", "reference")
 #: process-reward normalisations (released PRIME code): ``process_reward_norm``
@@ -1479,7 +1489,7 @@ def _prime_advantages_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared body of :func:`rloo_advantages` and :func:`prime_advantages`: ``(advantages, returns)``, both
     ``(B, T)`` in the dtype of ``process_rewards``. ``fn`` names the public caller in error messages."""
-    check_choice(estimator, ESTIMATORS, "estimator")
+    check_choice(estimator, ESTIMATORS[:3], "estimator")  # "ppo" is prime_advantages' own path (GAE)
     check_choice(baseline, BASELINES, "baseline")
     check_choice(process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm")
     check_choice(grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form")
@@ -1656,6 +1666,7 @@ _PRIME_OPTIONS = {
         "whiten_eps",
         "num_generations",
     },
+    "ppo": {"values", "process_coef", "outcome_coef", "gamma", "lam", "whiten", "whiten_eps", "num_generations"},
 }
 
 
@@ -1731,6 +1742,11 @@ def prime_advantages(
 
       Extra options: ``scale_rewards``, ``eps``, ``grpo_process_form``, ``grpo_process_scale``.
     * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
+    * ``"ppo"`` (PRIME Table 4): GAE (:func:`gae_advantages`, options ``gamma``, ``lam``, ``whiten``, ``whiten_eps``)
+      over the rewards of :func:`ppo_token_rewards` (``process_coef``, ``outcome_coef``) with the ``(B, T)``
+      ``values`` option (required): a value model's, or :func:`implicit_prm_values` for the implicit PRM as value.
+      No group baseline (``group_ids`` is ignored and may be ``None``); ``outcome_gamma``, ``baseline``,
+      ``process_reward_norm`` and ``include_last_token`` do not apply.
 
     All estimators share the coefficients, discounts, whitening, process-reward normalisation and the NaN
     rule (unscorable rows: excluded, advantage 0). A group with fewer than two scorable rows has no baseline:
@@ -1743,7 +1759,7 @@ def prime_advantages(
         outcome_rewards: ``(B,)`` outcome rewards (NaN = unscorable).
         mask: ``(B, T)`` completion mask.
         group_ids: ``(B,)`` prompt ids.
-        estimator: ``"rloo"`` | ``"grpo"`` | ``"reinforce"``.
+        estimator: ``"rloo"`` | ``"grpo"`` | ``"reinforce"`` | ``"ppo"``.
         **options: Forwarded estimator options (listed above).
 
     Returns:
@@ -1764,6 +1780,8 @@ def prime_advantages(
             f"valid options: {sorted(_PRIME_OPTIONS[estimator])}."
         )
     num_generations = options.pop("num_generations", None)
+    if estimator == "ppo":
+        return _ppo_advantages(process_rewards, outcome_rewards, mask, **options)
     adv, _ = _prime_advantages_impl(
         process_rewards,
         outcome_rewards,
@@ -1774,6 +1792,264 @@ def prime_advantages(
         fn="prime_advantages",
         **options,
     )
+    return adv
+
+
+# ----------------------------------------------------------------------------------------------------
+# PPO with a value model (PRIME Table 4, Appendix B.3) and the implicit PRM as value (PRIME section 5.4)
+# ----------------------------------------------------------------------------------------------------
+
+
+def ppo_token_rewards(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    process_coef: float = 1.0,
+    outcome_coef: float = 1.0,
+) -> torch.Tensor:
+    """PPO's per-token rewards with implicit process rewards: ``process_coef * r_phi(y_t)`` on every completion token
+    plus ``outcome_coef * r_o`` on the last one.
+
+    Args:
+        process_rewards: ``(B, T)`` float token process rewards (PRIME Eq. 3, ``beta log pi_phi / pi_ref``).
+        outcome_rewards: ``(B,)`` float outcome rewards; ``NaN`` = unscorable.
+        mask: ``(B, T)`` bool or 0/1 completion mask (the last true position of a row gets the outcome).
+        process_coef: weight of the process rewards (0 = plain PPO on the outcome reward).
+        outcome_coef: weight of the outcome reward.
+
+    Returns:
+        ``(B, T)`` rewards in the dtype of ``process_rewards``: 0 outside the mask; every position of a row whose
+        outcome is ``NaN`` is ``NaN`` (:func:`gae_advantages` then excludes the row).
+
+    Raises:
+        ValueError: on shapes that differ from ``(B, T)`` / ``(B,)`` or a mask that is not 0/1.
+
+    Source: PRIME Appendix B.3 and Table 4 ("PPO w/ PRIME"): the implicit process rewards are PPO's dense rewards,
+    the verifier's outcome reward its terminal reward.
+    """
+    _check_2d("process_rewards", process_rewards)
+    _check_same_shape("process_rewards", process_rewards, "mask", mask)
+    _check_rows("outcome_rewards", outcome_rewards, process_rewards.size(0))
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(process_rewards, outcome_rewards)
+    zero = torch.zeros((), dtype=wd, device=process_rewards.device)
+    rewards = (
+        torch.where(m, process_rewards.to(wd), zero) * process_coef if process_coef != 0 else zero.expand(m.shape)
+    )
+    outcome = outcome_rewards.to(wd)
+    rewards = rewards + torch.where(last_token_mask(m), outcome[:, None] * outcome_coef, zero)
+    rewards = torch.where(torch.isnan(outcome)[:, None], torch.full_like(rewards, torch.nan), rewards)
+    return rewards.to(_out_dtype(process_rewards))
+
+
+def implicit_prm_values(process_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The implicit PRM as a value model: ``V(y_<t) = sum_{s<t} r_phi(y_s)``, the prefix value of the state before
+    token ``t``.
+
+    The implicit PRM's value of the prefix ending with token ``t`` is ``v_phi(y_<t+1) = sum_{s<=t} r_phi(y_s)``
+    (PRIME section 5.4; the Implicit PRM paper's Q-value ``q_t``). PPO's value at position ``t`` is the value of the
+    state in which ``y_t`` is chosen, ``y_<t``, so the values are the prefix sums shifted by one: 0 at the first
+    token, ``r_0`` at the second, ... Positions outside the mask add nothing and get value 0.
+
+    Args:
+        process_rewards: ``(B, T)`` float token process rewards (PRIME Eq. 3).
+        mask: ``(B, T)`` bool or 0/1 completion mask.
+
+    Returns:
+        ``(B, T)`` values in the dtype of ``process_rewards`` (0 outside the mask).
+
+    Raises:
+        ValueError: on a shape mismatch or a mask that is not 0/1.
+
+    Source: PRIME section 5.4 and Table 4 ("PRIME as Value Model").
+    """
+    _check_2d("process_rewards", process_rewards)
+    _check_same_shape("process_rewards", process_rewards, "mask", mask)
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(process_rewards)
+    r = torch.where(m, process_rewards.to(wd), torch.zeros((), dtype=wd, device=m.device))
+    before = r.cumsum(-1) - r  # sum over the masked positions s < t
+    return torch.where(m, before, torch.zeros_like(before)).to(_out_dtype(process_rewards))
+
+
+def gae_advantages(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    whiten_eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the completion tokens: ``(advantages, returns)``.
+
+    With ``t`` running over a row's mask positions in order and ``t+1`` the next one::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last token = 0: the episode ends)
+        A_t     = sum_{k>=0} (gamma * lam)^k delta_{t+k}
+        R_t     = A_t + V_t                             (the value model's regression target)
+
+    ``lam = 1`` gives ``A_t = sum_{s>=t} gamma^(s-t) r_s - V_t`` (Monte-Carlo return minus value), ``lam = 0`` the
+    one-step TD error ``delta_t``. Positions outside the mask (padding, tool-response tokens) are skipped: they get
+    0 and pass the next valid position's value through, undiscounted. The advantages are not whitened unless
+    ``whiten`` (masked whitening over the valid rows' tokens, :func:`masked_whiten`, when they hold >= 2 tokens);
+    the returns never are.
+
+    Args:
+        rewards: ``(B, T)`` float per-token rewards (e.g. :func:`ppo_token_rewards`).
+        values: ``(B, T)`` float values ``V(y_<t)`` of the state before each token (the value model's output, or
+            :func:`implicit_prm_values`).
+        mask: ``(B, T)`` bool or 0/1 completion mask.
+        gamma: discount in ``[0, 1]``.
+        lam: GAE's ``lambda`` in ``[0, 1]``.
+        whiten: whiten the advantages over the valid rows' mask tokens.
+        whiten_eps: ``eps`` of :func:`masked_whiten`.
+
+    Returns:
+        ``(advantages, returns)``, each ``(B, T)`` in the dtype of ``rewards``, 0 outside the mask. A row with a
+        non-finite reward or value on its mask (e.g. a ``NaN`` outcome) is excluded: advantages and returns 0, not
+        counted in the whitening statistics.
+
+    Raises:
+        ValueError: on a shape mismatch, a mask that is not 0/1, or ``gamma`` / ``lam`` outside ``[0, 1]``.
+
+    Source: Schulman et al. 2016 (arXiv 1506.02438) Eq. 16; the PPO estimator of PRIME Table 4 and Figure 7.
+    """
+    _check_2d("rewards", rewards)
+    _check_same_shape("rewards", rewards, "values", values)
+    _check_same_shape("rewards", rewards, "mask", mask)
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= float(x) <= 1.0:
+            raise ValueError(f"gae_advantages: `{name}`={x!r} must lie in [0, 1].")
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(rewards, values)
+    r, v = rewards.to(wd), values.to(wd)
+    ok = ~((~torch.isfinite(r) | ~torch.isfinite(v)) & m).any(-1)  # (B,) rows without a non-finite entry
+    keep = m & ok[:, None]
+    # the mask positions of each row moved to its front, in order: GAE's recursion runs over consecutive entries
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    kc = torch.gather(keep, 1, order)
+    zero = torch.zeros((), dtype=wd, device=r.device)
+    rc = torch.where(kc, torch.gather(r, 1, order), zero)
+    vc = torch.where(kc, torch.gather(v, 1, order), zero)
+    v_next = F.pad(vc[:, 1:], (0, 1))  # 0 after a row's last valid token (terminal) and on the padding
+    delta = torch.where(kc, rc + gamma * v_next - vc, zero)
+    adv_c = discounted_cumsum(delta, float(gamma) * float(lam))
+    adv = torch.zeros_like(adv_c).scatter(1, order, adv_c)
+    returns = torch.where(keep, adv + v, zero)
+    adv, _ = _whitened(adv, keep, whiten=whiten, eps=whiten_eps)
+    out = _out_dtype(rewards)
+    return adv.to(out), returns.to(out)
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cliprange_value: float = 0.2,
+    normalizer: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss: ``sum_t 0.5 max((V_t - R_t)^2, (V_t^clip - R_t)^2) m_t / N``, and its clip fraction.
+
+    ``V_t^clip = V_old,t + clamp(V_t - V_old,t, -c, c)``: the value may move at most ``c = cliprange_value`` from the
+    value the advantages were computed with. With ``values`` equal to ``old_values`` (the first update on a batch)
+    the loss is the plain ``0.5 (V - R)^2``.
+
+    Args:
+        values: ``(B, T)`` float values of the value model being trained (keeps the autograd graph).
+        old_values: ``(B, T)`` values the returns were computed with (no graph needed).
+        returns: ``(B, T)`` regression targets (:func:`gae_advantages`).
+        mask: ``(B, T)`` loss weight of each token (0/1 or bool), cast to the dtype of ``values``.
+        cliprange_value: ``c >= 0``.
+        normalizer: ``N``; ``None`` = ``mask.sum().clamp(min=1)`` (token mean). Pass the loss tokens of the whole
+            update to average over micro-batches and processes.
+
+    Returns:
+        ``(loss, clipfrac)``: 0-dim tensors in the dtype of ``values``; ``clipfrac`` is the masked fraction of tokens
+        whose clipped term is the larger (no graph).
+
+    Raises:
+        ValueError: on a shape mismatch or ``cliprange_value < 0``.
+
+    Source: the value loss of PPO as implemented in TRL's ``PPOTrainer`` (up to TRL 0.x) and veRL
+    (``compute_value_loss``), used by PRIME's PPO runs (Table 4).
+    """
+    _check_2d("values", values)
+    for name, x in (("old_values", old_values), ("returns", returns), ("mask", mask)):
+        _check_same_shape("values", values, name, x)
+    if cliprange_value < 0:
+        raise ValueError(f"clipped_value_loss: `cliprange_value`={cliprange_value!r} must be >= 0.")
+    w = mask.to(values.dtype)
+    old = old_values.to(values.dtype)
+    target = returns.to(values.dtype)
+    clipped = old + torch.clamp(values - old, -cliprange_value, cliprange_value)
+    loss_unclipped = (values - target) ** 2
+    loss_clipped = (clipped - target) ** 2
+    per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
+    n = w.sum().clamp(min=1.0)
+    clipfrac = ((loss_clipped > loss_unclipped).to(values.dtype) * w).sum().detach() / n
+    return (per_token * w).sum() / (n if normalizer is None else normalizer), clipfrac
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(R - V) / Var(R)`` over the masked tokens: how much of the returns' variance the values explain
+    (1 = perfect, 0 = no better than a constant, negative = worse).
+
+    Args:
+        values: ``(B, T)`` float values.
+        returns: ``(B, T)`` float returns.
+        mask: ``(B, T)`` bool or 0/1 mask.
+
+    Returns:
+        0-dim float tensor (no graph); ``NaN`` when the masked returns have no variance (fewer than two tokens, or
+        all equal).
+
+    Raises:
+        ValueError: on a shape mismatch or a mask that is not 0/1.
+
+    Source: the ``val/var_explained`` metric of TRL's former ``PPOTrainer`` and CleanRL's PPO.
+    """
+    _check_2d("values", values)
+    _check_same_shape("values", values, "returns", returns)
+    _check_same_shape("values", values, "mask", mask)
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(values, returns)
+    v, r = values.detach().to(wd)[m], returns.detach().to(wd)[m]
+    if r.numel() < 2:
+        return torch.tensor(float("nan"), dtype=wd, device=values.device)
+    var_r = r.var()
+    if var_r == 0:
+        return torch.tensor(float("nan"), dtype=wd, device=values.device)
+    return 1.0 - (r - v).var() / var_r
+
+
+def _ppo_advantages(
+    process_rewards: torch.Tensor,
+    outcome_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    values: torch.Tensor | None = None,
+    process_coef: float = 1.0,
+    outcome_coef: float = 1.0,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    whiten_eps: float = 1e-8,
+) -> torch.Tensor:
+    """``prime_advantages(estimator="ppo")``: GAE over :func:`ppo_token_rewards` with the given values."""
+    if values is None:
+        raise ValueError(
+            "prime_advantages(estimator='ppo') needs `values`: the (B, T) values V(y_<t) of a value model, or "
+            "implicit_prm_values(process_rewards, mask) for the implicit PRM as value (PRIME section 5.4)."
+        )
+    rewards = ppo_token_rewards(
+        process_rewards, outcome_rewards, mask, process_coef=process_coef, outcome_coef=outcome_coef
+    )
+    adv, _ = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam, whiten=whiten, whiten_eps=whiten_eps)
     return adv
 
 

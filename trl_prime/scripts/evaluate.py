@@ -18,6 +18,12 @@ is scored by :data:`trl_prime.data.outcome_reward` (``math_reward`` for math row
 rows). The metrics (:mod:`trl_prime.evaluation`): ``pass@k`` for the requested k (unbiased estimator of Chen et
 al. 2021), ``avg@n`` (mean reward), per dataset and per data source, and their micro (problem-weighted) and
 macro (mean over datasets) averages. Unscorable completions count as wrong and are reported (``n_unscored``).
+Local GSM8K and MATH / MATH-500 JSONL files are read by path (no Hub access; format from the columns, see
+:mod:`trl_prime.data`); when the rows have MATH's ``level`` / ``subject`` (or ``type``), the metrics per level and
+per subject are reported too, in the JSON and in a second table::
+
+    trl-prime eval --model_name_or_path Qwen/Qwen2.5-Math-1.5B-Instruct --datasets data/gsm8k_test.jsonl \\
+        data/math500_test.jsonl --system_prompt "Put your final answer within \\boxed{}."
 
 Writes ``output_file`` (JSON; layout in :func:`main`) and, with ``save_completions``, a JSONL file next to it
 with every completion and its reward; prints a table.
@@ -32,7 +38,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trl_prime.evaluation import aggregate, dataset_metrics, default_ks, format_table, metric_names
+from trl_prime.evaluation import (
+    aggregate,
+    dataset_metrics,
+    default_ks,
+    format_breakdowns,
+    format_table,
+    grouped_metrics,
+    metric_names,
+)
 from trl_prime.scripts.utils import parse_script_args
 
 
@@ -52,7 +66,16 @@ class EvaluateScriptArguments:
         default_factory=lambda: ["embedded:arithmetic"],
         metadata={
             "help": "Datasets for trl_prime.data.load_prompt_dataset: embedded:<name>, a .json/.jsonl/"
-            ".parquet file or folder, or a Hub id (Eurus-2-RL-Data format)."
+            ".parquet file or folder, or a Hub id, in the Eurus-2-RL-Data, GSM8K (question, answer '... #### N') "
+            "or MATH / MATH-500 (problem, solution, answer, level, subject or type) format, detected from the "
+            "columns."
+        },
+    )
+    on_bad_rows: str = field(
+        default="error",
+        metadata={
+            "help": "A malformed row (e.g. without its gold answer): 'error' stops with its file, line and field "
+            "(an evaluation's denominator never shrinks silently); 'drop' skips it with a warning and a count."
         },
     )
     dataset_split: str = field(
@@ -124,6 +147,8 @@ class EvaluateScriptArguments:
             raise ValueError(f"--max_problems must be >= 1, got {self.max_problems}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.on_bad_rows not in ("error", "drop"):
+            raise ValueError(f"--on_bad_rows must be error or drop, got {self.on_bad_rows!r}")
         if not 0 < self.success_threshold <= 1:
             raise ValueError(f"--success_threshold must be in (0, 1], got {self.success_threshold}")
 
@@ -270,7 +295,7 @@ def evaluate_dataset(
     name: str, dataset, generate: GenerateFn, tokenizer, args: EvaluateScriptArguments, ks: list[int]
 ) -> tuple[dict, list[dict]]:
     """Generate, score and summarise one dataset; returns (its JSON entry, its completion records)."""
-    from trl_prime.data import make_routed_reward
+    from trl_prime.data import METADATA_COLUMNS, make_routed_reward
     from trl_prime.rewards import code_reward, math_reward
 
     n = args.num_samples
@@ -306,12 +331,10 @@ def evaluate_dataset(
         entry["code_reasons"] = dict(code_reward.last_counts)
     sources = sorted(set(dataset["data_source"]))
     if len(sources) > 1:
-        entry["by_data_source"] = {
-            s: dataset_metrics(
-                [r for r, ds in zip(rewards, dataset["data_source"]) if ds == s], ks, threshold=args.success_threshold
-            )
-            for s in sources
-        }
+        entry["by_data_source"] = grouped_metrics(rewards, dataset["data_source"], ks, args.success_threshold)
+    for column in METADATA_COLUMNS:  # MATH's level and subject
+        if column in dataset.column_names and any(v is not None for v in dataset[column]):
+            entry[f"by_{column}"] = grouped_metrics(rewards, dataset[column], ks, args.success_threshold)
     entry["generation_s"] = round(gen_s, 3)
     entry["scoring_s"] = round(score_s, 3)
     records = [
@@ -348,6 +371,7 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
                                  "n_correct", "n_unscored", "split", "routes": {"math", "code", "unrouted"},
                                  "math_reasons" / "code_reasons": {reason: count},
                                  "by_data_source": {source: metrics} (when the dataset mixes sources),
+                                 "by_level" / "by_subject": {group: metrics} (when the rows have them: MATH),
                                  "generation_s", "scoring_s"}},
              "micro": {metric: problem-weighted mean, "n_problems"},
              "macro": {metric: mean over datasets, "n_datasets"},
@@ -366,8 +390,9 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
         torch.set_num_threads(args.num_threads)
     ks = sorted(set(args.pass_k)) if args.pass_k else default_ks(args.num_samples)
     datasets = {}
+    load = dict(size=args.max_problems, seed=args.dataset_seed, on_bad_rows=args.on_bad_rows, metadata=True)
     for name in args.datasets:
-        datasets[name] = load_prompt_dataset(name, args.dataset_split, size=args.max_problems, seed=args.dataset_seed)
+        datasets[name] = load_prompt_dataset(name, args.dataset_split, **load)
         print(f"[evaluate] {name} ({args.dataset_split}): {len(datasets[name])} problems", flush=True)
 
     model_path = resolve_model_path(args.model_name_or_path)
@@ -422,6 +447,9 @@ def write_results(args: EvaluateScriptArguments, result: dict, records: list[dic
                 f.write(json.dumps(r) + "\n")
     averages = {"micro": result["micro"], "macro": result["macro"]}
     print(format_table(result["datasets"], averages, result["metric_names"]))
+    breakdowns = format_breakdowns(result["datasets"], result["metric_names"])
+    if breakdowns:
+        print(breakdowns)
     print(
         f"[evaluate] wrote {out}" + (f" and {out.with_suffix('.completions.jsonl')}" if args.save_completions else ""),
         flush=True,
