@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, RLOOConfig
 
-import trl_prime._ppo_standin  # noqa: F401  (temporary, until the PPO math lands in functional)
 from trl_prime.functional import (
     BASELINES,
     ESTIMATORS,
