@@ -125,6 +125,18 @@ def test_config_defaults_and_validation(tmp_path):
         PrimeGRPOConfig(**base, prime_estimator="ppo", scale_rewards="batch")
 
 
+def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
+    for kw in (dict(prime_estimator="rloo"), dict(prime_value="implicit_prm")):
+        with pytest.raises(ValueError, match="`value_model` was given but this run has no learned critic"):
+            PrimeRLOOTrainer(
+                model=tiny_model_path,
+                reward_funcs=contains_reward("e"),
+                args=_config(tmp_path, **kw),
+                train_dataset=tiny_prompt_dataset(8),
+                value_model=tiny_model_path,
+            )
+
+
 def test_value_model_shapes_and_head_alignment(tiny_model_path):
     """values[:, t] = head(h at the position predicting token t): it sees the prompt and y_<t, not y_t; left padding
     of the prompt does not change it."""
@@ -443,7 +455,7 @@ def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
 # Two processes on CPU (tests/scripts/ppo_distributed.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "zero3", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "ddp_lora", "zero3", "zero2"])
 def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, mode):
     """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-2/3: its own
     engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over
@@ -461,6 +473,8 @@ def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, 
     assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
     if mode.startswith("zero"):
         assert "value_deepspeed" in summary["checkpoint_files"]
+    elif mode == "ddp_lora":
+        assert {"optimizer.pt", "adapter_model.safetensors"} <= set(summary["value_checkpoint_files"])
     else:
         assert {"optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(summary["value_checkpoint_files"])
     ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]

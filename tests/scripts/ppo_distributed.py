@@ -3,7 +3,8 @@
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
         tests/scripts/ppo_distributed.py --mode ddp --model PATH --out DIR
 
-``--mode ddp``: DDP over gloo (``use_cpu=True``): the value model's gradients are all-reduced by hand. ``--mode
+``--mode ddp``: DDP over gloo (``use_cpu=True``): the value model's gradients are all-reduced by hand (``ddp_lora``:
+the value model is the adapter ``"value"`` on the policy's LoRA base, which must not move). ``--mode
 zero3`` (``zero2``): DeepSpeed ZeRO-3 (ZeRO-2) over gloo, the value model its own engine, partitioned under ZeRO-3
 (the setup of ``tests/scripts/prime_distributed.py``).
 
@@ -26,7 +27,7 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["ddp", "zero2", "zero3"], required=True)
+    parser.add_argument("--mode", choices=["ddp", "ddp_lora", "zero2", "zero3"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     cli = parser.parse_args()
@@ -101,18 +102,26 @@ def main():
         **extra,
     )
     dump = Dump()
+    peft = {}
+    if cli.mode == "ddp_lora":
+        from peft import LoraConfig
+
+        peft = dict(
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        )
     trainer = PrimeRLOOTrainer(
         model=cli.model,
         reward_funcs=split_reward,
         args=args,
         train_dataset=tiny_prompt_dataset(12),
         callbacks=[dump],
+        **peft,
     )
     acc = trainer.accelerator
     assert acc.num_processes == 2, f"expected 2 processes, got {acc.num_processes}: launch with --multi_gpu"
 
     def value_params():
-        params = [p for p in unwrap(trainer.value_function.model).parameters() if p.requires_grad]
+        params = trainer.value_function.trainable_parameters()
         if zero3:
             import deepspeed
 
@@ -120,9 +129,14 @@ def main():
                 return torch.cat([p.detach().flatten().clone() for p in params])
         return torch.cat([p.detach().flatten().clone() for p in params])
 
+    base = [p for n, p in unwrap(trainer.model).named_parameters() if "lora_" not in n]
+    base0 = torch.cat([p.detach().flatten().clone() for p in base]) if cli.mode == "ddp_lora" else None
     before = value_params()
     trainer.train()
     after = value_params()
+    if cli.mode == "ddp_lora":
+        assert trainer.value_function.adapter_name == "value"
+        assert torch.equal(base0, torch.cat([p.detach().flatten() for p in base])), "the shared base changed"
     assert not torch.equal(before, after), "the value model did not train"
     both = [torch.zeros_like(after) for _ in range(2)]
     dist.all_gather(both, after)
