@@ -230,9 +230,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     :func:`trl_prime.rewards.math_reward`).
 
     PPO (``prime_estimator="ppo"``, PRIME section 5.4, Table 4): a value model
-    (:class:`~trl_prime.prime.value.ValueModel` in ``self.value_function``, its optimizer ``self.value_optim``, a
-    :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`) gives ``V(y_<t)``; :meth:`_update_value` trains it once per
-    generation round and GAE gives the advantages. With ``prime_value="implicit_prm"`` there is no critic: the
+    (:class:`~trl_prime.prime.value.ValueModel`, held by ``self.value_function``, its optimizer ``self.value_optim``,
+    a :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`) gives ``V(y_<t)``; :meth:`_update_value` trains it once
+    per generation round and GAE gives the advantages. With ``prime_value="implicit_prm"`` there is no critic: the
     advantage is the outcome minus the implicit PRM's prefix value, ``A_t = r_o - sum_{s<t} r_phi(y_s)`` (``gamma =
     lam = 1``). The value model is a copy of the policy's initial checkpoint (``value_model``: another one), or under
     PEFT a third adapter ``"value"`` on the policy's base; metrics ``value/loss``, ``value/explained_variance``,
