@@ -137,6 +137,16 @@ def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
             )
 
 
+def test_value_adapter_is_refused_under_deepspeed():
+    """As the PRM adapter: a LoRA value adapter would be partitioned inside the policy's DeepSpeed engine."""
+    from types import SimpleNamespace
+
+    from trl_prime.prime.value import ValueMixin
+
+    with pytest.raises(ValueError, match="adapter 'value'.*not supported with DeepSpeed.*Pass `value_model`"):
+        ValueMixin._adapter_value(SimpleNamespace(is_deepspeed_enabled=True), {"pretrained_adapter": False})
+
+
 def test_value_model_shapes_and_head_alignment(tiny_model_path):
     """values[:, t] = head(h at the position predicting token t): it sees the prompt and y_<t, not y_t; left padding
     of the prompt does not change it."""
