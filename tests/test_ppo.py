@@ -326,12 +326,17 @@ def test_grpo_trainer_runs_ppo(tiny_model_path, tmp_path):
 
 
 def test_forward_count_one_value_forward_and_backward_per_micro_batch(tiny_model_path, tmp_path):
-    calls, backwards = collections.Counter(), collections.Counter()
+    """PPO adds the value model's forward + backward per micro-batch and nothing else: the policy, PRM and reference
+    forwards are those of every PRIME step (tests/test_forward_count.py)."""
+    from test_forward_count import _separate_counter
+
+    calls, backwards, others = collections.Counter(), collections.Counter(), []
 
     def run(**kw):
         calls.clear()
         backwards.clear()
         tr = _trainer(tiny_model_path, tmp_path, max_steps=2, **kw)
+        others[:] = [_separate_counter(tr)]
 
         def hook(module, args, kwargs, out):
             step = tr.state.global_step + 1
@@ -344,9 +349,13 @@ def test_forward_count_one_value_forward_and_backward_per_micro_batch(tiny_model
         return tr
 
     tr = run(prm_micro_batch_size=4)
+    c = others[0]
     for step in (1, 2):
         assert calls == {(1, True, 4): 2, (2, True, 4): 2}  # B = 8 rows in micro-batches of 4, with grad
         assert backwards[step] == 2
+        assert c.rows(step, "ref", False) == B and c.calls(step, "ref", True) == 0
+        assert c.rows(step, "prm", True) == B and c.rows(step, "prm", False) == 0 and c.prm_backwards[step] == 2
+        assert c.rows(step, "policy", True) == B and c.calls(step, "policy", False) == 0
     assert tr.value_optim.num_updates == 2
     tr = run(value_epochs=2)
     assert calls == {(1, True, 8): 2, (2, True, 8): 2} and backwards == {1: 2, 2: 2}
