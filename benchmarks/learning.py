@@ -100,17 +100,23 @@ METHODS = {
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
-    # PRIME Table 4: PPO with a learned value model (a copy of the warm start; GAE with gamma = lam = 1), without
-    # and with PRIME's process rewards, and the implicit PRM as the value baseline (section 5.4)
+    # PRIME Table 4: PPO with a learned value model (a copy of the warm start; GAE with gamma = lam = 1, advantages
+    # whitened as veRL's GAE does), without and with PRIME's process rewards, and the implicit PRM as the value
+    # baseline (section 5.4; not whitened, like prime_reinforce, the PRM as a reward, which it is compared with)
     "ppo": (
         "trl_prime.PrimeRLOOTrainer",
         "trl_prime.PrimeRLOOConfig",
-        {"prime_estimator": "ppo", "process_coef": 0.0, "value_lr_over_lr": VALUE_LR_OVER_LR},
+        {
+            "prime_estimator": "ppo",
+            "process_coef": 0.0,
+            "whiten_advantages": True,
+            "value_lr_over_lr": VALUE_LR_OVER_LR,
+        },
     ),
     "prime_ppo": (
         "trl_prime.PrimeRLOOTrainer",
         "trl_prime.PrimeRLOOConfig",
-        {"prime_estimator": "ppo", "value_lr_over_lr": VALUE_LR_OVER_LR},
+        {"prime_estimator": "ppo", "whiten_advantages": True, "value_lr_over_lr": VALUE_LR_OVER_LR},
     ),
     "prime_as_value": (
         "trl_prime.PrimeRLOOTrainer",
