@@ -1,4 +1,4 @@
-"""PRIME's cost per step over plain RLOO / GRPO, phase by phase (issue 7).
+"""PRIME's cost per step over plain RLOO / GRPO, phase by phase (issues 7 and 19).
 
 The same model, prompts, batch and seed go through TRL's ``RLOOTrainer``, ``PrimeRLOOTrainer`` (single and double
 forward, and with a smaller PRM), TRL's ``GRPOTrainer`` and ``PrimeGRPOTrainer``. Each configuration runs in its own
@@ -19,14 +19,32 @@ reference forward), ``prm_update`` (PRM forward + backward + optimizer step; wit
 forward, shown again as ``prm_second_forward``, which also counts a no-grad PRM forward of every scored row when the
 filter kept no prompt at all), ``rollout_other`` (the rest of TRL's rollout step: advantages,
 gathering, logging), ``policy_update`` (the policy's loss forward, backward and optimizer step: step time minus the
-rollout step), ``step`` (the whole optimizer step).
+rollout step), ``step`` (the whole optimizer step). Each phase is also measured in the process's CPU seconds
+(``time.process_time``: with one torch thread it tracks the wall time on an idle machine, and moves less than it when
+other processes compete for the cores) and in minor page faults (memory freshly mapped by the allocator).
 
-The last line is ``overhead: PRIME/RLOO = X.XX``: the median over timed steps of (PRIME-RLOO step time / RLOO step
-time) for the same round and step.
+Statistics. Every timed step of a PRIME configuration is paired with the RLOO step of the same round and step index
+(the same completions): the ratio is the geometric mean of the paired step-time ratios with its 95% t-interval
+(computed on their logs), also for CPU time. The floor comes from the same run: per pair, ``1 + policy_update(RLOO) /
+step(RLOO)`` (PRIME adds one PRM update, the work of one policy update on the same tokens, and swaps RLOO's rollout
+log-prob forward for a reference forward of the same size), and ``PRIME / floor`` is the ratio over it, both with
+their intervals. Pairs in one round share the machine's state at that time; more rounds average it out.
+
+``--bf16`` is bf16 mixed precision (autocast; weights and optimizer states stay fp32): on the GPU, and on a CPU with
+native bf16 (AVX512-BF16 or AMX-BF16, detected from torch's own checks and ``/proc/cpuinfo``; the JSON and the
+output record the flags). On a CPU without it the option is refused: bf16 matmuls would be emulated, several times
+slower than fp32, and the ratios would measure the emulation.
+
+The output ends with ``overhead: PRIME/RLOO = R [95% lo, hi]; floor F; PRIME/floor = Q [95% lo, hi]``.
+``--quick`` (1 warm-up + 4 timed steps of three configurations, one round) takes about 7 minutes (fp32) on an idle
+2-core machine; ``--precise`` runs the same over three interleaved rounds (12 pairs). Measured interval widths are in
+``benchmarks/RESULTS.md``.
 
 Examples::
 
     python benchmarks/step_overhead.py --quick                     # embedded SmolLM2-135M, 128 tokens, CPU
+    python benchmarks/step_overhead.py --quick --bf16              # the same in bf16 (a CPU with native bf16)
+    python benchmarks/step_overhead.py --precise                   # three rounds: a tighter interval
     python benchmarks/step_overhead.py                             # all six configurations, batch 8, 3 timed steps
     python benchmarks/step_overhead.py --model tiny --steps 3      # seconds, a smoke test
     python benchmarks/step_overhead.py --configs rloo,prime_rloo --batch 16 --filter 0.2,0.8   # the paper's filter
@@ -139,12 +157,48 @@ def _timed_class(base):
     return Timed
 
 
+def _step_timer(opts, steps: list, holder: dict):
+    """The callback timing every optimizer step of ``holder["trainer"]`` (wall, CPU, page faults per phase) into
+    ``steps``; it resets the torch seed before each step, so step ``i`` samples the same completions everywhere."""
+    import torch
+    from transformers import TrainerCallback
+
+    on_gpu = opts.device != "cpu"
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.manual_seed(opts.seed + state.global_step)
+            holder["trainer"]._bench_phases = {m: defaultdict(float) for m in METRICS}
+            if on_gpu:
+                torch.cuda.synchronize()
+            self.start = _counters()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if on_gpu:
+                torch.cuda.synchronize()
+            phases = holder["trainer"]._bench_phases
+            for metric, t0, t1 in zip(METRICS, self.start, _counters()):
+                ph = phases[metric]
+                ph["step"] = t1 - t0
+                ph["policy_update"] = ph["step"] - ph["rollout"]
+                inner = sum(ph[k] for k in ("generation", "verification", "old_logps", "reference", "prm_update"))
+                ph["rollout_other"] = ph["rollout"] - inner
+            extra = {m: dict(phases[m]) for m in METRICS[1:]}
+            # kept_fraction: 1 for RLOO / GRPO (every row trains); PRIME's comes from its log (on_log)
+            steps.append({"step": state.global_step, **phases["wall"], "kept_fraction": 1.0, **extra})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if steps and logs and "filter/kept_fraction" in logs:
+                steps[-1]["kept_fraction"] = logs["filter/kept_fraction"]
+
+    return StepTimer()
+
+
 def _worker(opts) -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
     import trl
-    from transformers import TrainerCallback
 
     import trl_prime
     from trl_prime.rewards import math_reward
@@ -198,38 +252,19 @@ def _worker(opts) -> None:
 
         ds = load_prompt_dataset(opts.dataset, size=max(64, opts.batch * (opts.warmup + opts.steps)), seed=opts.seed)
 
-    steps = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            torch.manual_seed(opts.seed + state.global_step)  # step i samples the same completions everywhere
-            trainer._bench_phases = {m: defaultdict(float) for m in METRICS}
-            if on_gpu:
-                torch.cuda.synchronize()
-            self.start = _counters()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if on_gpu:
-                torch.cuda.synchronize()
-            for metric, t0, t1 in zip(METRICS, self.start, _counters()):
-                ph = trainer._bench_phases[metric]
-                ph["step"] = t1 - t0
-                ph["policy_update"] = ph["step"] - ph["rollout"]
-                inner = sum(ph[k] for k in ("generation", "verification", "old_logps", "reference", "prm_update"))
-                ph["rollout_other"] = ph["rollout"] - inner
-            extra = {m: dict(trainer._bench_phases[m]) for m in METRICS[1:]}
-            # kept_fraction: 1 for RLOO / GRPO (every row trains); PRIME's comes from its log (on_log)
-            steps.append({"step": state.global_step, **trainer._bench_phases["wall"], "kept_fraction": 1.0, **extra})
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if steps and logs and "filter/kept_fraction" in logs:
-                steps[-1]["kept_fraction"] = logs["filter/kept_fraction"]
+    steps, holder = [], {}
 
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer = cls(
-        model=opts.model_path, reward_funcs=math_reward, args=args, train_dataset=ds, callbacks=[StepTimer()], **extra
+        model=opts.model_path,
+        reward_funcs=math_reward,
+        args=args,
+        train_dataset=ds,
+        callbacks=[_step_timer(opts, steps, holder)],
+        **extra,
     )
+    holder["trainer"] = trainer
     if prime is not None:  # time the PRM's second forward ("double") and the reference forward
         prm = trainer.implicit_prm
         ref_fn, prm_fn = prm.ref_logps, prm.prm_logps
@@ -264,8 +299,8 @@ def _median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-QUICK = dict(warmup=1, steps=3, rounds=1)  # --quick; --precise: the same configuration over more rounds
-PRECISE = dict(warmup=1, steps=3, rounds=3)
+QUICK = dict(warmup=1, steps=4, rounds=1)  # --quick; --precise: the same configuration over more rounds
+PRECISE = dict(warmup=1, steps=4, rounds=3)
 
 
 def _parser() -> argparse.ArgumentParser:
