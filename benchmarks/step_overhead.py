@@ -36,9 +36,10 @@ output record the flags). On a CPU without it the option is refused: bf16 matmul
 slower than fp32, and the ratios would measure the emulation.
 
 The output ends with ``overhead: PRIME/RLOO = R [95% lo, hi]; floor F; PRIME/floor = Q [95% lo, hi]``.
-``--quick`` (1 warm-up + 4 timed steps of three configurations, one round) takes about 7 minutes (fp32) on an idle
-2-core machine; ``--precise`` runs the same over three interleaved rounds (12 pairs). Measured interval widths are in
-``benchmarks/RESULTS.md``.
+``--quick`` runs 1 warm-up + 4 timed steps of three configurations in one round (4 pairs); at the idle step times
+of issue 19 (21 s RLOO, 33 s PRIME-RLOO, fp32) that is about 7 minutes on 2 cores. ``--precise`` runs the same over
+three interleaved rounds (12 pairs). Neither has been timed end to end on an idle machine yet, so their interval
+widths are not known; ``benchmarks/RESULTS.md`` has what was measured.
 
 Examples::
 
