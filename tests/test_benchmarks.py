@@ -26,6 +26,13 @@ def _run(script, *args, timeout=600):
 
 
 def test_step_overhead_runs_on_the_tiny_model(tmp_path):
+    """Two rounds of two timed steps: the ratio's 95% interval over the 4 paired steps, the floor from the same run and
+    PRIME / floor (the geometric mean of the per-step ratios over the per-step floors: the ratio of the two means),
+    CPU flags and load in the JSON."""
+    import json
+    import math
+    import re
+
     out = _run(
         "step_overhead.py",
         "--model",
@@ -35,18 +42,139 @@ def test_step_overhead_runs_on_the_tiny_model(tmp_path):
         "--warmup",
         "0",
         "--steps",
-        "1",
+        "2",
+        "--rounds",
+        "2",
         "--max-completion-length",
         "8",
         "--json",
         str(tmp_path / "r.json"),
     )
     last = out.strip().splitlines()[-1]
-    assert last.startswith("overhead: PRIME/RLOO = "), out
-    assert float(last.split("=")[1]) > 0
+    num = r"(\d+\.\d+)"
+    m = re.fullmatch(
+        rf"overhead: PRIME/RLOO = {num} \[95% {num}, {num}\]; floor {num}; PRIME/floor = {num} \[95% {num}, {num}\]",
+        last,
+    )
+    assert m, out
+    ratio, low, high, floor, over, over_low, over_high = (float(x) for x in m.groups())
+    assert 0 < low <= ratio <= high and 0 < over_low <= over <= over_high
+    assert floor > 1.0 and over == pytest.approx(ratio / floor, abs=2e-3)
     for phase in ("generation", "verification", "old_logps", "reference", "prm_update", "policy_update"):
         assert phase in out
-    assert (tmp_path / "r.json").is_file()
+    assert "CPU s/step" in out and "page faults/step" in out
+    summary = json.loads((tmp_path / "r.json").read_text())
+    r = summary["ratios"]["prime_rloo/rloo"]
+    assert r["n"] == 4 and len(r["per_step"]) == 4 and len(r["per_round"]) == 2
+    assert (r["mean"], r["low"], r["high"]) == pytest.approx((ratio, low, high), abs=1e-3)
+    steps = [s for rnd in summary["raw"]["rloo"] for s in rnd]
+    floors = [1 + s["policy_update"] / s["step"] for s in steps]
+    assert summary["floor"]["floor"]["mean"] == pytest.approx(math.exp(sum(math.log(f) for f in floors) / 4))
+    assert all(s["cpu"]["step"] > 0 and s["minflt"]["step"] >= 0 for s in steps)
+    feats = summary["machine"]["cpu_features"]
+    assert isinstance(feats["native_bf16"], bool) and "avx512_bf16" in feats["torch"]
+    assert len(summary["load"]["per_process"]) == 4
+
+
+def test_ratio_interval_and_t_quantiles():
+    """Hand-computed: ratios 1.1 and 1.1 * e^0.02 (log mean log(1.1) + 0.01, log sd 0.02 / sqrt(2)), t(1) = 12.706."""
+    import math
+    import statistics
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import _common
+
+    mean, low, high = _common.ratio_interval([1.1, 1.1 * math.exp(0.02)])
+    half = 12.706 * (0.02 / math.sqrt(2)) / math.sqrt(2)
+    assert mean == pytest.approx(1.1 * math.exp(0.01))
+    assert (low, high) == pytest.approx((mean * math.exp(-half), mean * math.exp(half)))
+    assert _common.ratio_interval([1.3])[0] == pytest.approx(1.3) and math.isnan(_common.ratio_interval([1.3])[1])
+    assert _common.t975(2) == 4.303 and _common.t975(35) == 2.042 and _common.t975(500) == 1.96
+    assert math.isnan(_common.t975(0))
+    ratios = [1.40, 1.45, 1.42, 1.47, 1.44, 1.43, 1.46, 1.41, 1.45, 1.44]  # n = 10: t(9) = 2.262
+    logs = [math.log(x) for x in ratios]
+    half = 2.262 * statistics.stdev(logs) / math.sqrt(10)
+    assert _common.ratio_interval(ratios)[2] == pytest.approx(math.exp(statistics.fmean(logs) + half))
+
+
+CPUINFO = "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse2 avx2 {extra}\n"
+
+
+def test_cpu_features_reads_the_flags(monkeypatch):
+    """/proc/cpuinfo's flags line; torch's own checks decide native bf16 where they exist, else the flags."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import _common
+
+    feats = _common.cpu_features(CPUINFO.format(extra="avx512f avx512_bf16 amx_tile amx_bf16"))
+    assert feats["cpuinfo"] == {
+        "avx2": True,
+        "avx512f": True,
+        "avx512_bf16": True,
+        "amx_tile": True,
+        "amx_bf16": True,
+        "avx512_fp16": False,
+    }
+    assert set(feats["torch"]) == {"capability", "avx512_bf16", "amx_tile", "mkldnn"}
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert _common.cpu_features(CPUINFO.format(extra="avx512_bf16"))["native_bf16"] is False  # torch says no
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert _common.cpu_features(CPUINFO.format(extra="amx_tile amx_bf16"))["native_bf16"] is True
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")  # an older torch: the flags decide
+    assert _common.cpu_features(CPUINFO.format(extra="avx512_bf16"))["native_bf16"] is True
+    assert _common.cpu_features(CPUINFO.format(extra="avx512f"))["native_bf16"] is False
+    assert _common.cpu_features("")["cpuinfo"] is None
+
+
+def test_step_overhead_refuses_bf16_on_a_cpu_without_native_bf16(monkeypatch, capsys):
+    """--bf16 on a CPU without AVX512-BF16 / AMX-BF16: refused before any worker starts (bf16 would be emulated)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import _common
+    import step_overhead
+
+    fake = {"cpuinfo": {"avx2": True, "avx512_bf16": False}, "torch": {"avx512_bf16": False}, "native_bf16": False}
+    monkeypatch.setattr(_common, "cpu_features", lambda: fake)
+    with pytest.raises(SystemExit) as exc:
+        step_overhead.main(["--model", "tiny", "--configs", "rloo,prime_rloo", "--bf16"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--bf16 on CPU needs native bf16 (AVX512-BF16 or AMX-BF16)" in err and "Run without --bf16" in err
+
+
+def _native_bf16() -> bool:
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import _common
+
+    return _common.cpu_features()["native_bf16"]
+
+
+@pytest.mark.skipif(
+    not _native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16 / AMX-BF16): --bf16 is refused"
+)
+def test_step_overhead_runs_bf16_on_a_cpu_with_native_bf16(tmp_path):
+    import json
+
+    out = _run(
+        "step_overhead.py",
+        "--model",
+        "tiny",
+        "--configs",
+        "rloo,prime_rloo",
+        "--bf16",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "8",
+        "--json",
+        str(tmp_path / "b.json"),
+    )
+    assert "bf16 autocast" in out and out.strip().splitlines()[-1].startswith("overhead: PRIME/RLOO = ")
+    summary = json.loads((tmp_path / "b.json").read_text())
+    assert summary["options"]["bf16"] is True and summary["machine"]["cpu_features"]["native_bf16"] is True
 
 
 def test_memory_runs_on_the_tiny_model():

@@ -712,16 +712,18 @@ class GuardsMixin:
     def _guard_step_problem(self, opt) -> str | None:
         """Why the policy step must be skipped (``None``: it may run). Collective."""
         poisoned = self._guard_poison is not None
-        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
         bad_grad = False
         clip_norm, self._guard_clip_norm = getattr(self, "_guard_clip_norm", None), None
         # fp16 AMP (a GradScaler): inf gradients are its overflows, which it handles itself (step skipped, scale
         # lowered); counting them here would stop a run while the scale calibrates and never let the scale drop
         if getattr(opt, "scaler", None) is None:
-            if grads:
-                norms = torch._foreach_norm(grads)
-                bad_grad = not bool(torch.isfinite(torch.stack(norms)).all())
-            bad_grad = bad_grad or (clip_norm is not None and not math.isfinite(clip_norm))
+            if clip_norm is not None:
+                # the norm of these gradients computed by the Trainer's clipping, before it: finite exactly when every
+                # gradient is (an inf or NaN entry makes the L2 norm inf or NaN); no second pass over the gradients
+                bad_grad = not math.isfinite(clip_norm)
+            else:
+                grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+                bad_grad = bool(grads) and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
         flags = torch.tensor([float(poisoned), float(bad_grad)], device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             flags = self.accelerator.reduce(flags, reduction="sum")

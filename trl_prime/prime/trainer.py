@@ -698,14 +698,15 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         elif self._shares_trl_ref and r.capture.get("trl_ref_logps") is not None:
             ref_logps = r.capture["trl_ref_logps"]
         else:
-            ref_logps = _logps_of_rows(
-                self.implicit_prm.ref_logps,
-                r.input_ids,
-                r.attention_mask,
-                T,
-                skip=r.unscored,
-                mm=r.mm if self._prm_ref_takes_images else {},
-            )
+            with self.accelerator.autocast():  # the policy's mixed precision, as TRL scores its own reference
+                ref_logps = _logps_of_rows(
+                    self.implicit_prm.ref_logps,
+                    r.input_ids,
+                    r.attention_mask,
+                    T,
+                    skip=r.unscored,
+                    mm=r.mm if self._prm_ref_takes_images else {},
+                )
         self._guard_inspect(
             r.mode,
             local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
@@ -726,7 +727,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             return self._train_prm(
                 r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=mm
             )
-        lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
+        with self.accelerator.autocast():
+            lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
         return lp, {"loss": math.nan}
 
     def _token_rewards(self, output: dict, r: PrimeRound) -> torch.Tensor:
@@ -976,9 +978,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         n_global = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum").item()
         # every group filtered out, or non-finite rewards / log-probs in this batch (global decisions): no PRM step
         if n_global == 0 or self.guard_poisoned:
-            return _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored, mm=mm), {
-                "loss": float("nan")
-            }
+            return self._prm_scores(input_ids, attention_mask, T, unscored, mm), {"loss": float("nan")}
         pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
         with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
             if self.args.prm_loss == "ce":
@@ -996,11 +996,18 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             completion_mask,
             loss_value,
             unscored,
-            lambda: _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored, mm=mm),
+            lambda: self._prm_scores(input_ids, attention_mask, T, unscored, mm),
         )
         if "grad_norm" in stats:  # the PRM's optimizer stepped
             self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
         return prm_logps, stats
+
+    def _prm_scores(self, input_ids, attention_mask, T: int, unscored: torch.Tensor, mm: dict) -> torch.Tensor:
+        """``(B, T)`` no-grad PRM log-probs of the rows not flagged in ``unscored`` (0 there), in the policy's mixed
+        precision (``accelerator.autocast()``: bf16 / fp16 autocast when the run uses it, as TRL runs its policy and
+        reference)."""
+        with self.accelerator.autocast():
+            return _logps_of_rows(self.implicit_prm.prm_logps, input_ids, attention_mask, T, skip=unscored, mm=mm)
 
     def _dispatch_prm_step(self, loss_value: float, stats: dict, labels, row_weights, pair_info: dict) -> None:
         """``on_prm_step`` callbacks after a PRM optimizer step (:class:`~trl_prime.callbacks.PrimeCallback`)."""
@@ -1038,9 +1045,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         loss_sum = torch.zeros((), device=labels.device)
         for s in range(0, grad_rows.numel(), mb):
             rows = grad_rows[s : s + mb]
-            lp = completion_logps(
-                prm.model, input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows)
-            )
+            with self.accelerator.autocast():  # the forward only; the loss and the backward run outside it
+                lp = completion_logps(
+                    prm.model, input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows)
+                )
             share = valid[rows].sum().item() / n_global
             loss = (
                 F.implicit_prm_loss(
@@ -1057,7 +1065,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             loss_sum = loss_sum + loss.detach()
             all_logps[rows] = lp.detach().float()
         if free_rows.numel():
-            with torch.no_grad():
+            with torch.no_grad(), self.accelerator.autocast():
                 ids, am, free_mm = input_ids[free_rows], attention_mask[free_rows], select_mm_rows(mm, free_rows)
                 all_logps[free_rows] = completion_logps(prm.model, ids, am, T, micro_batch_size=mb, mm_inputs=free_mm)
         return all_logps, loss_sum
@@ -1067,9 +1075,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         ``(detached (B, T) log-probs, the local share of the loss, pair info)``."""
         T = completion_mask.size(1)
         prm = self.implicit_prm
-        lp = completion_logps(
-            prm.model, input_ids, attention_mask, T, micro_batch_size=prm.micro_batch_size, mm_inputs=mm
-        )
+        with self.accelerator.autocast():
+            lp = completion_logps(
+                prm.model, input_ids, attention_mask, T, micro_batch_size=prm.micro_batch_size, mm_inputs=mm
+            )
         loss, pair_info = self._global_batch_prm_loss(lp, ref_logps, completion_mask, labels)
         self.prm_optim.backward(loss)
         # the loss is the global one on every rank: the reduce-sum of the shares must count it once
