@@ -1,7 +1,9 @@
 """PRIME's cost per step over plain RLOO / GRPO, phase by phase (issues 7 and 19).
 
 The same model, prompts, batch and seed go through TRL's ``RLOOTrainer``, ``PrimeRLOOTrainer`` (single and double
-forward, and with a smaller PRM), TRL's ``GRPOTrainer`` and ``PrimeGRPOTrainer``. Each configuration runs in its own
+forward, and with a smaller PRM), TRL's ``GRPOTrainer`` and ``PrimeGRPOTrainer``, and PRIME Table 4's PPO rows on
+``PrimeRLOOTrainer`` (``ppo``: a learned value model, ``process_coef=0``; ``prime_ppo``: with PRIME's process rewards;
+``prime_as_value``: the implicit PRM as the value, no value model), compared with RLOO. Each configuration runs in its own
 subprocess (so peak memory is one configuration's, and no state leaks between them), ``--warmup`` untimed steps then
 ``--steps`` timed ones; configurations are interleaved round-robin over ``--rounds`` rounds (the order rotates every
 round) so that machine noise hits all of them alike. Before every step the torch seed is reset to ``seed + step``, so
@@ -15,7 +17,8 @@ filtered prompts (the paper filters before both updates), and the table adds PRI
 
 Phases (seconds per step, median over timed steps): ``generation`` (TRL ``_generate``), ``verification``
 (``_calculate_rewards``: the math verifier), ``old_logps`` (TRL's rollout log-prob forward), ``reference`` (the PRM's
-reference forward), ``prm_update`` (PRM forward + backward + optimizer step; with ``"double"`` also the second
+reference forward), ``value_update`` (the PPO rows' value model: forward + backward + optimizer step),
+``prm_update`` (PRM forward + backward + optimizer step; with ``"double"`` also the second
 forward, shown again as ``prm_second_forward``, which also counts a no-grad PRM forward of every scored row when the
 filter kept no prompt at all), ``rollout_other`` (the rest of TRL's rollout step: advantages,
 gathering, logging), ``policy_update`` (the policy's loss forward, backward and optimizer step: step time minus the
@@ -80,8 +83,24 @@ CONFIGS = {
     "prime_rloo_small": ("PrimeRLOOTrainer", {"prm_update": "single", "small_prm": True}),
     "grpo": ("GRPOTrainer", None),
     "prime_grpo": ("PrimeGRPOTrainer", {"prm_update": "single"}),
+    # PRIME Table 4: PPO with a learned value model (a copy of the policy), without and with PRIME's process
+    # rewards, and the implicit PRM as the value (no value model)
+    "ppo": ("PrimeRLOOTrainer", {"prm_update": "single", "prime_estimator": "ppo", "process_coef": 0.0}),
+    "prime_ppo": ("PrimeRLOOTrainer", {"prm_update": "single", "prime_estimator": "ppo"}),
+    "prime_as_value": (
+        "PrimeRLOOTrainer",
+        {"prm_update": "single", "prime_estimator": "ppo", "prime_value": "implicit_prm"},
+    ),
 }
-BASELINE = {"prime_rloo": "rloo", "prime_rloo_double": "rloo", "prime_rloo_small": "rloo", "prime_grpo": "grpo"}
+BASELINE = {
+    "prime_rloo": "rloo",
+    "prime_rloo_double": "rloo",
+    "prime_rloo_small": "rloo",
+    "prime_grpo": "grpo",
+    "ppo": "rloo",
+    "prime_ppo": "rloo",
+    "prime_as_value": "rloo",
+}
 METRICS = ("wall", "cpu", "minflt")  # seconds, process CPU seconds, minor page faults
 PHASES = (
     "generation",
@@ -90,6 +109,7 @@ PHASES = (
     "reference",
     "prm_update",
     "prm_second_forward",
+    "value_update",
     "rollout_other",
     "policy_update",
     "step",
@@ -155,6 +175,9 @@ def _timed_class(base):
         def _train_prm(self, *a, **k):
             return self._bench("prm_update", super()._train_prm, *a, **k)
 
+        def _train_value(self, *a, **k):
+            return self._bench("value_update", super()._train_value, *a, **k)
+
     return Timed
 
 
@@ -182,7 +205,10 @@ def _step_timer(opts, steps: list, holder: dict):
                 ph = phases[metric]
                 ph["step"] = t1 - t0
                 ph["policy_update"] = ph["step"] - ph["rollout"]
-                inner = sum(ph[k] for k in ("generation", "verification", "old_logps", "reference", "prm_update"))
+                inner = sum(
+                    ph[k]
+                    for k in ("generation", "verification", "old_logps", "reference", "prm_update", "value_update")
+                )
                 ph["rollout_other"] = ph["rollout"] - inner
             extra = {m: dict(phases[m]) for m in METRICS[1:]}
             # kept_fraction: 1 for RLOO / GRPO (every row trains); PRIME's comes from its log (on_log)
@@ -241,6 +267,7 @@ def _worker(opts) -> None:
             filter_upper=upper,
             prm_score_filtered_rows=not opts.skip_filtered_scoring,
         )
+        kw.update({k: v for k, v in prime.items() if k not in ("prm_update", "small_prm")})
         if prime.get("small_prm"):
             kw["prm_model"] = opts.small_prm_path
     args = cfg_cls(**kw)
@@ -514,7 +541,7 @@ def _print_tables(opts, configs, results, meta, small) -> dict:
     for metric, label, scale in (("cpu", "CPU s/step", 1.0), ("minflt", "page faults/step (k)", 1e-3)):
         print(f"{label + ', median':<24}" + "".join(f"{c:>19}" for c in configs))
         extra[metric] = {}
-        for ph in ("old_logps", "reference", "prm_update", "policy_update", "step"):
+        for ph in ("old_logps", "reference", "prm_update", "value_update", "policy_update", "step"):
             row = {c: _median([s[metric].get(ph, 0.0) for rnd in results[c] for s in rnd]) for c in configs}
             extra[metric][ph] = row
             print(f"  {ph:<22}" + "".join(f"{row[c] * scale:>19.3f}" for c in configs))

@@ -273,3 +273,29 @@ def test_gpu_check_installs_missing_packages_from_carried_wheels(tmp_path, monke
     assert (wheels / "site" / ".gpu_check_installed").read_text() == "gcdemo-1.0-py3-none-any.whl"
     with pytest.raises(SystemExit, match="no .whl files"):
         gpu_check.install_wheels(str(tmp_path))
+
+
+def test_step_overhead_times_the_value_update_of_the_ppo_rows(tmp_path):
+    """PRIME Table 4's PPO rows (issue 16): the value model's update is its own phase, absent (0) for the implicit PRM
+    as value and for RLOO."""
+    import json
+
+    _run(
+        "step_overhead.py",
+        "--model",
+        "tiny",
+        "--configs",
+        "rloo,prime_ppo,prime_as_value",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--max-completion-length",
+        "8",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
+    summary = json.loads((tmp_path / "r.json").read_text())
+    value = {c: s["value_update"] for c in ("rloo", "prime_ppo", "prime_as_value") for s in summary["raw"][c][0]}
+    assert value["prime_ppo"] > 0.0 and value["prime_as_value"] == 0.0 and value["rloo"] == 0.0
+    assert set(summary["ratios"]) == {"prime_ppo/rloo", "prime_as_value/rloo"}
