@@ -117,12 +117,34 @@ def test_config_defaults_and_validation(tmp_path):
         (dict(prime_estimator="ppo", value_max_grad_norm=0.0), "`value_max_grad_norm`"),
         (dict(prime_estimator="ppo", process_reward_norm="batch_norm"), "process_reward_norm"),
         (dict(prime_estimator="ppo", include_last_token=False), "include_last_token"),
+        # fields the run would silently ignore
+        (dict(prime_estimator="ppo", prime_baseline="reference"), r"`prime_baseline`='reference' is a baseline"),
+        (dict(prime_estimator="ppo", prime_value="implicit_prm", process_coef=0.5), r"`process_coef`=0.5 is unused"),
+        (dict(prime_estimator="ppo", prime_value="implicit_prm", outcome_coef=0.0), r"`outcome_coef`=0 with"),
     ]
+    for name, value in [
+        ("lam", 0.9),
+        ("vf_coef", 0.5),
+        ("cliprange_value", 0.1),
+        ("value_epochs", 2),
+        ("value_learning_rate", 1e-4),
+        ("value_weight_decay", 0.1),
+        ("value_max_grad_norm", None),
+    ]:
+        bad.append(({name: value}, rf"`{name}`={value!r} only acts with prime_estimator='ppo'.*leave {name}="))
     for kw, msg in bad:
         with pytest.raises(ValueError, match=msg):
             PrimeRLOOConfig(**base, **kw)
     with pytest.raises(ValueError, match="scale_rewards`='batch' would be ignored.*'ppo'"):
         PrimeGRPOConfig(**base, prime_estimator="ppo", scale_rewards="batch")
+    with pytest.raises(ValueError, match=r"`lam`=0.5 only acts with prime_estimator='ppo'.*'grpo' ignores it"):
+        PrimeGRPOConfig(**base, lam=0.5)
+    with pytest.raises(ValueError, match=r"must be > 0 \(TRL's PPO: vf_coef 0.1, cliprange_value 0.2\)"):
+        PrimeRLOOConfig(**base, prime_estimator="ppo", cliprange_value=0.0)
+    # the same values accepted where they act, and the defaults everywhere
+    PrimeRLOOConfig(**base, prime_baseline="reference", process_coef=0.5, lam=1.0, value_max_grad_norm=1.0)
+    PrimeRLOOConfig(**base, prime_estimator="ppo", lam=0.9, value_epochs=2, process_coef=0.5)
+    PrimeRLOOConfig(**base, prime_estimator="ppo", prime_value="implicit_prm", outcome_coef=2.0)
 
 
 def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
@@ -211,6 +233,33 @@ def test_one_step_trains_the_value_model_and_logs_metrics(tiny_model_path, tmp_p
     metrics = tr.evaluate(tiny_prompt_dataset(4))
     assert math.isfinite(metrics["eval_value/loss"]) and math.isfinite(metrics["eval_value/mean"])
     assert tr.value_optim.num_updates == 1
+
+
+def test_nonfinite_value_poisons_the_batch(tiny_model_path, tmp_path, caplog):
+    """A NaN in the critic's values (its head's output, row 3, first position) poisons the generation batch as a
+    non-finite token reward does: warning naming the values and the row, policy step skipped. Without the guard GAE
+    would silently give that row advantage 0 and the policy would step."""
+    import logging
+
+    tr = _trainer(tiny_model_path, tmp_path, max_steps=1)
+    head = tr.value_function.module.head
+
+    def nan_row_3(module, args, out):
+        out = out.clone()
+        out[3, 0] = math.nan
+        return out
+
+    handle = head.register_forward_hook(nan_row_3)
+    policy0 = _state(tr.model)
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
+        tr.train()
+    handle.remove()
+    assert "Non-finite values at step 1 (non-finite values)" in caplog.text
+    assert "rows of the global generation batch: [3]" in caplog.text
+    policy1 = _state(tr.model)
+    assert all(torch.equal(policy0[k], policy1[k]) for k in policy0)  # the poisoned step left the policy unchanged
+    log = next(h for h in tr.state.log_history if "value/loss" in h)
+    assert log.get("guard/skipped_steps") == 1.0
 
 
 def test_zero_learning_rate_leaves_the_value_model_unchanged(tiny_model_path, tmp_path):
