@@ -262,6 +262,32 @@ def test_nonfinite_value_poisons_the_batch(tiny_model_path, tmp_path, caplog):
     assert log.get("guard/skipped_steps") == 1.0
 
 
+def test_value_step_equals_the_by_hand_step(tiny_model_path, tmp_path):
+    """One process: the value model's first step equals the one :func:`_check_value_step_single_process` redoes
+    from the recorded rows (the reference the 2-process tests compare against)."""
+    tr = _trainer(tiny_model_path, tmp_path, max_steps=1, value_max_grad_norm=None, adam_epsilon=1.0)
+    step, batches, train_value = {}, [], tr._train_value
+
+    def params():
+        return {n: p.detach().clone() for n, p in tr.value_function.module.named_parameters()}
+
+    def recording(r, rewards, train_mask):
+        step["before"] = params()
+        keep = dict(input_ids=r.input_ids, attention_mask=r.attention_mask, actions=r.actions)
+        batches.append({k: v.detach().clone() for k, v in keep.items()} | dict(rewards=rewards, train_mask=train_mask))
+        out = train_value(r, rewards, train_mask)
+        step["after"] = params()
+        return out
+
+    tr._train_value = recording
+    tr.train()
+    assert tr.value_optim.num_updates == 1
+    _check_value_step_single_process(step, tiny_model_path, 1e-3, [0.9, 0.999, 1.0], batches)
+    # a gradient twice too large (a world-size scaling error) moves the weights visibly differently
+    with pytest.raises(AssertionError, match=r"^(backbone|head)\."):
+        _check_value_step_single_process(step, tiny_model_path, 1e-3, [0.9, 0.999, 1.0], batches, grad_scale=2.0)
+
+
 def test_zero_learning_rate_leaves_the_value_model_unchanged(tiny_model_path, tmp_path):
     tr = _trainer(tiny_model_path, tmp_path, max_steps=1, value_learning_rate=0.0)
     vm0 = _state(tr.value_function.module)
@@ -523,32 +549,44 @@ def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
 # Two processes on CPU (tests/scripts/ppo_distributed.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "ddp_lora", "zero3", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "ddp_lora", "zero3", "zero2", "ddp_pc0", "ddp_prm_value"])
 def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, mode):
     """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-2/3: its own
-    engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over
-    it)."""
+    engine, partitioned under ZeRO-3), its first step equals a single process's on the same global batch, and each
+    rank's advantages are the GAE of the global batch (whitened over it). Also plain PPO (``process_coef=0``) and the
+    implicit PRM as value (no critic: the gathered values are the PRM's prefix values)."""
     if mode.startswith("zero"):
         pytest.importorskip("deepspeed")
     from trl_prime import functional as F
 
     out = str(tmp_path / mode)
     summary = _launch(mode, tiny_model_path, out)
-    assert summary["num_processes"] == 2 and summary["value_updates"] == 2
+    critic = mode != "ddp_prm_value"
+    assert summary["num_processes"] == 2 and summary["value_updates"] == (2 if critic else 0)
+    assert len(summary["logs"]) == 2
     for h in summary["logs"]:
-        for k in ("value/loss", "value/mean", "value/explained_variance"):
+        for k in ("value/loss", "value/mean", "value/explained_variance") if critic else ("value/mean",):
             assert math.isfinite(h[k]), k
-    assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
-    if mode.startswith("zero"):
+        assert critic or "value/loss" not in h
+    if not critic:
+        assert "value" not in summary["checkpoint_files"]
+    elif mode.startswith("zero"):
         assert "value_deepspeed" in summary["checkpoint_files"]
     elif mode == "ddp_lora":
         assert {"optimizer.pt", "adapter_model.safetensors"} <= set(summary["value_checkpoint_files"])
     else:
         assert {"optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(summary["value_checkpoint_files"])
+    if critic:
+        assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
     ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     for step in range(2):
         inputs = ranks[0]["steps"][step]["advantage_inputs"]
         assert inputs["whiten"] is True and inputs["values"].size(0) == 6  # the global batch: 3 rows per rank
+        assert inputs["process_coef"] == (0.0 if mode in ("ddp_pc0", "ddp_prm_value") else 1.0)
+        if not critic:  # the values are the implicit PRM's prefix values of the gathered token rewards
+            prefix = F.implicit_prm_values(inputs["process_rewards"], inputs["mask"])
+            torch.testing.assert_close(inputs["values"] * inputs["mask"], prefix * inputs["mask"])
+            assert step == 0 or float(prefix.abs().max()) > 0
         global_adv = F.prime_advantages(**inputs)
         torch.testing.assert_close(global_adv, ranks[0]["steps"][step]["global_advantages"])
         rows = 0
@@ -556,6 +594,52 @@ def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, 
             adv = r["steps"][step]["advantages"]
             torch.testing.assert_close(adv, global_adv[rows : rows + adv.size(0), : adv.size(1)])
             rows += adv.size(0)
+    if critic and mode != "ddp_lora":
+        step = torch.load(os.path.join(out, "value_step.pt"), weights_only=False)
+        batches = [r["value_batch"] for r in ranks]
+        _check_value_step_single_process(step, tiny_model_path, summary["value_lr"], summary["adam"], batches)
+
+
+def _check_value_step_single_process(
+    step: dict, model_path: str, lr: float, adam: list, batches: list[dict], *, grad_scale: float = 1.0
+) -> None:
+    """Redo the value model's first step in one process on the 2 ranks' rows (the global batch; each rank's rows a
+    micro-batch): ``vf_coef`` (0.1) times the clipped value loss over the global token count, one AdamW step
+    (``value_max_grad_norm=None``, ``adam_epsilon=1``: the step is ~ ``lr * g``, so a world-size scaling error in the
+    gradients shows). The distributed run's parameter change must match to 1e-5 (relative to ``lr``).
+    ``grad_scale``: a factor on the redone loss (a sabotage: 2 must fail)."""
+    from trl_prime import functional as F
+
+    vm = ValueModel(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
+    params = dict(vm.named_parameters())
+    assert set(params) == set(step["before"])
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(step["before"][n])
+    vm.eval()
+    trainable = [p for p in vm.parameters() if p.requires_grad]
+    beta1, beta2, eps = adam
+    assert eps == 1.0
+    opt = torch.optim.AdamW(trainable, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=0.0)
+    n_global = sum(float(b["train_mask"].sum()) for b in batches)
+    assert n_global > 0
+    for b in batches:
+        v = vm(b["input_ids"], b["attention_mask"], b["actions"].size(1))
+        _, returns = F.gae_advantages(b["rewards"], v.detach(), b["actions"], gamma=1.0, lam=1.0)
+        loss, _ = F.clipped_value_loss(
+            v, v.detach(), returns, b["train_mask"], cliprange_value=0.2, normalizer=n_global
+        )
+        (grad_scale * 0.1 * loss).backward()
+    opt.step()
+    moved = 0
+    for n, p in vm.named_parameters():
+        expected = (p.detach() - step["before"][n]) / lr
+        got = (step["after"][n] - step["before"][n]) / lr
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4, msg=n)
+        moved += int(expected.abs().max() > 1e-4)
+    assert (
+        moved > 0 and float(((step["after"]["head.weight"] - step["before"]["head.weight"]) / lr).abs().max()) > 1e-3
+    )
 
 
 def _launch(mode: str, model: str, out: str) -> dict:
