@@ -71,7 +71,9 @@ class PrimeOptions(GuardOptions, ProfOptions):
     0.2 <= accuracy <= 0.8, and no KL penalty (TRL's ``beta`` = 0). The released code differs (double forward,
     ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
     ``prime_estimator="ppo"`` adds a value model (``prime_value``, ``value_*``, ``vf_coef``, ``cliprange_value``,
-    ``lam``; PRIME section 5.4, Table 4), on both trainers: their losses take ``(B, T)`` advantages.
+    ``lam``; PRIME section 5.4, Table 4), on both trainers: their losses take ``(B, T)`` advantages. The value model
+    has its own AdamW, so ``vf_coef`` only rescales its loss relative to ``value_max_grad_norm`` (and Adam's eps);
+    ``cliprange_value`` acts from ``value_epochs >= 2``. The value-model fields set without ``"ppo"`` are refused.
     """
 
     # --- TRL defaults PRIME changes (PRIME Table 5), in both configs ---------------------------------------------
