@@ -148,7 +148,8 @@ def test_config_defaults_and_validation(tmp_path):
 
 
 def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
-    for kw in (dict(prime_estimator="rloo"), dict(prime_value="implicit_prm")):
+    # value_learning_rate: the default, which a non-ppo config requires (the ppo-only fields are refused otherwise)
+    for kw in (dict(prime_estimator="rloo", value_learning_rate=1e-5), dict(prime_value="implicit_prm")):
         with pytest.raises(ValueError, match="`value_model` was given but this run has no learned critic"):
             PrimeRLOOTrainer(
                 model=tiny_model_path,
