@@ -117,16 +117,39 @@ def test_config_defaults_and_validation(tmp_path):
         (dict(prime_estimator="ppo", value_max_grad_norm=0.0), "`value_max_grad_norm`"),
         (dict(prime_estimator="ppo", process_reward_norm="batch_norm"), "process_reward_norm"),
         (dict(prime_estimator="ppo", include_last_token=False), "include_last_token"),
+        # fields the run would silently ignore
+        (dict(prime_estimator="ppo", prime_baseline="reference"), r"`prime_baseline`='reference' is a baseline"),
+        (dict(prime_estimator="ppo", prime_value="implicit_prm", process_coef=0.5), r"`process_coef`=0.5 is unused"),
+        (dict(prime_estimator="ppo", prime_value="implicit_prm", outcome_coef=0.0), r"`outcome_coef`=0 with"),
     ]
+    for name, value in [
+        ("lam", 0.9),
+        ("vf_coef", 0.5),
+        ("cliprange_value", 0.1),
+        ("value_epochs", 2),
+        ("value_learning_rate", 1e-4),
+        ("value_weight_decay", 0.1),
+        ("value_max_grad_norm", None),
+    ]:
+        bad.append(({name: value}, rf"`{name}`={value!r} only acts with prime_estimator='ppo'.*leave {name}="))
     for kw, msg in bad:
         with pytest.raises(ValueError, match=msg):
             PrimeRLOOConfig(**base, **kw)
     with pytest.raises(ValueError, match="scale_rewards`='batch' would be ignored.*'ppo'"):
         PrimeGRPOConfig(**base, prime_estimator="ppo", scale_rewards="batch")
+    with pytest.raises(ValueError, match=r"`lam`=0.5 only acts with prime_estimator='ppo'.*'grpo' ignores it"):
+        PrimeGRPOConfig(**base, lam=0.5)
+    with pytest.raises(ValueError, match=r"must be > 0 \(TRL's PPO: vf_coef 0.1, cliprange_value 0.2\)"):
+        PrimeRLOOConfig(**base, prime_estimator="ppo", cliprange_value=0.0)
+    # the same values accepted where they act, and the defaults everywhere
+    PrimeRLOOConfig(**base, prime_baseline="reference", process_coef=0.5, lam=1.0, value_max_grad_norm=1.0)
+    PrimeRLOOConfig(**base, prime_estimator="ppo", lam=0.9, value_epochs=2, process_coef=0.5)
+    PrimeRLOOConfig(**base, prime_estimator="ppo", prime_value="implicit_prm", outcome_coef=2.0)
 
 
 def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
-    for kw in (dict(prime_estimator="rloo"), dict(prime_value="implicit_prm")):
+    # value_learning_rate: the default, which a non-ppo config requires (the ppo-only fields are refused otherwise)
+    for kw in (dict(prime_estimator="rloo", value_learning_rate=1e-5), dict(prime_value="implicit_prm")):
         with pytest.raises(ValueError, match="`value_model` was given but this run has no learned critic"):
             PrimeRLOOTrainer(
                 model=tiny_model_path,
@@ -211,6 +234,59 @@ def test_one_step_trains_the_value_model_and_logs_metrics(tiny_model_path, tmp_p
     metrics = tr.evaluate(tiny_prompt_dataset(4))
     assert math.isfinite(metrics["eval_value/loss"]) and math.isfinite(metrics["eval_value/mean"])
     assert tr.value_optim.num_updates == 1
+
+
+def test_nonfinite_value_poisons_the_batch(tiny_model_path, tmp_path, caplog):
+    """A NaN in the critic's values (its head's output, row 3, first position) poisons the generation batch as a
+    non-finite token reward does: warning naming the values and the row, policy step skipped. Without the guard GAE
+    would silently give that row advantage 0 and the policy would step."""
+    import logging
+
+    tr = _trainer(tiny_model_path, tmp_path, max_steps=1)
+    head = tr.value_function.module.head
+
+    def nan_row_3(module, args, out):
+        out = out.clone()
+        out[3, 0] = math.nan
+        return out
+
+    handle = head.register_forward_hook(nan_row_3)
+    policy0 = _state(tr.model)
+    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
+        tr.train()
+    handle.remove()
+    assert "Non-finite values at step 1 (non-finite values)" in caplog.text
+    assert "rows of the global generation batch: [3]" in caplog.text
+    policy1 = _state(tr.model)
+    assert all(torch.equal(policy0[k], policy1[k]) for k in policy0)  # the poisoned step left the policy unchanged
+    log = next(h for h in tr.state.log_history if "value/loss" in h)
+    assert log.get("guard/skipped_steps") == 1.0
+
+
+def test_value_step_equals_the_by_hand_step(tiny_model_path, tmp_path):
+    """One process: the value model's first step equals the one :func:`_check_value_step_single_process` redoes
+    from the recorded rows (the reference the 2-process tests compare against)."""
+    tr = _trainer(tiny_model_path, tmp_path, max_steps=1, value_max_grad_norm=None, adam_epsilon=1.0)
+    step, batches, train_value = {}, [], tr._train_value
+
+    def params():
+        return {n: p.detach().clone() for n, p in tr.value_function.module.named_parameters()}
+
+    def recording(r, rewards, train_mask):
+        step["before"] = params()
+        keep = dict(input_ids=r.input_ids, attention_mask=r.attention_mask, actions=r.actions)
+        batches.append({k: v.detach().clone() for k, v in keep.items()} | dict(rewards=rewards, train_mask=train_mask))
+        out = train_value(r, rewards, train_mask)
+        step["after"] = params()
+        return out
+
+    tr._train_value = recording
+    tr.train()
+    assert tr.value_optim.num_updates == 1
+    _check_value_step_single_process(step, tiny_model_path, 1e-3, [0.9, 0.999, 1.0], batches)
+    # a gradient twice too large (a world-size scaling error) moves the weights visibly differently
+    with pytest.raises(AssertionError, match=r"^(backbone|head)\."):
+        _check_value_step_single_process(step, tiny_model_path, 1e-3, [0.9, 0.999, 1.0], batches, grad_scale=2.0)
 
 
 def test_zero_learning_rate_leaves_the_value_model_unchanged(tiny_model_path, tmp_path):
@@ -474,32 +550,44 @@ def test_lora_value_adapter_on_the_shared_base(tiny_model_path, tmp_path):
 # Two processes on CPU (tests/scripts/ppo_distributed.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "ddp_lora", "zero3", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "ddp_lora", "zero3", "zero2", "ddp_pc0", "ddp_prm_value"])
 def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, mode):
     """The value model trains identically on both ranks (DDP: gradients all-reduced by hand; ZeRO-2/3: its own
-    engine, partitioned under ZeRO-3), and each rank's advantages are the GAE of the global batch (whitened over
-    it)."""
+    engine, partitioned under ZeRO-3), its first step equals a single process's on the same global batch, and each
+    rank's advantages are the GAE of the global batch (whitened over it). Also plain PPO (``process_coef=0``) and the
+    implicit PRM as value (no critic: the gathered values are the PRM's prefix values)."""
     if mode.startswith("zero"):
         pytest.importorskip("deepspeed")
     from trl_prime import functional as F
 
     out = str(tmp_path / mode)
     summary = _launch(mode, tiny_model_path, out)
-    assert summary["num_processes"] == 2 and summary["value_updates"] == 2
+    critic = mode != "ddp_prm_value"
+    assert summary["num_processes"] == 2 and summary["value_updates"] == (2 if critic else 0)
+    assert len(summary["logs"]) == 2
     for h in summary["logs"]:
-        for k in ("value/loss", "value/mean", "value/explained_variance"):
+        for k in ("value/loss", "value/mean", "value/explained_variance") if critic else ("value/mean",):
             assert math.isfinite(h[k]), k
-    assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
-    if mode.startswith("zero"):
+        assert critic or "value/loss" not in h
+    if not critic:
+        assert "value" not in summary["checkpoint_files"]
+    elif mode.startswith("zero"):
         assert "value_deepspeed" in summary["checkpoint_files"]
     elif mode == "ddp_lora":
         assert {"optimizer.pt", "adapter_model.safetensors"} <= set(summary["value_checkpoint_files"])
     else:
         assert {"optimizer.pt", "scheduler.pt", "model.safetensors"} <= set(summary["value_checkpoint_files"])
+    if critic:
+        assert {VALUE_HEAD_NAME, "prime_state.json"} <= set(summary["value_checkpoint_files"])
     ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]
     for step in range(2):
         inputs = ranks[0]["steps"][step]["advantage_inputs"]
         assert inputs["whiten"] is True and inputs["values"].size(0) == 6  # the global batch: 3 rows per rank
+        assert inputs["process_coef"] == (0.0 if mode in ("ddp_pc0", "ddp_prm_value") else 1.0)
+        if not critic:  # the values are the implicit PRM's prefix values of the gathered token rewards
+            prefix = F.implicit_prm_values(inputs["process_rewards"], inputs["mask"])
+            torch.testing.assert_close(inputs["values"] * inputs["mask"], prefix * inputs["mask"])
+            assert step == 0 or float(prefix.abs().max()) > 0
         global_adv = F.prime_advantages(**inputs)
         torch.testing.assert_close(global_adv, ranks[0]["steps"][step]["global_advantages"])
         rows = 0
@@ -507,6 +595,52 @@ def test_two_processes_train_the_value_model_in_sync(tiny_model_path, tmp_path, 
             adv = r["steps"][step]["advantages"]
             torch.testing.assert_close(adv, global_adv[rows : rows + adv.size(0), : adv.size(1)])
             rows += adv.size(0)
+    if critic and mode != "ddp_lora":
+        step = torch.load(os.path.join(out, "value_step.pt"), weights_only=False)
+        batches = [r["value_batch"] for r in ranks]
+        _check_value_step_single_process(step, tiny_model_path, summary["value_lr"], summary["adam"], batches)
+
+
+def _check_value_step_single_process(
+    step: dict, model_path: str, lr: float, adam: list, batches: list[dict], *, grad_scale: float = 1.0
+) -> None:
+    """Redo the value model's first step in one process on the 2 ranks' rows (the global batch; each rank's rows a
+    micro-batch): ``vf_coef`` (0.1) times the clipped value loss over the global token count, one AdamW step
+    (``value_max_grad_norm=None``, ``adam_epsilon=1``: the step is ~ ``lr * g``, so a world-size scaling error in the
+    gradients shows). The distributed run's parameter change must match to 1e-5 (relative to ``lr``).
+    ``grad_scale``: a factor on the redone loss (a sabotage: 2 must fail)."""
+    from trl_prime import functional as F
+
+    vm = ValueModel(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
+    params = dict(vm.named_parameters())
+    assert set(params) == set(step["before"])
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(step["before"][n])
+    vm.eval()
+    trainable = [p for p in vm.parameters() if p.requires_grad]
+    beta1, beta2, eps = adam
+    assert eps == 1.0
+    opt = torch.optim.AdamW(trainable, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=0.0)
+    n_global = sum(float(b["train_mask"].sum()) for b in batches)
+    assert n_global > 0
+    for b in batches:
+        v = vm(b["input_ids"], b["attention_mask"], b["actions"].size(1))
+        _, returns = F.gae_advantages(b["rewards"], v.detach(), b["actions"], gamma=1.0, lam=1.0)
+        loss, _ = F.clipped_value_loss(
+            v, v.detach(), returns, b["train_mask"], cliprange_value=0.2, normalizer=n_global
+        )
+        (grad_scale * 0.1 * loss).backward()
+    opt.step()
+    moved = 0
+    for n, p in vm.named_parameters():
+        expected = (p.detach() - step["before"][n]) / lr
+        got = (step["after"][n] - step["before"][n]) / lr
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4, msg=n)
+        moved += int(expected.abs().max() > 1e-4)
+    assert (
+        moved > 0 and float(((step["after"]["head.weight"] - step["before"]["head.weight"]) / lr).abs().max()) > 1e-3
+    )
 
 
 def _launch(mode: str, model: str, out: str) -> dict:

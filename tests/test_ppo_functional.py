@@ -74,6 +74,48 @@ def test_gae_matches_a_loop_on_random_inputs():
         torch.testing.assert_close(ret, torch.where(m, ref + v, torch.zeros_like(v)), rtol=1e-9, atol=1e-9)
 
 
+def _gae_batch_reversed_loop(rewards, values, mask, gamma, lam):
+    """GAE as veRL's ``compute_gae_advantage_return`` describes it (restated from its description): one reversed loop
+    over ``t`` on the whole batch at once. ``nextvalues`` and ``lastgaelam`` start at 0; at each ``t`` the candidate
+    ``delta = r_t + gamma * nextvalues - V_t`` and ``lastgaelam_new = delta + gamma * lam * lastgaelam`` are kept
+    only where the mask is 1: a masked-out position keeps the carried value and ``lastgaelam``
+    (``x = x_new * mask + (1 - mask) * x``). Returns ``(advantages, returns = advantages + values)``, unwhitened,
+    meaningful on the mask only."""
+    m = mask.to(rewards.dtype)
+    nextvalues = torch.zeros(rewards.size(0), dtype=rewards.dtype)
+    lastgaelam = torch.zeros(rewards.size(0), dtype=rewards.dtype)
+    out = []
+    for t in reversed(range(rewards.size(1))):
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam_new = delta + gamma * lam * lastgaelam
+        nextvalues = values[:, t] * m[:, t] + (1 - m[:, t]) * nextvalues
+        lastgaelam = lastgaelam_new * m[:, t] + (1 - m[:, t]) * lastgaelam
+        out.append(lastgaelam)
+    advantages = torch.stack(out[::-1], dim=1)
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("T", [12, 300])  # 300 > 256: discounted_cumsum's block boundary
+def test_gae_matches_verl_batch_loop_with_holes_in_the_mask(T):
+    g = torch.Generator().manual_seed(T)
+    B = 7
+    r, v = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    m = torch.arange(T)[None, :] < lengths[:, None]  # right padding
+    m &= torch.rand(B, T, generator=g) < 0.7  # holes: tool-response tokens inside the completion
+    m[1] = False  # an empty row
+    m[2] = True  # a full row
+    assert bool((m[:, :-1] & ~m[:, 1:]).any()) and bool((~m[:, :-1] & m[:, 1:]).any())  # holes and padding present
+    for gamma, lam in [(1.0, 1.0), (1.0, 0.95), (0.99, 0.9), (0.9, 0.0)]:
+        adv, ret = F.gae_advantages(r, v, m, gamma=gamma, lam=lam)
+        adv_ref, ret_ref = _gae_batch_reversed_loop(r, v, m, gamma, lam)
+        zero = torch.zeros_like(v)
+        torch.testing.assert_close(adv, torch.where(m, adv_ref, zero), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(ret, torch.where(m, ret_ref, zero), rtol=1e-9, atol=1e-9)
+        assert bool((adv[~m] == 0).all()) and bool((ret[~m] == 0).all())
+        assert float(adv[m].abs().max()) > 0.1  # not all zero
+
+
 def test_gae_nan_rows_excluded_and_whitening():
     r = _t([[0.0, 1.0], [0.0, 3.0], [float("nan"), float("nan")]])
     v = _t([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])

@@ -39,8 +39,9 @@ failures, degenerate batches).
     reward spread among its scorable kept rows, completions of length 0 or 1) log a warning and the metrics
     ``guard/all_filtered``, ``guard/all_truncated``, ``guard/all_rewards_equal``, ``guard/all_groups_zero_spread``
     (:func:`group_reward_spread`), ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
-  * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no baseline: their row gets
-    advantage 0; ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
+  * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no group baseline: with a
+    group-baseline estimator their row gets advantage 0 (PRIME's ``"ppo"`` subtracts a value instead and trains on
+    it); ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
 
 Checkpointing (atomic checkpoints, the buffered generation batch for exact resume) is
 :mod:`trl_prime.checkpointing`.
@@ -569,8 +570,10 @@ class GuardsMixin:
         """Log ``guard/single_row_groups``: the groups of the global batch left with one scorable row.
 
         ``rewards`` are the outcome rewards the advantages see (NaN on unscorable rows and on rows a filter dropped).
-        Such a group has no baseline, so its row gets advantage 0 (:func:`trl_prime.functional.single_row_group_mask`);
-        PRIME's ``"reinforce"`` estimator and PRL's ``"process_first"`` order use no baseline and still train on it.
+        Such a group has no group baseline, so with a group-baseline estimator its row gets advantage 0
+        (:func:`trl_prime.functional.single_row_group_mask`); PRIME's ``"reinforce"`` estimator and PRL's
+        ``"process_first"`` order use no baseline, and PRIME's ``"ppo"`` a value model's (GAE), so they still train on
+        it.
         """
         count = int(single_row_group_mask(rewards, group_ids).sum().item())
         self._metrics[mode]["guard/single_row_groups"].append(float(count))

@@ -6,16 +6,23 @@
 ``--mode ddp``: DDP over gloo (``use_cpu=True``): the value model's gradients are all-reduced by hand (``ddp_lora``:
 the value model is the adapter ``"value"`` on the policy's LoRA base, which must not move). ``--mode
 zero3`` (``zero2``): DeepSpeed ZeRO-3 (ZeRO-2) over gloo, the value model its own engine, partitioned under ZeRO-3
-(the setup of ``tests/scripts/prime_distributed.py``).
+(the setup of ``tests/scripts/prime_distributed.py``). ``--mode ddp_pc0``: DDP with ``process_coef=0`` (plain PPO);
+``--mode ddp_prm_value``: DDP with ``prime_value="implicit_prm"`` (no critic).
 
-Every rank asserts ``num_processes == 2``, that the value model changed and is identical on both ranks; it writes its
-``on_rollouts_scored`` payloads (advantages, the global advantage inputs and result) to ``DIR/rank{r}.pt``; rank 0
-writes ``DIR/summary.json``.
+Every rank asserts ``num_processes == 2``, that the value model changed and is identical on both ranks (no critic:
+that there is none); it writes its ``on_rollouts_scored`` payloads (advantages, the global advantage inputs and
+result) and the rows of its first value update (``value_batch``: input ids, attention mask, completion mask, PPO
+token rewards, value-loss mask) to ``DIR/rank{r}.pt``; rank 0 writes ``DIR/summary.json`` and, with a separate
+critic, ``DIR/value_step.pt``: the value model's parameters before and after its first optimizer step, for the test
+to redo that step in a single process on the same global batch. ``value_max_grad_norm=None`` and ``adam_epsilon=1``
+make that first AdamW step ``lr * g / (|g| + 1)``, close to linear in the gradient ``g``: a world-size scaling error
+(AdamW alone is invariant to it) shows in the weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +34,9 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["ddp", "ddp_lora", "zero2", "zero3"], required=True)
+    parser.add_argument(
+        "--mode", choices=["ddp", "ddp_lora", "zero2", "zero3", "ddp_pc0", "ddp_prm_value"], required=True
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     cli = parser.parse_args()
@@ -77,6 +86,7 @@ def main():
         first = 1 - int(os.environ.get("RANK", "0")) % 2
         return [float((i + first) % 2) for i in range(len(completions))]
 
+    variant = {"ddp_pc0": dict(process_coef=0.0), "ddp_prm_value": dict(prime_value="implicit_prm")}.get(cli.mode, {})
     args = PrimeRLOOConfig(
         output_dir=cli.out,
         bf16=False,
@@ -99,6 +109,9 @@ def main():
         prm_micro_batch_size=2,
         prime_estimator="ppo",
         whiten_advantages=True,
+        value_max_grad_norm=None,
+        adam_epsilon=1.0,
+        **variant,
         **extra,
     )
     dump = Dump()
@@ -119,6 +132,38 @@ def main():
     )
     acc = trainer.accelerator
     assert acc.num_processes == 2, f"expected 2 processes, got {acc.num_processes}: launch with --multi_gpu"
+    if cli.mode == "ddp_prm_value":
+        assert trainer.value_function is None and trainer.value_optim is None
+        trainer.train()
+        finish(trainer, dump, cli, {}, value_updates=0)
+        return
+
+    def named_value_params():  # the full value model (gathered under ZeRO-3); collective
+        named = list(trainer.value_function.module.named_parameters())
+        gathered = contextlib.nullcontext()
+        if zero3:
+            import deepspeed
+
+            gathered = deepspeed.zero.GatheredParameters([p for _, p in named], modifier_rank=None)
+        with gathered:
+            return {n: p.detach().cpu().clone() for n, p in named}
+
+    value_step = {}
+    train_value = trainer._train_value
+
+    def recording_train_value(r, rewards, train_mask):
+        first = not value_step
+        if first:
+            value_step["before"] = named_value_params()
+            keep = dict(input_ids=r.input_ids, attention_mask=r.attention_mask, actions=r.actions)
+            dump.value_batch = {k: v.detach().cpu() for k, v in keep.items()}
+            dump.value_batch.update(rewards=rewards.detach().cpu(), train_mask=train_mask.detach().cpu())
+        out = train_value(r, rewards, train_mask)
+        if first:
+            value_step["after"] = named_value_params()
+        return out
+
+    trainer._train_value = recording_train_value
 
     def value_params():
         params = trainer.value_function.trainable_parameters()
@@ -143,18 +188,34 @@ def main():
     assert torch.equal(both[0], both[1]), "value weights differ between ranks"
     if cli.mode.startswith("zero"):
         assert type(trainer.value_function.model).__name__ == "DeepSpeedEngine"
-    torch.save({"steps": dump.steps}, os.path.join(cli.out, f"rank{acc.process_index}.pt"))
+    finish(trainer, dump, cli, value_step, value_updates=trainer.value_optim.num_updates)
+
+
+def finish(trainer, dump, cli, value_step: dict, value_updates: int) -> None:
+    """Write ``rank{r}.pt``, and on rank 0 ``summary.json`` and (a separate critic) ``value_step.pt``."""
+    import torch
+
+    acc = trainer.accelerator
+    torch.save(
+        {"steps": dump.steps, "value_batch": getattr(dump, "value_batch", None)},
+        os.path.join(cli.out, f"rank{acc.process_index}.pt"),
+    )
     if acc.is_main_process:
         ckpt = os.path.join(cli.out, "checkpoint-2")
+        value_dir = os.path.join(ckpt, "value")
         summary = {
             "num_processes": acc.num_processes,
-            "logs": [h for h in trainer.state.log_history if "value/loss" in h],
-            "value_checkpoint_files": sorted(os.listdir(os.path.join(ckpt, "value"))),
+            "logs": [h for h in trainer.state.log_history if "value/loss" in h or "prm/loss" in h],
+            "value_checkpoint_files": sorted(os.listdir(value_dir)) if os.path.isdir(value_dir) else [],
             "checkpoint_files": sorted(os.listdir(ckpt)),
-            "value_updates": trainer.value_optim.num_updates,
+            "value_updates": value_updates,
+            "value_lr": trainer.args.value_learning_rate,
+            "adam": [trainer.args.adam_beta1, trainer.args.adam_beta2, trainer.args.adam_epsilon],
         }
         with open(os.path.join(cli.out, "summary.json"), "w") as f:
             json.dump(summary, f)
+        if value_step and cli.mode != "ddp_lora":
+            torch.save(value_step, os.path.join(cli.out, "value_step.pt"))
     acc.wait_for_everyone()
 
 

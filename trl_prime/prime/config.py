@@ -7,6 +7,7 @@ default; invalid values and combinations fail in ``__post_init__`` with a messag
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -30,6 +31,17 @@ from trl_prime.functional import (
 from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
 from trl_prime.prof.config import ProfOptions
 
+
+#: the value-model fields of :class:`PrimeOptions` that only ``prime_estimator="ppo"`` reads (PRIME section 5.4)
+PPO_ONLY_FIELDS = (
+    "lam",
+    "vf_coef",
+    "cliprange_value",
+    "value_epochs",
+    "value_learning_rate",
+    "value_weight_decay",
+    "value_max_grad_norm",
+)
 
 #: the string options of :class:`PrimeOptions` and their allowed values (:mod:`trl_prime.functional`)
 PRIME_CHOICES = {
@@ -59,7 +71,9 @@ class PrimeOptions(GuardOptions, ProfOptions):
     0.2 <= accuracy <= 0.8, and no KL penalty (TRL's ``beta`` = 0). The released code differs (double forward,
     ``batch_norm``, coefficients 5/5, whitening, last token excluded); set those options to reproduce it.
     ``prime_estimator="ppo"`` adds a value model (``prime_value``, ``value_*``, ``vf_coef``, ``cliprange_value``,
-    ``lam``; PRIME section 5.4, Table 4), on both trainers: their losses take ``(B, T)`` advantages.
+    ``lam``; PRIME section 5.4, Table 4), on both trainers: their losses take ``(B, T)`` advantages. The value model
+    has its own AdamW, so ``vf_coef`` only rescales its loss relative to ``value_max_grad_norm`` (and Adam's eps);
+    ``cliprange_value`` acts from ``value_epochs >= 2``. The value-model fields set without ``"ppo"`` are refused.
     """
 
     # --- TRL defaults PRIME changes (PRIME Table 5), in both configs ---------------------------------------------
@@ -157,8 +171,8 @@ class PrimeOptions(GuardOptions, ProfOptions):
     prm_micro_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "Rows per PRM / reference forward pass (and per PRM backward with the 'ce' loss). Default: "
-            "per_device_train_batch_size."
+            "help": "Rows per PRM / reference forward pass (and per PRM backward with the 'ce' loss), and, with "
+            "prime_estimator='ppo', per value-model forward and backward. Default: per_device_train_batch_size."
         },
     )
     prm_score_filtered_rows: bool = field(
@@ -265,20 +279,31 @@ class PrimeOptions(GuardOptions, ProfOptions):
     )
     value_learning_rate: float = field(
         default=1e-5,
-        metadata={"help": "Learning rate of the value model's own AdamW (veRL's critic default, PRIME's code base)."},
+        metadata={
+            "help": "Learning rate of the value model's own AdamW (veRL's critic default, PRIME's code base). Its "
+            "micro-batch is `prm_micro_batch_size`."
+        },
     )
     value_weight_decay: float = field(default=0.0, metadata={"help": "Weight decay of the value model's AdamW."})
     value_max_grad_norm: float | None = field(
         default=1.0, metadata={"help": "Gradient clipping (max global L2 norm) of value updates; None disables it."}
     )
     vf_coef: float = field(
-        default=0.1, metadata={"help": "Weight of the clipped value loss (TRL's last PPOConfig: 0.1). > 0."}
+        default=0.1,
+        metadata={
+            "help": "Factor on the clipped value loss (TRL's last PPOConfig: 0.1). The value model has its own AdamW "
+            "(in TRL's old PPO the policy and value shared one optimizer, where vf_coef weighed the two losses); "
+            "Adam being nearly scale-invariant, vf_coef here only rescales the value loss relative to "
+            "`value_max_grad_norm` (and Adam's eps). > 0."
+        },
     )
     cliprange_value: float = field(
         default=0.2,
         metadata={
             "help": "Clip range of the value loss around the values of the round's first value forward (TRL's last "
-            "PPOConfig: 0.2). > 0."
+            "PPOConfig: 0.2). It acts only from value_epochs >= 2: epoch 1's forward is the clip centre itself (one "
+            "value forward per micro-batch, no separate no-grad forward for the old values as in veRL), so with "
+            "value_epochs=1 value/clipfrac is 0. > 0."
         },
     )
     lam: float = field(
@@ -360,6 +385,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
 
     def _validate_ppo(self) -> None:
         """The value-model options of ``prime_estimator="ppo"`` (PRIME section 5.4, Table 4)."""
+        self._validate_ppo_ignored()
         ppo = self.prime_estimator == "ppo"
         if not ppo and (self.prime_value != "critic" or self.value_model is not None):
             name = "prime_value" if self.prime_value != "critic" else "value_model"
@@ -383,13 +409,51 @@ class PrimeOptions(GuardOptions, ProfOptions):
                 raise ValueError(f"`{name}`={getattr(self, name)} must be >= 0.")
         for name in ("vf_coef", "cliprange_value"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"`{name}`={getattr(self, name)} must be > 0 (TRL's PPO: vf_coef 0.1, 0.2).")
+                raise ValueError(
+                    f"`{name}`={getattr(self, name)} must be > 0 (TRL's PPO: vf_coef 0.1, cliprange_value 0.2)."
+                )
         if self.value_max_grad_norm is not None and self.value_max_grad_norm <= 0:
             raise ValueError(f"`value_max_grad_norm`={self.value_max_grad_norm} must be > 0, or None to disable it.")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"`lam`={self.lam} must lie in [0, 1] (veRL: 1.0).")
         if self.value_epochs < 1:
             raise ValueError(f"`value_epochs`={self.value_epochs} must be >= 1.")
+
+    def _validate_ppo_ignored(self) -> None:
+        """Refuse the options a run would silently ignore: the value-model fields (:data:`PPO_ONLY_FIELDS`) changed
+        from their defaults without ``prime_estimator="ppo"``; ``prime_baseline="reference"`` (an ``"rloo"``
+        baseline) under ``"ppo"``; and, with ``prime_value="implicit_prm"`` (the outcome is the only reward),
+        ``process_coef != 1`` (unused) or ``outcome_coef == 0`` (every reward 0).
+
+        Raises:
+            ValueError: the message names the field and the fix.
+        """
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in PPO_ONLY_FIELDS}
+        if self.prime_estimator != "ppo":
+            for name, default in defaults.items():
+                if getattr(self, name) != default:
+                    raise ValueError(
+                        f"`{name}`={getattr(self, name)!r} only acts with prime_estimator='ppo' (the value model); "
+                        f"`prime_estimator`={self.prime_estimator!r} ignores it. Set prime_estimator='ppo', or "
+                        f"leave {name}={default!r}."
+                    )
+            return
+        if self.prime_baseline != "paper":
+            raise ValueError(
+                f"`prime_baseline`={self.prime_baseline!r} is a baseline of prime_estimator='rloo'; 'ppo' subtracts "
+                "the value model's values (GAE) and ignores it. Leave prime_baseline='paper'."
+            )
+        if self.prime_value == "implicit_prm" and self.process_coef != 1.0:
+            raise ValueError(
+                f"`process_coef`={self.process_coef} is unused with prime_value='implicit_prm': the outcome is the "
+                "only reward (the implicit PRM is the value, not a reward). Leave process_coef=1.0, or set "
+                "prime_value='critic' to add process rewards."
+            )
+        if self.prime_value == "implicit_prm" and self.outcome_coef == 0:
+            raise ValueError(
+                "`outcome_coef`=0 with prime_value='implicit_prm': the outcome is the only reward, so every reward "
+                "would be 0. Set outcome_coef > 0 (paper: 1.0)."
+            )
 
     def _validate_prm_label(self) -> None:
         """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0 (``prm_label`` is checked with

@@ -233,10 +233,11 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     (:class:`~trl_prime.prime.value.ValueModel`, held by ``self.value_function``, its optimizer ``self.value_optim``,
     a :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`) gives ``V(y_<t)``; :meth:`_update_value` trains it once
     per generation round and GAE gives the advantages. With ``prime_value="implicit_prm"`` there is no critic: the
-    advantage is the outcome minus the implicit PRM's prefix value, ``A_t = r_o - sum_{s<t} r_phi(y_s)`` (``gamma =
-    lam = 1``). The value model is a copy of the policy's initial checkpoint (``value_model``: another one), or under
-    PEFT a third adapter ``"value"`` on the policy's base; metrics ``value/loss``, ``value/explained_variance``,
-    ``value/clipfrac``, ``value/mean``; callbacks ``on_value_step``; checkpoints ``value/``.
+    advantage is the outcome minus the implicit PRM's prefix value, ``A_t = outcome_coef * r_o - sum_{s<t}
+    r_phi(y_s)`` (``gamma = lam = 1``). The value model is a copy of the policy's initial checkpoint
+    (``value_model``: another one), or under PEFT a third adapter ``"value"`` on the policy's base; metrics
+    ``value/loss``, ``value/explained_variance``, ``value/clipfrac``, ``value/mean``; callbacks ``on_value_step``;
+    checkpoints ``value/``.
 
     Distributed: under DDP the PRM's gradients are all-reduced by hand (sum of per-rank losses already scaled by the
     global number of kept rows); under DeepSpeed the PRM is its own engine (a copy of the Trainer's DeepSpeed config
@@ -780,7 +781,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
           ``A_t = outcome_coef * r_o - sum_{s<t} r_phi(y_s)``: the outcome minus the PRM's value of the prefix.
 
         Rows outside ``r.policy_kept`` (prompt filter, PROF) or unscorable get no reward (NaN), no value loss and no
-        advantage."""
+        advantage. Non-finite values on the trained tokens poison the batch (guards, as a non-finite token reward)."""
         a = self.args
         if a.prime_estimator != "ppo":
             return None
@@ -801,6 +802,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             values = F.implicit_prm_values(r.token_rewards, r.actions)
             returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
             r.value_stats = {}
+        self._guard_inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
         self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
         return values
 

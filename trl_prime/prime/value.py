@@ -270,10 +270,13 @@ class ValueMixin:
         """The critic's round: value forwards by micro-batches, each with grad and one backward of ``vf_coef`` times
         the clipped value loss (:func:`trl_prime.functional.clipped_value_loss`, token mean over the global batch's
         ``train_mask``) against the GAE returns of ``rewards`` (:func:`trl_prime.functional.gae_advantages`), then one
-        optimizer step; ``value_epochs > 1`` repeats it with fresh forwards (returns and clip centre of epoch 1).
-        Evaluation: the forwards without grad. Returns ``(values, returns, stats)``: ``(B, T)`` detached values of the
-        first forward and returns, and the metrics (``loss``, ``clipfrac``; ``grad_norm``, ``learning_rate`` when the
-        optimizer stepped)."""
+        optimizer step; ``value_epochs > 1`` repeats it with fresh forwards (returns and clip centre of epoch 1, so
+        ``cliprange_value`` acts from epoch 2 on: one value forward per micro-batch, no separate no-grad forward for
+        the old values as veRL runs). The value model has its own AdamW (nearly scale-invariant; TRL's old PPO shared
+        one optimizer with the policy), so ``vf_coef`` only rescales the loss relative to ``value_max_grad_norm``
+        (and Adam's eps). Evaluation: the forwards without grad. Returns ``(values, returns, stats)``: ``(B, T)``
+        detached values of the first forward and returns, and the metrics (``loss``, ``clipfrac``; ``grad_norm``,
+        ``learning_rate`` when the optimizer stepped)."""
         a = self.args
         n_global = self.accelerator.reduce(train_mask.sum().float(), reduction="sum").item()
         train = r.mode == "train" and n_global > 0 and not self.guard_poisoned
