@@ -7,7 +7,8 @@
 the value model is the adapter ``"value"`` on the policy's LoRA base, which must not move). ``--mode
 zero3`` (``zero2``): DeepSpeed ZeRO-3 (ZeRO-2) over gloo, the value model its own engine, partitioned under ZeRO-3
 (the setup of ``tests/scripts/prime_distributed.py``). ``--mode ddp_pc0``: DDP with ``process_coef=0`` (plain PPO);
-``--mode ddp_prm_value``: DDP with ``prime_value="implicit_prm"`` (no critic).
+``--mode ddp_prm_value``: DDP with ``prime_value="implicit_prm"`` (no critic); ``zero3_pc0`` / ``zero3_prm_value``:
+the same two under ZeRO-3.
 
 Every rank asserts ``num_processes == 2``, that the value model changed and is identical on both ranks (no critic:
 that there is none); it writes its ``on_rollouts_scored`` payloads (advantages, the global advantage inputs and
@@ -35,7 +36,9 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--mode", choices=["ddp", "ddp_lora", "zero2", "zero3", "ddp_pc0", "ddp_prm_value"], required=True
+        "--mode",
+        choices=["ddp", "ddp_lora", "zero2", "zero3", "ddp_pc0", "ddp_prm_value", "zero3_pc0", "zero3_prm_value"],
+        required=True,
     )
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
@@ -43,7 +46,7 @@ def main():
 
     import torch
 
-    zero3 = cli.mode == "zero3"
+    zero3 = cli.mode.startswith("zero3")
     if cli.mode.startswith("zero"):
         from accelerate import PartialState
 
@@ -86,7 +89,13 @@ def main():
         first = 1 - int(os.environ.get("RANK", "0")) % 2
         return [float((i + first) % 2) for i in range(len(completions))]
 
-    variant = {"ddp_pc0": dict(process_coef=0.0), "ddp_prm_value": dict(prime_value="implicit_prm")}.get(cli.mode, {})
+    variant = (
+        dict(process_coef=0.0)
+        if cli.mode.endswith("_pc0")
+        else dict(prime_value="implicit_prm")
+        if cli.mode.endswith("_prm_value")
+        else {}
+    )
     args = PrimeRLOOConfig(
         output_dir=cli.out,
         bf16=False,
@@ -132,7 +141,7 @@ def main():
     )
     acc = trainer.accelerator
     assert acc.num_processes == 2, f"expected 2 processes, got {acc.num_processes}: launch with --multi_gpu"
-    if cli.mode == "ddp_prm_value":
+    if cli.mode.endswith("_prm_value"):
         assert trainer.value_function is None and trainer.value_optim is None
         trainer.train()
         finish(trainer, dump, cli, {}, value_updates=0)
