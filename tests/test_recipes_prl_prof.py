@@ -189,13 +189,14 @@ def test_recipe_trains_one_step(name, tiny_model_path, math_jsonl, tmp_path):
 
 
 def test_cli_prompt_column_delimiter_escapes_and_missing_prof_prm(tmp_path):
-    """Review fixes, through the recipes' command-line parser: `--prompt_column question` reads a dataset whose prompts
-    are in 'question' (the loader's error suggests it); `--prof_step_delimiter '\\n'` (backslash-n as a shell passes it)
-    is a newline; a missing local `--prof_prm` fails at parse time naming prof_prm, before any model is loaded."""
+    """Review fixes, through the recipes' command-line parser: `--prompt_column query` reads a dataset whose prompts
+    are in 'query' (the loader's error suggests it); `--prof_step_delimiter '\\n'` (backslash-n as a shell passes it)
+    is a newline; a missing local `--prof_prm` fails at parse time naming prof_prm, before any model is loaded. (A file
+    with GSM8K's own columns, 'question' and 'answer', needs no option: it is read as GSM8K.)"""
     path = tmp_path / "q.jsonl"
     with open(path, "w") as f:
         for i in range(3):
-            f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1), "ability": "math"}) + "\n")
+            f.write(json.dumps({"query": f"What is {i} + 1?", "answer": str(i + 1), "ability": "math"}) + "\n")
     base = [
         "--config",
         os.path.join(RECIPES, "configs", "prof_grpo.yaml"),
@@ -209,11 +210,16 @@ def test_cli_prompt_column_delimiter_escapes_and_missing_prof_prm(tmp_path):
         str(path),
     ]
     data, _, _ = _parse("prof_grpo", base)
-    with pytest.raises(ValueError, match=r"--prompt_column question"):
+    with pytest.raises(ValueError, match=r"--prompt_column query"):
         utils.load_train_dataset(data)
-    data, args, _ = _parse("prof_grpo", base + ["--prompt_column", "question", "--prof_step_delimiter", "\\n"])
+    data, args, _ = _parse("prof_grpo", base + ["--prompt_column", "query", "--prof_step_delimiter", "\\n"])
     ds = utils.load_train_dataset(data)
     assert len(ds) == 3 and ds[0]["prompt"][-1]["content"] == "What is 0 + 1?" and ds[0]["solution"] == "1"
     assert args.prof_step_delimiter == "\n"
     with pytest.raises(ValueError, match=r"`prof_prm`=.*does not exist"):
         _parse("prof_grpo", base + ["--prof_prm", str(tmp_path / "missing_prm")])
+    gsm8k = tmp_path / "gsm8k.jsonl"
+    gsm8k.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"}) + "\n")
+    data, _, _ = _parse("prof_grpo", base[:-1] + [str(gsm8k)])
+    ds = utils.load_train_dataset(data)
+    assert ds[0]["prompt"][-1]["content"] == "What is 2 + 2?" and ds[0]["solution"] == "4"
