@@ -347,8 +347,13 @@ class ModelOptimizer:
         self.lr_scheduler.load_state_dict(torch.load(os.path.join(folder, "scheduler.pt")))
 
     def load_weights(self, folder: str, model: nn.Module) -> None:
-        """Load the saved weights of ``folder`` into ``model`` (a subclass's format)."""
-        raise NotImplementedError
+        """Load the saved weights of ``folder`` into ``model`` (a subclass's format: :class:`PRMOptimizer` and the value
+        model's optimizer implement it).
+
+        Raises:
+            TypeError: on a subclass that does not define its checkpoint format.
+        """
+        raise TypeError(f"{type(self).__name__} must define load_weights(folder, model): its checkpoint format.")
 
 
 class PRMOptimizer(ModelOptimizer):
