@@ -255,5 +255,9 @@ def test_trl_prime_eval_on_jsonl_files_prints_the_breakdown(tiny_model_path, tmp
     result = json.loads(out.read_text())
     assert set(result["datasets"][MATH500]["by_level"]) == {"Level 1", "Level 3"}
     assert result["datasets"][GSM8K]["n_problems"] == 4 and result["micro"]["n_problems"] == 7
-    with pytest.raises(ValueError, match=r"gsm8k_missing_answer.jsonl line 3.*'answer' is missing"):
+    # a malformed row is bad input: `trl-prime eval: error: ...` naming file, line and field, status 2, no traceback
+    with pytest.raises(SystemExit) as exit_info:
         cli.main(["eval", "--model_name_or_path", tiny_model_path, "--datasets", GSM8K_BAD])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "trl-prime eval: error: " in err
+    assert re.search(r"gsm8k_missing_answer.jsonl line 3.*'answer' is missing.*--on_bad_rows drop", err), err

@@ -1021,7 +1021,7 @@ def normalize_rows(
                 where = f" at {row_names[i]}" if row_names is not None and i < len(row_names) else ""
                 raise ValueError(
                     f"{source}: row {i} is malformed ({e.reason}){where}: {e}; fix the row, or pass "
-                    "on_bad_rows='drop' to skip malformed rows"
+                    "on_bad_rows='drop' (command line: --on_bad_rows drop) to skip malformed rows"
                 ) from None
             report.dropped[e.reason] = report.dropped.get(e.reason, 0) + 1
             ex = report.examples.setdefault(e.reason, [])

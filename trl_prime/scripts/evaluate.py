@@ -468,7 +468,8 @@ def run(argv: Sequence[str] | None = None, default_config: str | None = None) ->
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)
-    return main(parsed)
+    with command_line_errors():  # bad input found while reading the datasets (a malformed row, a missing file)
+        return main(parsed)
 
 
 if __name__ == "__main__":
