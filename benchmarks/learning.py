@@ -578,6 +578,15 @@ def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
     return out
 
 
+def better_verdict(d: float, lo: float, hi: float) -> str:
+    """Verdict of a claim "B beats A" from the paired difference ``d`` (B - A) and its 95% interval ``[lo, hi]``."""
+    if math.isnan(lo):
+        return "inconclusive (one seed)"
+    if lo > 0:
+        return "replicated"
+    return "not replicated" if hi < 0 or d <= 0 else "inconclusive"
+
+
 def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
     """The PRIME paper's claims, what we measured, and a verdict (rules in RESULTS.md)."""
     rows = []
@@ -626,15 +635,7 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         )
     if "prime_rloo" in summary and "prime_rloo_frozen" in summary:
         d, lo, hi = diff_ci(summary["prime_rloo_frozen"]["auc_per_seed"], summary["prime_rloo"]["auc_per_seed"])
-        verdict = (
-            "inconclusive (one seed)"
-            if math.isnan(lo)
-            else "replicated"
-            if lo > 0
-            else "not replicated"
-            if hi < 0 or d <= 0
-            else "inconclusive"
-        )
+        verdict = better_verdict(d, lo, hi)
         rows.append(
             (
                 "an online PRM beats a frozen (offline-trained) one",
@@ -661,15 +662,7 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE, PPO)", "; ".join(parts), verdict))
     if "prime_reinforce" in summary and "prime_as_value" in summary:
         d, lo, hi = diff_ci(summary["prime_as_value"]["auc_per_seed"], summary["prime_reinforce"]["auc_per_seed"])
-        verdict = (
-            "inconclusive (one seed)"
-            if math.isnan(lo)
-            else "replicated"
-            if lo > 0
-            else "not replicated"
-            if hi < 0 or d <= 0
-            else "inconclusive"
-        )
+        verdict = better_verdict(d, lo, hi)
         rows.append(
             (
                 "the implicit PRM works better as a reward (REINFORCE w/ PRIME) than as a value (section 5.4)",
