@@ -138,6 +138,30 @@ def test_bad_accelerate_config_is_an_error_before_the_launch(capsys, monkeypatch
         cli.resolve_accelerate_config(["--accelerate_config", "zero4"])
 
 
+def test_a_bad_method_option_is_refused_before_the_launch(tmp_path, capsys, monkeypatch):
+    """PRIME's own checks (no TRL field, nothing that depends on the number of processes) run on the parsed flags and
+    YAML keys before `accelerate launch`; the shipped recipes pass them."""
+    launched = []
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", lambda args: launched.append(args))
+    config = tmp_path / "bad.yaml"
+    config.write_text("prime_estimator: ppo\nlam: 1.5\n")
+    for argv, message in (
+        (["--prime_estimator", "ppo", "--lam", "1.5"], "`lam`=1.5 must lie in [0, 1]"),
+        (["--config", str(config)], "`lam`=1.5 must lie in [0, 1]"),
+        (["--prm_beta", "0"], "`prm_beta`=0.0 must be > 0"),
+        (["--trainer", "prime_grpo", "--process_coef", "0", "--outcome_coef", "0"], "are both 0"),
+    ):
+        code, err = _exit_status(["prime", *argv], capsys, launch_training=True)
+        assert code == 2 and err.startswith("trl-prime prime: error: "), err
+        assert message in err and "refused before launching" in err, err
+    assert launched == []
+    for command, name in (("prime", "prime_qwen7b"), ("prime", "prime_lora"), ("prof", "prof_prime")):
+        argv = cli.accelerate_launch_argv(
+            command, ["--config", os.path.join(RECIPES, "configs", f"{name}.yaml"), "--max_steps", "3"]
+        )
+        assert argv[-2:] == ["--max_steps", "3"]
+
+
 # a flag of each command's own dataclasses, which its --help must list
 COMMAND_FLAGS = {
     "prime": ["--trainer", "--prm_beta", "--filter_lower", "--lora_r", "--dataset_name"],

@@ -147,6 +147,9 @@ def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monk
         assert r["prm/loss"] is None and r["prm/pair_accuracy"] is None  # every group filtered: no PRM update
         assert r["prm/token_reward_mean"] == 0.0 == r["prm/token_reward_max"]  # PRM == reference
     assert summary["heldout_accuracy_before"] == 0.0 == summary["heldout_accuracy_after"]
+    # 0 of 4 right both times: Wilson upper bound z^2 / (n + z^2), no paired change and no uncertainty about it
+    assert summary["heldout_accuracy_before_95ci"] == [0.0, pytest.approx(1.96**2 / (4 + 1.96**2))]
+    assert summary["heldout_accuracy_change"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n_problems": 4}
     assert summary["num_generations"] == 8 and summary["prompts_per_step"] == 1 and summary["max_steps"] == 2
     for name in (
         "reward.png",

@@ -138,6 +138,36 @@ def test_aggregate_micro_and_macro():
     row_b = next(line for line in table.splitlines() if line.startswith("b "))
     assert row_b.split() == ["b", "30", "60.0", "50.0"]
     assert "micro avg" in table and "macro avg" in table and "50.0" in table and "40.0" in table
+    micro_row = next(line for line in table.splitlines() if line.startswith("micro avg"))
+    macro_row = next(line for line in table.splitlines() if line.startswith("macro avg"))
+    assert micro_row.split() == ["micro", "avg", "40", "50.0", "43.8"]  # 40 problems
+    assert macro_row.split() == ["macro", "avg", "2", "sets", "40.0", "37.5"]  # a mean over 2 datasets, not 2 problems
+
+
+def test_wilson_interval_hand_values():
+    from trl_prime.evaluation import wilson_interval
+
+    lo, hi = wilson_interval(5, 10)  # the textbook example: 5/10 -> [0.2366, 0.7634]
+    assert lo == pytest.approx(0.23659, abs=1e-4) and hi == pytest.approx(0.76341, abs=1e-4)
+    lo, hi = wilson_interval(0, 4)  # p = 0: not empty, upper bound z^2 / (n + z^2)
+    assert lo == 0.0 and hi == pytest.approx(1.96**2 / (4 + 1.96**2))
+    assert wilson_interval(4, 4)[1] == 1.0
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(5, 4)
+    with pytest.raises(ValueError, match="n >= 1"):
+        wilson_interval(0, 0)
+
+
+def test_paired_difference_interval_hand_values():
+    from trl_prime.evaluation import paired_difference_interval
+
+    # differences 0, +1, +1, -1: mean 0.25, sample variance 2.75 / 3, standard error sqrt(0.9167 / 4) = 0.4787
+    mean, lo, hi = paired_difference_interval([1, 0, 0, 1], [1, 1, 1, 0])
+    assert mean == pytest.approx(0.25)
+    assert (hi - lo) / 2 == pytest.approx(1.96 * math.sqrt(2.75 / 3 / 4))
+    assert paired_difference_interval([0, 1, 1], [0, 1, 1]) == (0.0, 0.0, 0.0)  # nothing changed: no uncertainty
+    with pytest.raises(ValueError, match="equally long"):
+        paired_difference_interval([1, 0], [1])
 
 
 # ----------------------------------------------------------------------------------------------- the script

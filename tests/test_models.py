@@ -4,14 +4,25 @@ import importlib.util
 
 import pytest
 
-from trl_prime.models import is_embedded, resolve_model_path
+from trl_prime.models import is_embedded, is_missing_local_path, resolve_model_path
 
 
-def test_plain_names_pass_through():
+def test_plain_names_pass_through(tmp_path):
     assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
-    assert resolve_model_path("/some/local/folder") == "/some/local/folder"
+    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+    assert resolve_model_path("gpt2") == "gpt2"  # a Hub id without an org: transformers decides
     assert is_embedded("embedded:smollm2-135m-instruct")
     assert not is_embedded("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+@pytest.mark.parametrize("path", ["/some/local/folder", "./outputs/policy", "outputs/demo/policy", "~/no/such/model"])
+def test_a_path_with_nothing_there_is_refused_with_its_name(path):
+    """Only a local path can have a leading '/', '.', '~' or two slashes (a Hub id is org/name): when nothing is
+    there, say so instead of transformers' 'Repo id must be in the form ...'."""
+    with pytest.raises(FileNotFoundError, match=f"model '{path}': no such folder"):
+        resolve_model_path(path)
+    assert is_missing_local_path(path)
+    assert not is_missing_local_path("org/name") and not is_missing_local_path("embedded:smollm2-135m-instruct")
 
 
 def test_unknown_embedded_name_lists_known_ones():
@@ -44,3 +55,12 @@ def test_smollm2_converts_once_and_generates(tmp_path):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "7" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_a_side_model_path_with_nothing_there_names_the_field():
+    """`value_model` / `prm_model` / `prm_ref_model` pointing at a missing folder: the field and the folder, not
+    transformers' 'Repo id must be in the form ...'."""
+    from trl_prime.guards import check_causal_lm_source
+
+    with pytest.raises(ValueError, match=r"`value_model`='outputs/critic/final': no such folder"):
+        check_causal_lm_source("outputs/critic/final", "value_model")

@@ -241,12 +241,45 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     parser = importlib.import_module(module).make_parser(argv)
     parser.dataclass_types = ()  # split the flags only: parsed values stay in a namespace, no config is built
     # cli_remaining is an ordered subsequence of argv; config_remaining (YAML keys: `--key value`) is not
-    *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+    namespace, config_remaining, cli_remaining = parser.parse_args_and_config(
         argv, return_remaining_strings=True, separate_remaining_strings=True
     )
     launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
     _check_launch_args(command, launch_args, config_remaining, module)
+    _check_method_options(command, importlib.import_module(module).make_parser(argv).dataclass_types, namespace)
     return [*launch_args, "-m", module, *subtract_subsequence(argv, cli_remaining)]
+
+
+#: the config methods that check a method's own options (no TRL field, nothing that depends on the number of
+#: processes): run on the parsed values before launching, so a bad value is refused before any process starts
+METHOD_OPTION_CHECKS = ("_validate_prime",)
+
+
+def _check_method_options(command: str, dataclass_types, namespace) -> None:
+    """Run the configs' :data:`METHOD_OPTION_CHECKS` on the parsed flags and YAML keys, without building the configs
+    (TRL's own checks need the number of processes, which only the launched processes know).
+
+    Raises:
+        CommandLineError: the check's message (it names the field and the fix).
+    """
+    import dataclasses
+    import warnings
+
+    values = vars(namespace)
+    for cls in dataclass_types:
+        checks = [getattr(cls, name) for name in METHOD_OPTION_CHECKS if hasattr(cls, name)]
+        if not checks:
+            continue
+        config = object.__new__(cls)  # the fields as parsed, no __post_init__ (TRL's checks run after launch)
+        for f in dataclasses.fields(cls):
+            setattr(config, f.name, values.get(f.name, f.default))
+        with warnings.catch_warnings():  # the launched processes warn, once each
+            warnings.simplefilter("ignore")
+            for check in checks:
+                try:
+                    check(config)
+                except ValueError as error:
+                    raise CommandLineError(f"{error} (trl-prime {command}: refused before launching)") from error
 
 
 def _check_launch_args(command: str, launch_args: list[str], from_config: list[str], module: str) -> None:
@@ -272,7 +305,8 @@ def _check_launch_args(command: str, launch_args: list[str], from_config: list[s
 @contextlib.contextmanager
 def command_line_errors():
     """Inside a script's ``run``: turn what its parsing raises (``ValueError``: an unknown field, a value a config
-    rejects; ``yaml.YAMLError``: a malformed ``--config``) into :class:`CommandLineError`, which :func:`main` prints
+    rejects; ``FileNotFoundError``: a model folder or data file that is not there; ``yaml.YAMLError``: a malformed
+    ``--config``) into :class:`CommandLineError`, which :func:`main` prints
     as ``trl-prime <command>: error: ...`` with exit status 2 instead of a traceback."""
     import yaml
 
@@ -280,7 +314,7 @@ def command_line_errors():
         yield
     except CommandLineError:
         raise
-    except (ValueError, yaml.YAMLError) as error:
+    except (ValueError, FileNotFoundError, yaml.YAMLError) as error:
         raise CommandLineError(str(error)) from error
 
 

@@ -36,6 +36,8 @@ __all__ = [
     "grouped_metrics",
     "metric_names",
     "pass_at_k",
+    "paired_difference_interval",
+    "wilson_interval",
 ]
 
 
@@ -186,6 +188,63 @@ def grouped_metrics(
     }
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927), 95% by default.
+
+    Better behaved than ``p +- z*sqrt(p(1-p)/n)`` near 0 and 1 (never outside [0, 1], not empty at p = 0).
+
+    Args:
+        successes: correct problems, ``0 <= successes <= n``.
+        n: problems, ``>= 1``.
+        z: the normal quantile (1.96: 95%).
+
+    Returns:
+        ``(low, high)``, fractions in [0, 1].
+
+    Raises:
+        ValueError: ``n < 1`` or ``successes`` outside ``[0, n]``.
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference_interval(
+    before: Sequence[float], after: Sequence[float], z: float = 1.96
+) -> tuple[float, float, float]:
+    """Mean difference ``after - before`` of per-problem scores on the same problems, with its normal 95% interval.
+
+    Pairing removes the between-problem variance: for 0/1 scores the variance comes only from the problems whose
+    verdict changed (the quantity McNemar's test looks at), so the interval is much tighter than two independent
+    intervals.
+
+    Args:
+        before, after: one score per problem (0/1 correctness, or a reward in [0, 1]), same problems, same order.
+        z: the normal quantile (1.96: 95%).
+
+    Returns:
+        ``(mean, low, high)`` in score units (a fraction for 0/1 scores).
+
+    Raises:
+        ValueError: different lengths, or fewer than 2 problems.
+    """
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(
+            f"paired_difference_interval needs two equally long score lists of >= 2 problems, got "
+            f"{len(before)} and {len(after)}"
+        )
+    d = [float(a) - float(b) for b, a in zip(before, after)]
+    n = len(d)
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1)
+    half = z * math.sqrt(var / n)
+    return mean, mean - half, mean + half
+
+
 def aggregate(per_dataset: Mapping[str, Mapping[str, float | int]], keys: Iterable[str] | None = None) -> dict:
     """Micro (problem-weighted) and macro (mean over datasets) averages of per-dataset metrics.
 
@@ -252,8 +311,9 @@ def format_table(
             ]
         )
     for label, m in (averages or {}).items():
-        size = m.get("n_problems", m.get("n_datasets", ""))
-        rows.append([f"{label} avg", str(size), *[f"{100 * m[k]:.1f}" if k in m else "-" for k in keys], ""])
+        # the micro row counts problems; the macro row is a mean over datasets: say so instead of a bare count
+        size = str(m["n_problems"]) if "n_problems" in m else (f"{m['n_datasets']} sets" if "n_datasets" in m else "")
+        rows.append([f"{label} avg", size, *[f"{100 * m[k]:.1f}" if k in m else "-" for k in keys], ""])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells):

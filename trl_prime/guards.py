@@ -52,6 +52,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -273,6 +274,14 @@ def check_causal_lm_source(
         return
     if isinstance(source, str):
         from transformers import AutoConfig
+
+        from trl_prime.models import is_missing_local_path
+
+        if is_missing_local_path(source):
+            raise ValueError(
+                f"`{field_name}`={source!r}: no such folder (relative paths start at {os.getcwd()}). Give the folder "
+                "or Hub id of a causal LM (AutoModelForCausalLM), e.g. the policy's SFT checkpoint."
+            )
 
         try:
             cfg = AutoConfig.from_pretrained(

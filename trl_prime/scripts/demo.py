@@ -65,6 +65,7 @@ class DemoArguments:
     train_problems: int = field(default=2000, metadata={"help": "Training problems to generate / keep."})
     eval_problems: int = field(default=100, metadata={"help": "Held-out problems (0 skips the evaluations)."})
     eval_max_new_tokens: int = field(default=128, metadata={"help": "Completion length of the evaluations."})
+    eval_batch_size: int = field(default=50, metadata={"help": "Held-out problems per generate call."})
     trainer: str = field(
         default="prime",
         metadata={"help": "'prime' (PrimeRLOOTrainer) or 'rloo' (TRL's plain RLOOTrainer, for comparison)."},
@@ -139,7 +140,13 @@ def read_metrics(path: str) -> list[dict]:
 # ------------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate_heldout(model_path: str, demo: DemoArguments, output_file: str) -> dict:
+def eval_dtype(bf16: bool) -> str:
+    """The evaluations' weights: ``bfloat16`` when training runs in bf16 (native bf16: ~1.8x faster greedy decoding
+    on a CPU with AVX512-BF16), else ``float32``; before and after use the same, so the difference is the training's."""
+    return "bfloat16" if bf16 else "float32"
+
+
+def evaluate_heldout(model_path: str, demo: DemoArguments, output_file: str, bf16: bool = False) -> dict:
     """Greedy pass@1 of ``model_path`` on ``demo.eval_problems`` held-out problems (``trl-prime eval``)."""
     from trl_prime.scripts import evaluate as evaluate_script
 
@@ -151,7 +158,8 @@ def evaluate_heldout(model_path: str, demo: DemoArguments, output_file: str) -> 
         num_samples=1,
         temperature=0.0,
         max_new_tokens=demo.eval_max_new_tokens,
-        batch_size=25,
+        batch_size=demo.eval_batch_size,
+        dtype=eval_dtype(bf16),
         num_threads=demo.num_threads,
         output_file=output_file,
         save_completions=True,
@@ -159,7 +167,7 @@ def evaluate_heldout(model_path: str, demo: DemoArguments, output_file: str) -> 
     return evaluate_script.main(args)
 
 
-def previous_evaluation(path: str, model_path: str, demo: DemoArguments) -> dict | None:
+def previous_evaluation(path: str, model_path: str, demo: DemoArguments, bf16: bool = False) -> dict | None:
     """The JSON at ``path`` when it evaluated the same model on the same problems with the same decoding, else None."""
     try:
         result = json.loads(Path(path).read_text())
@@ -173,6 +181,7 @@ def previous_evaluation(path: str, model_path: str, demo: DemoArguments) -> dict
         and a.get("max_new_tokens") == demo.eval_max_new_tokens
         and a.get("temperature") == 0.0
         and a.get("dataset_split") == "test"
+        and a.get("dtype") == eval_dtype(bf16)
     )
     return result if same else None
 
@@ -401,7 +410,7 @@ def main(demo: DemoArguments, training_args) -> dict:
         "precision": "bf16" if bf16 else "fp32",
     }
     if demo.eval_problems:
-        summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out)["micro"]["pass@1"]
+        summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out, bf16)["micro"]["pass@1"]
 
     set_seed(training_args.seed)
     metrics_path = os.path.join(out, "metrics.jsonl")
@@ -416,8 +425,9 @@ def main(demo: DemoArguments, training_args) -> dict:
     summary["plots"] = plot_metrics(records, out, label="PRIME" if demo.trainer == "prime" else "plain RLOO")
     summary.update(quarter_means(records))
     if demo.eval_problems:
-        after = evaluate_heldout(policy_dir, demo, os.path.join(out, "eval_after.json"))
+        after = evaluate_heldout(policy_dir, demo, os.path.join(out, "eval_after.json"), bf16)
         summary["heldout_accuracy_after"] = after["micro"]["pass@1"]
+        summary.update(heldout_intervals(out))
         if demo.trainer == "prime" and demo.heatmap_completions:
             summary["heatmap"] = heldout_heatmap(trainer.implicit_prm, demo, out)
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -426,12 +436,36 @@ def main(demo: DemoArguments, training_args) -> dict:
     return summary
 
 
-def heldout_before(model_path: str, demo: DemoArguments, out: str) -> dict:
+def heldout_scores(completions_path: str) -> dict[str, float]:
+    """``{problem id: greedy score (0/1)}`` from a ``trl-prime eval`` completions file (unscored counts as 0)."""
+    with open(completions_path) as f:
+        return {r["id"]: float(r["rewards"][0] or 0.0) for r in map(json.loads, f) if r.get("rewards")}
+
+
+def heldout_intervals(out: str) -> dict:
+    """95% intervals of the held-out evaluations in ``out``: Wilson intervals of the accuracy before and after
+    (``heldout_accuracy_{before,after}_95ci``) and the paired difference after - before on the same problems
+    (``heldout_accuracy_change`` = ``{"mean", "low", "high", "n_problems"}``, fractions)."""
+    from trl_prime.evaluation import paired_difference_interval, wilson_interval
+
+    before = heldout_scores(os.path.join(out, "eval_before.completions.jsonl"))
+    after = heldout_scores(os.path.join(out, "eval_after.completions.jsonl"))
+    ids = [i for i in before if i in after]
+    result = {
+        f"heldout_accuracy_{name}_95ci": list(wilson_interval(int(sum(s[i] >= 1 for i in ids)), len(ids)))
+        for name, s in (("before", before), ("after", after))
+    }
+    mean, low, high = paired_difference_interval([before[i] for i in ids], [after[i] for i in ids])
+    result["heldout_accuracy_change"] = {"mean": mean, "low": low, "high": high, "n_problems": len(ids)}
+    return result
+
+
+def heldout_before(model_path: str, demo: DemoArguments, out: str, bf16: bool = False) -> dict:
     """The held-out evaluation before training: ``<out>/eval_before.json`` when it holds the same one (greedy is
     deterministic), else evaluated now."""
-    before = previous_evaluation(os.path.join(out, "eval_before.json"), model_path, demo)
+    before = previous_evaluation(os.path.join(out, "eval_before.json"), model_path, demo, bf16)
     if before is None:
-        return evaluate_heldout(model_path, demo, os.path.join(out, "eval_before.json"))
+        return evaluate_heldout(model_path, demo, os.path.join(out, "eval_before.json"), bf16)
     print("[demo] reusing eval_before.json (same model, problems and decoding; greedy is deterministic)")
     return before
 
@@ -493,14 +527,20 @@ def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: st
                 f"{s['last_quarter_mean']:.3f} (mean {s['mean']:.3f} over {s['n_steps']} steps)"
             )
     if demo.eval_problems:
+        (b_lo, b_hi), (a_lo, a_hi) = summary["heldout_accuracy_before_95ci"], summary["heldout_accuracy_after_95ci"]
+        change = summary["heldout_accuracy_change"]
         print(
-            f"  held-out accuracy (greedy, {demo.eval_problems} problems): "
-            f"before {summary['heldout_accuracy_before']:.1%} -> after {summary['heldout_accuracy_after']:.1%}"
+            f"  held-out accuracy (greedy, {change['n_problems']} problems): "
+            f"before {summary['heldout_accuracy_before']:.1%} [{b_lo:.1%}, {b_hi:.1%}] -> "
+            f"after {summary['heldout_accuracy_after']:.1%} [{a_lo:.1%}, {a_hi:.1%}]; change "
+            f"{100 * change['mean']:+.1f} points, paired 95% interval [{100 * change['low']:+.1f}, "
+            f"{100 * change['high']:+.1f}]"
         )
     print(
-        f"  wrote {metrics_path}, {', '.join(os.path.basename(p) for p in summary['plots'])}"
+        f"  plots and logs in {out}: {os.path.basename(metrics_path)}, "
+        f"{', '.join(os.path.basename(p) for p in summary['plots'])}"
         + (", token_rewards.png/.html" if "heatmap" in summary else "")
-        + f", summary.json in {out}"
+        + ", summary.json"
     )
     print(f"  total {summary['total_seconds'] / 60:.1f} min", flush=True)
 

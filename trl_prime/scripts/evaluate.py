@@ -389,13 +389,13 @@ def main(args: EvaluateScriptArguments, generate_fn: GenerateFn | None = None) -
 
         torch.set_num_threads(args.num_threads)
     ks = sorted(set(args.pass_k)) if args.pass_k else default_ks(args.num_samples)
+    model_path = resolve_model_path(args.model_name_or_path)  # first: a missing folder fails before any loading
     datasets = {}
     load = dict(size=args.max_problems, seed=args.dataset_seed, on_bad_rows=args.on_bad_rows, metadata=True)
     for name in args.datasets:
         datasets[name] = load_prompt_dataset(name, args.dataset_split, **load)
         print(f"[evaluate] {name} ({args.dataset_split}): {len(datasets[name])} problems", flush=True)
 
-    model_path = resolve_model_path(args.model_name_or_path)
     backend, generate, tokenizer = make_generator(args, model_path, generate_fn)
     per_dataset, records = {}, []
     for name, ds in datasets.items():
