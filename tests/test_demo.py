@@ -94,6 +94,33 @@ def test_plot_metrics_writes_the_three_plots(demo, tmp_path):
     assert [os.path.basename(p) for p in paths] == ["reward.png"]
 
 
+def test_comparison_plot_and_its_argument(demo, tmp_path):
+    """`--compare_with` folders must hold a finished run; the comparison plot draws every run, labelled with its
+    trainer, learning rate and seed."""
+    folders = []
+    for name, trainer in (("prime", "prime"), ("rloo", "rloo")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "reward": 0.1 * s}) + "\n" for s in (1, 2, 3))
+        )
+        summary = {"trainer": trainer, "learning_rate": 1e-5, "seed": 42, "heldout_accuracy_before": 0.2}
+        summary.update(heldout_accuracy_after=0.25, heldout_accuracy_before_95ci=[0.16, 0.25])
+        (folder / "summary.json").write_text(json.dumps(summary))
+        folders.append(str(folder))
+    assert (
+        demo.run_label(json.loads((tmp_path / "rloo" / "summary.json").read_text())) == "plain RLOO, lr 1e-05, seed 42"
+    )
+    assert demo.run_label({"trainer": "prime"}) == "PRIME"
+    path = demo.plot_comparison(folders, str(tmp_path / "comparison.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    args = demo.DemoArguments(compare_with=[str(tmp_path)])
+    with pytest.raises(ValueError, match="`compare_with`: .* has no summary.json"):
+        args.validate()
+    demo.DemoArguments(compare_with=folders).validate()
+
+
 def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monkeypatch):
     """The tiny model never boxes an answer: every group is filtered out, so the PRM never moves and stays equal to
     its reference; every token reward in the heatmap is then exactly 0 (the implicit-PRM invariant)."""

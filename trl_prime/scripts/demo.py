@@ -63,8 +63,8 @@ class DemoArguments:
         },
     )
     train_problems: int = field(default=2000, metadata={"help": "Training problems to generate / keep."})
-    eval_problems: int = field(default=100, metadata={"help": "Held-out problems (0 skips the evaluations)."})
-    eval_max_new_tokens: int = field(default=128, metadata={"help": "Completion length of the evaluations."})
+    eval_problems: int = field(default=300, metadata={"help": "Held-out problems (0 skips the evaluations)."})
+    eval_max_new_tokens: int = field(default=64, metadata={"help": "Completion length of the evaluations."})
     eval_batch_size: int = field(default=50, metadata={"help": "Held-out problems per generate call."})
     trainer: str = field(
         default="prime",
@@ -79,6 +79,13 @@ class DemoArguments:
         default=6,
         metadata={"help": "Held-out completions in the token-reward heatmap (half right, half wrong when possible)."},
     )
+    compare_with: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Output folders of earlier demo runs (e.g. outputs/demo_rloo): after this run, plot its training "
+            "reward and held-out accuracy next to theirs in <output_dir>/comparison.png."
+        },
+    )
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field and the fix."""
@@ -90,6 +97,12 @@ class DemoArguments:
             raise ValueError(f"`train_problems`={self.train_problems} must be >= 1.")
         if self.eval_problems < 0:
             raise ValueError(f"`eval_problems`={self.eval_problems} must be >= 0 (0 skips the evaluations).")
+        for folder in self.compare_with:
+            if not os.path.isfile(os.path.join(folder, "summary.json")):
+                raise ValueError(
+                    f"`compare_with`: {folder} has no summary.json; give the --output_dir of a finished demo run "
+                    "(e.g. outputs/demo_rloo after `trl-prime demo --trainer rloo --output_dir outputs/demo_rloo`)."
+                )
 
 
 def native_bf16(use_cpu: bool = False) -> bool:
@@ -233,6 +246,64 @@ def plot_metrics(records: list[dict], output_dir: str, label: str = "PRIME") -> 
         plt.close(fig)
         written.append(path)
     return written
+
+
+def run_label(summary: dict) -> str:
+    """``"PRIME"`` / ``"plain RLOO"``, the policy learning rate and the seed (when recorded)."""
+    label = "PRIME" if summary.get("trainer") == "prime" else "plain RLOO"
+    if "learning_rate" in summary:
+        label += f", lr {summary['learning_rate']:g}"
+    return label if "seed" not in summary else f"{label}, seed {summary['seed']}"
+
+
+def plot_comparison(folders: list[str], output_path: str, window: int = 5) -> str:
+    """One figure of several demo runs (their ``metrics.jsonl`` and ``summary.json``): the training reward per step
+    (trailing mean of ``window`` steps) and the held-out greedy accuracy before -> after with its Wilson 95% interval.
+
+    Args:
+        folders: output folders of finished demo runs.
+        output_path: the PNG to write.
+
+    Returns:
+        ``output_path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_reward, ax_eval) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    for i, folder in enumerate(folders):
+        summary = json.loads(Path(folder, "summary.json").read_text())
+        records = read_metrics(os.path.join(folder, "metrics.jsonl"))
+        label, colour = run_label(summary), f"C{i}"
+        steps = [r["step"] for r in records]
+        rewards = [r.get("reward") for r in records]
+        ax_reward.plot(steps, [float("nan") if v is None else v for v in rewards], ".", color=colour, alpha=0.35)
+        ax_reward.plot(steps, rolling_mean(rewards, window), "-", color=colour, lw=2, label=label)
+        if "heldout_accuracy_after" in summary:
+            x = [i - 0.1, i + 0.1]
+            acc = [summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]]
+            intervals = [summary.get(f"heldout_accuracy_{k}_95ci") for k in ("before", "after")]
+            err = [
+                [a - (c or [a, a])[0] for a, c in zip(acc, intervals)],
+                [(c or [a, a])[1] - a for a, c in zip(acc, intervals)],
+            ]
+            ax_eval.errorbar(x, acc, yerr=err, fmt="o-", color=colour, capsize=4, label=label)
+    ax_reward.set_xlabel("step")
+    ax_reward.set_title(f"training reward (rollout accuracy; lines: mean of the last {window} steps)", fontsize=9)
+    ax_reward.grid(alpha=0.3)
+    ax_reward.legend(fontsize=8)
+    ax_eval.set_xticks(range(len(folders)))
+    ax_eval.set_xticklabels(["before -> after"] * len(folders), fontsize=8)
+    ax_eval.set_xlim(-0.5, len(folders) - 0.5)
+    ax_eval.set_title("held-out greedy accuracy (95% Wilson intervals)", fontsize=9)
+    ax_eval.grid(alpha=0.3)
+    ax_eval.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output_path, dpi=110)
+    plt.close(fig)
+    return output_path
 
 
 def token_reward_heatmap(implicit_prm, prompts, completions, correct, output_dir: str) -> list[str]:
@@ -408,6 +479,8 @@ def main(demo: DemoArguments, training_args) -> dict:
         * training_args.gradient_accumulation_steps
         // training_args.num_generations,
         "precision": "bf16" if bf16 else "fp32",
+        "learning_rate": training_args.learning_rate,
+        "seed": training_args.seed,
     }
     if demo.eval_problems:
         summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out, bf16)["micro"]["pass@1"]
@@ -432,6 +505,9 @@ def main(demo: DemoArguments, training_args) -> dict:
             summary["heatmap"] = heldout_heatmap(trainer.implicit_prm, demo, out)
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
     Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
+    if demo.compare_with:
+        summary["comparison"] = plot_comparison([*demo.compare_with, out], os.path.join(out, "comparison.png"))
+        Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
     print_results(summary, demo, metrics_path, out)
     return summary
 
@@ -540,6 +616,7 @@ def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: st
         f"  plots and logs in {out}: {os.path.basename(metrics_path)}, "
         f"{', '.join(os.path.basename(p) for p in summary['plots'])}"
         + (", token_rewards.png/.html" if "heatmap" in summary else "")
+        + (", comparison.png" if "comparison" in summary else "")
         + ", summary.json"
     )
     print(f"  total {summary['total_seconds'] / 60:.1f} min", flush=True)
