@@ -154,6 +154,9 @@ def test_a_bad_method_option_is_refused_before_the_launch(tmp_path, capsys, monk
         code, err = _exit_status(["prime", *argv], capsys, launch_training=True)
         assert code == 2 and err.startswith("trl-prime prime: error: "), err
         assert message in err and "refused before launching" in err, err
+    monkeypatch.chdir(tmp_path)
+    code, err = _exit_status(["prime", "--model_name_or_path", "./outputs/sft"], capsys, launch_training=True)
+    assert code == 2 and "--model_name_or_path ./outputs/sft: no such folder" in err, err
     assert launched == []
     for command, name in (("prime", "prime_qwen7b"), ("prime", "prime_lora"), ("prof", "prof_prime")):
         argv = cli.accelerate_launch_argv(

@@ -121,6 +121,37 @@ def test_comparison_plot_and_its_argument(demo, tmp_path):
     demo.DemoArguments(compare_with=folders).validate()
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("eval_problems", 1, "give 0 .* or >= 2"),
+        ("eval_problems", -3, "give 0 .* or >= 2"),
+        ("eval_batch_size", 0, "`eval_batch_size`=0 must be >= 1"),
+        ("eval_max_new_tokens", 0, "`eval_max_new_tokens`=0 must be >= 1"),
+        ("model_name_or_path", "./no/such/policy", "`model_name_or_path`='./no/such/policy': no such folder"),
+    ],
+)
+def test_demo_arguments_refuse_bad_values_before_training(demo, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        demo.DemoArguments(**{field: value}).validate()
+
+
+def test_heldout_intervals_count_the_problems_that_changed(demo, tmp_path):
+    """Wilson intervals of each accuracy and the paired change, from the completions files of the two evaluations."""
+    from trl_prime.evaluation import wilson_interval
+
+    for name, rewards in (("before", [1, 0, 0, 1, 0]), ("after", [1, 1, 1, 0, None])):
+        rows = [{"id": f"p{i}", "completions": ["c"], "rewards": [r]} for i, r in enumerate(rewards)]
+        (tmp_path / f"eval_{name}.completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = demo.heldout_intervals(str(tmp_path))
+    assert out["heldout_accuracy_before_95ci"] == list(wilson_interval(2, 5))
+    change = out["heldout_accuracy_change"]
+    # differences 0, +1, +1, -1, 0 (unscored counts 0): mean 0.2
+    assert change["mean"] == pytest.approx(0.2) and change["n_problems"] == 5
+    assert (change["n_now_right"], change["n_now_wrong"]) == (2, 1)
+    assert change["low"] < 0.2 < change["high"]
+
+
 def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monkeypatch):
     """The tiny model never boxes an answer: every group is filtered out, so the PRM never moves and stays equal to
     its reference; every token reward in the heatmap is then exactly 0 (the implicit-PRM invariant)."""

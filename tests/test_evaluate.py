@@ -151,7 +151,7 @@ def test_wilson_interval_hand_values():
     assert lo == pytest.approx(0.23659, abs=1e-4) and hi == pytest.approx(0.76341, abs=1e-4)
     lo, hi = wilson_interval(0, 4)  # p = 0: not empty, upper bound z^2 / (n + z^2)
     assert lo == 0.0 and hi == pytest.approx(1.96**2 / (4 + 1.96**2))
-    assert wilson_interval(4, 4)[1] == 1.0
+    assert wilson_interval(4, 4)[1] == 1.0 and wilson_interval(4, 4)[0] == pytest.approx(4 / (4 + 1.96**2))
     with pytest.raises(ValueError, match="successes"):
         wilson_interval(5, 4)
     with pytest.raises(ValueError, match="n >= 1"):

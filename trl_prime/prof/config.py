@@ -21,6 +21,7 @@ from trl_prime.functional import (
     check_choice,
 )
 from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
+from trl_prime.models import looks_local
 
 
 #: the string options of :class:`ProfOptions` and their allowed values (:mod:`trl_prime.functional`)
@@ -60,16 +61,10 @@ def decode_escapes(value):
         ) from e
 
 
-def _looks_local(path: str) -> bool:
-    """``path`` is meant as a local path, not a Hub id (``org/name``: one slash, no leading ``/``, ``.``, ``~``)."""
-    seps = {os.sep, os.altsep} - {None}
-    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or any(s in path for s in seps - {"/"})
-
-
 def check_prof_prm_path(prof_prm) -> None:
     """Raise a ValueError naming ``prof_prm`` when it is a local path that does not exist (checked before any model is
     loaded; a Hub id such as ``Qwen/Qwen2.5-Math-PRM-7B`` is not checked here)."""
-    if not isinstance(prof_prm, str) or prof_prm == "implicit" or not _looks_local(prof_prm):
+    if not isinstance(prof_prm, str) or prof_prm == "implicit" or not looks_local(prof_prm):
         return
     if not os.path.exists(os.path.expanduser(prof_prm)):
         raise ValueError(

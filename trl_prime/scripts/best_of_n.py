@@ -121,6 +121,20 @@ class BestOfNArguments:
         check_choice(self.prm_prompt, PRM_PROMPTS, "--prm_prompt")
         if self.max_problems < 1:
             raise ValueError(f"--max_problems must be >= 1, got {self.max_problems}.")
+        from trl_prime.models import is_missing_local_path
+
+        if is_missing_local_path(self.model_name_or_path):
+            raise ValueError(
+                f"--model_name_or_path {self.model_name_or_path}: no such folder (relative paths start at "
+                f"{os.getcwd()}). Give a checkpoint folder, a Hub id or embedded:smollm2-135m-instruct."
+            )
+        for path in self.prm_paths:
+            if path != "initial" and is_missing_local_path(path):
+                raise ValueError(
+                    f"--prm_paths: {path} does not exist (relative paths start at {os.getcwd()}). Train it first "
+                    "(trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml writes outputs/implicit_prm/"
+                    "prm_dpo), or list only trained PRMs and 'initial'."
+                )
 
 
 # ---------------------------------------------------------------------------------------------------- answers

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trl_prime.models import is_missing_local_path
 from trl_prime.scripts.utils import normalize_argv
 
 
@@ -95,8 +96,19 @@ class DemoArguments:
             raise ValueError(f"`precision`={self.precision!r}: choose 'auto', 'fp32' or 'bf16'.")
         if self.train_problems < 1:
             raise ValueError(f"`train_problems`={self.train_problems} must be >= 1.")
-        if self.eval_problems < 0:
-            raise ValueError(f"`eval_problems`={self.eval_problems} must be >= 0 (0 skips the evaluations).")
+        if self.eval_problems < 0 or self.eval_problems == 1:
+            raise ValueError(
+                f"`eval_problems`={self.eval_problems}: give 0 (skips the evaluations) or >= 2 (the paired interval of "
+                "the change needs two problems)."
+            )
+        for name in ("eval_max_new_tokens", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}`={getattr(self, name)} must be >= 1.")
+        if is_missing_local_path(self.model_name_or_path):
+            raise ValueError(
+                f"`model_name_or_path`={self.model_name_or_path!r}: no such folder (relative paths start at "
+                f"{os.getcwd()}). Give a checkpoint folder, a Hub id or embedded:smollm2-135m-instruct."
+            )
         for folder in self.compare_with:
             if not os.path.isfile(os.path.join(folder, "summary.json")):
                 raise ValueError(
@@ -195,6 +207,7 @@ def previous_evaluation(path: str, model_path: str, demo: DemoArguments, bf16: b
         and a.get("temperature") == 0.0
         and a.get("dataset_split") == "test"
         and a.get("dtype") == eval_dtype(bf16)
+        and a.get("batch_size") == demo.eval_batch_size  # padding to the batch's longest prompt can change bf16 greedy
     )
     return result if same else None
 
@@ -276,7 +289,7 @@ def plot_comparison(folders: list[str], output_path: str, window: int = 5) -> st
     for i, folder in enumerate(folders):
         summary = json.loads(Path(folder, "summary.json").read_text())
         records = read_metrics(os.path.join(folder, "metrics.jsonl"))
-        label, colour = run_label(summary), f"C{i}"
+        label, colour = f"{os.path.basename(os.path.normpath(folder))}: {run_label(summary)}", f"C{i}"
         steps = [r["step"] for r in records]
         rewards = [r.get("reward") for r in records]
         ax_reward.plot(steps, [float("nan") if v is None else v for v in rewards], ".", color=colour, alpha=0.35)
@@ -299,7 +312,8 @@ def plot_comparison(folders: list[str], output_path: str, window: int = 5) -> st
     ax_eval.set_xlim(-0.5, len(folders) - 0.5)
     ax_eval.set_title("held-out greedy accuracy (95% Wilson intervals)", fontsize=9)
     ax_eval.grid(alpha=0.3)
-    ax_eval.legend(fontsize=8)
+    if ax_eval.get_legend_handles_labels()[0]:  # none when no run evaluated
+        ax_eval.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(output_path, dpi=110)
     plt.close(fig)
@@ -505,8 +519,9 @@ def main(demo: DemoArguments, training_args) -> dict:
             summary["heatmap"] = heldout_heatmap(trainer.implicit_prm, demo, out)
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
     Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
-    if demo.compare_with:
-        summary["comparison"] = plot_comparison([*demo.compare_with, out], os.path.join(out, "comparison.png"))
+    others = [f for f in demo.compare_with if os.path.realpath(f) != os.path.realpath(out)]  # not this run twice
+    if others:
+        summary["comparison"] = plot_comparison([*others, out], os.path.join(out, "comparison.png"))
         Path(os.path.join(out, "summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
     print_results(summary, demo, metrics_path, out)
     return summary
@@ -527,12 +542,21 @@ def heldout_intervals(out: str) -> dict:
     before = heldout_scores(os.path.join(out, "eval_before.completions.jsonl"))
     after = heldout_scores(os.path.join(out, "eval_after.completions.jsonl"))
     ids = [i for i in before if i in after]
+    if len(ids) < 2:  # a split with fewer held-out problems than asked: no interval to give
+        return {}
     result = {
         f"heldout_accuracy_{name}_95ci": list(wilson_interval(int(sum(s[i] >= 1 for i in ids)), len(ids)))
         for name, s in (("before", before), ("after", after))
     }
     mean, low, high = paired_difference_interval([before[i] for i in ids], [after[i] for i in ids])
-    result["heldout_accuracy_change"] = {"mean": mean, "low": low, "high": high, "n_problems": len(ids)}
+    result["heldout_accuracy_change"] = {
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "n_problems": len(ids),
+        "n_now_right": sum(before[i] < 1 <= after[i] for i in ids),  # wrong before, right after
+        "n_now_wrong": sum(after[i] < 1 <= before[i] for i in ids),  # right before, wrong after
+    }
     return result
 
 
@@ -602,7 +626,7 @@ def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: st
                 f"  {key:22s} first quarter {s['first_quarter_mean']:.3f} -> last quarter "
                 f"{s['last_quarter_mean']:.3f} (mean {s['mean']:.3f} over {s['n_steps']} steps)"
             )
-    if demo.eval_problems:
+    if "heldout_accuracy_change" in summary:
         (b_lo, b_hi), (a_lo, a_hi) = summary["heldout_accuracy_before_95ci"], summary["heldout_accuracy_after_95ci"]
         change = summary["heldout_accuracy_change"]
         print(
@@ -610,7 +634,7 @@ def print_results(summary: dict, demo: DemoArguments, metrics_path: str, out: st
             f"before {summary['heldout_accuracy_before']:.1%} [{b_lo:.1%}, {b_hi:.1%}] -> "
             f"after {summary['heldout_accuracy_after']:.1%} [{a_lo:.1%}, {a_hi:.1%}]; change "
             f"{100 * change['mean']:+.1f} points, paired 95% interval [{100 * change['low']:+.1f}, "
-            f"{100 * change['high']:+.1f}]"
+            f"{100 * change['high']:+.1f}]; {change['n_now_right']} problems now right, {change['n_now_wrong']} now wrong"
         )
     print(
         f"  plots and logs in {out}: {os.path.basename(metrics_path)}, "
