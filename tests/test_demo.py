@@ -37,7 +37,7 @@ def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
     monkeypatch.delenv("DEMO_STEPS", raising=False)
     args, training = demo.parse(["--output_dir", str(tmp_path)])
     assert args.model_name_or_path == "embedded:smollm2-135m-instruct" and args.dataset_name == "embedded:arithmetic"
-    assert (training.num_generations, training.per_device_train_batch_size, training.max_steps) == (8, 8, 12)
+    assert (training.num_generations, training.per_device_train_batch_size, training.max_steps) == (8, 8, 36)
     assert training.gradient_accumulation_steps == 4 == training.steps_per_generation  # 4 prompts x 8 per step
     assert (training.filter_lower, training.filter_upper, training.prm_beta) == (0.2, 0.8, 0.05)
     assert training.beta == 0.0 and args.trainer == "prime"
@@ -207,7 +207,14 @@ def test_demo_end_to_end_on_the_tiny_model(demo, tiny_model_path, tmp_path, monk
     assert summary["heldout_accuracy_before"] == 0.0 == summary["heldout_accuracy_after"]
     # 0 of 4 right both times: Wilson upper bound z^2 / (n + z^2), no paired change and no uncertainty about it
     assert summary["heldout_accuracy_before_95ci"] == [0.0, pytest.approx(1.96**2 / (4 + 1.96**2))]
-    assert summary["heldout_accuracy_change"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n_problems": 4}
+    assert summary["heldout_accuracy_change"] == {
+        "mean": 0.0,
+        "low": 0.0,
+        "high": 0.0,
+        "n_problems": 4,
+        "n_now_right": 0,
+        "n_now_wrong": 0,
+    }
     assert summary["num_generations"] == 8 and summary["prompts_per_step"] == 1 and summary["max_steps"] == 2
     for name in (
         "reward.png",

@@ -421,9 +421,9 @@ def test_best_of_n_refuses_a_prm_folder_that_is_not_there(tmp_path, monkeypatch)
     from trl_prime.scripts import best_of_n as ebn
 
     monkeypatch.chdir(tmp_path)
-    args = ebn.BestOfNArguments(prm_paths=["initial", "outputs/implicit_prm/prm_dpo"])
+    args = ebn.BestOfNArguments(prm_paths=["initial", "outputs/implicit_prm/prm_ce"])
     with pytest.raises(
-        ValueError, match=r"--prm_paths: outputs/implicit_prm/prm_dpo does not exist.*trl-prime implicit-prm"
+        ValueError, match=r"--prm_paths: outputs/implicit_prm/prm_ce does not exist.*trl-prime implicit-prm"
     ):
         args.validate()
     ebn.BestOfNArguments(prm_paths=["initial", "org/hub-prm"]).validate()  # a Hub id is left to transformers

@@ -6,7 +6,7 @@ Usage (TRL script style: every field of ``BestOfNArguments`` is a flag or a key 
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml
     python recipes/evaluate_best_of_n.py --config recipes/configs/implicit_prm_eval.yaml     # the same
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml \\
-        --prm_paths initial outputs/implicit_prm/prm_dpo --max_problems 32
+        --prm_paths initial outputs/implicit_prm/prm_ce --max_problems 32
 
 1. Samples ``num_samples`` (64) completions per held-out problem ONCE from the policy and caches them with their
    verifier rewards in ``samples_file`` (JSONL; reused when its settings match, so scoring more PRMs is cheap).
@@ -133,7 +133,7 @@ class BestOfNArguments:
                 raise ValueError(
                     f"--prm_paths: {path} does not exist (relative paths start at {os.getcwd()}). Train it first "
                     "(trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml writes outputs/implicit_prm/"
-                    "prm_dpo), or list only trained PRMs and 'initial'."
+                    "prm_ce), or list only trained PRMs and 'initial'."
                 )
 
 
