@@ -250,6 +250,30 @@ def test_best_of_n_metrics_hand_computed():
     assert m[4]["mean_sample"] == pytest.approx((0.5 + 0.25 + 0.0) / 3)
 
 
+def test_best_of_n_picks_counts_reasons_and_lengths():
+    from trl_prime.scripts.best_of_n import best_of_n_picks
+
+    records = [
+        {
+            "answers": ["1", "2", "2", None],
+            "reasons": ["wrong", "correct", "correct", "no_answer"],
+            "completions": ["a = \\boxed{1}", "a = \\boxed{2}", "b = \\boxed{2}", "a ="],
+        },
+        {
+            "answers": [None, "7", "5", "5"],
+            "reasons": ["no_answer", "wrong", "correct", "correct"],
+            "completions": ["x", "7 = \\boxed{7}", "\\boxed{5}", "5 \\boxed{5}"],
+        },
+    ]
+    # the PRM prefers the short answer-less completion of problem 0 at N=4, the first "5" of problem 1
+    scores = {"prm": {"min": [[0.0, 0.1, 0.1, 0.9], [0.2, 0.0, 0.5, 0.5]]}}
+    picks = best_of_n_picks(records, [2, 4], scores)
+    assert picks[4]["first"] == {"wrong": 1, "no_answer": 1, "mean_chars": (13 + 1) / 2}
+    assert picks[4]["majority"] == {"correct": 2, "mean_chars": (13 + 9) / 2}  # "2" (index 1), "5" (index 2)
+    assert picks[4]["bon/prm/min"] == {"no_answer": 1, "correct": 1, "mean_chars": (3 + 9) / 2}
+    assert picks[2]["bon/prm/min"] == {"correct": 1, "no_answer": 1, "mean_chars": (13 + 1) / 2}  # index 1, index 0
+
+
 def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny_model_path, tmp_path):
     from trl_prime.scripts import best_of_n as ebn
 
@@ -277,7 +301,7 @@ def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny
     assert calls == [2]
     assert res["n_problems"] == 2 and set(res["metrics"]) == {"1", "2", "4"}
     saved = json.loads((tmp_path / "bon.json").read_text())
-    assert saved["metrics"] == res["metrics"]
+    assert saved["metrics"] == res["metrics"] and set(saved["picks"]) == {"1", "2", "4"}
     for n in ("1", "2", "4"):
         m = res["metrics"][n]
         # the untrained PRM with its reference scores every candidate 0: best-of-N = the first sample
@@ -421,7 +445,7 @@ def test_best_of_n_refuses_a_prm_folder_that_is_not_there(tmp_path, monkeypatch)
     from trl_prime.scripts import best_of_n as ebn
 
     monkeypatch.chdir(tmp_path)
-    args = ebn.BestOfNArguments(prm_paths=["initial", "outputs/implicit_prm/prm_ce"])
+    args = ebn.BestOfNArguments(prm_paths=["initial", "outputs/implicit_prm/prm_ce"])  # a folder not made here
     with pytest.raises(
         ValueError, match=r"--prm_paths: outputs/implicit_prm/prm_ce does not exist.*trl-prime implicit-prm"
     ):

@@ -6,7 +6,7 @@ Usage (TRL script style: every field of ``BestOfNArguments`` is a flag or a key 
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml
     python recipes/evaluate_best_of_n.py --config recipes/configs/implicit_prm_eval.yaml     # the same
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml \\
-        --prm_paths initial outputs/implicit_prm/prm_ce --max_problems 32
+        --prm_paths initial outputs/implicit_prm/prm_dpo outputs/implicit_prm/prm_ce --max_problems 64
 
 1. Samples ``num_samples`` (64) completions per held-out problem ONCE from the policy and caches them with their
    verifier rewards in ``samples_file`` (JSONL; reused when its settings match, so scoring more PRMs is cheap).
@@ -19,7 +19,8 @@ Usage (TRL script style: every field of ``BestOfNArguments`` is a flag or a key 
    seen first; no answer at all -> sample 0), ``oracle`` (pass@N: any of the N correct) and ``bon/<prm>/<variant>``
    (the argmax of the PRM score, first wins on ties).
 
-Writes ``output_file`` (JSON) and prints a table.
+Writes ``output_file`` (JSON: the accuracies, and under ``picks`` what each method picked -- the verifier's reasons
+``correct`` / ``wrong`` / ``no_answer`` and the mean length, see :func:`best_of_n_picks`) and prints a table.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class BestOfNArguments:
                 raise ValueError(
                     f"--prm_paths: {path} does not exist (relative paths start at {os.getcwd()}). Train it first "
                     "(trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml writes outputs/implicit_prm/"
-                    "prm_ce), or list only trained PRMs and 'initial'."
+                    "prm_dpo), or list only trained PRMs and 'initial'."
                 )
 
 
@@ -436,6 +437,33 @@ def best_of_n_metrics(records: list[dict], ns: Sequence[int], prm_scores: dict[s
     return out
 
 
+def best_of_n_picks(records: list[dict], ns: Sequence[int], prm_scores: dict[str, dict[str, list[list[float]]]]):
+    """What each method picks: ``{N: {method: {"correct" | "wrong" | "no_answer" | ...: count, "mean_chars": float}}}``.
+
+    The reasons are the verifier's (``records[i]["reasons"]``); ``mean_chars`` is the mean length in characters of the
+    picked completions. It tells *why* a PRM loses: e.g. a PRM whose rewards are all pushed negative favours short
+    completions that stop before the boxed answer (``no_answer``).
+    """
+    from trl_prime.implicit_prm.best_of_n import argmax_first
+
+    out = {}
+    for n in ns:
+        picks = {
+            "first": [0] * len(records),
+            "majority": [majority_index(r["answers"][:n]) for r in records],
+        }
+        for label, variants in prm_scores.items():
+            for v, per_problem in variants.items():
+                picks[f"bon/{label}/{v}"] = [argmax_first(s[:n]) for s in per_problem]
+        out[n] = {}
+        for method, idx in picks.items():
+            chosen = [(r["reasons"][i], r["completions"][i]) for r, i in zip(records, idx)]
+            summary: dict[str, float] = dict(Counter(reason for reason, _ in chosen))
+            summary["mean_chars"] = round(sum(len(text) for _, text in chosen) / max(len(chosen), 1), 1)
+            out[n][method] = summary
+    return out
+
+
 def format_table(metrics: dict[int, dict[str, float]]) -> str:
     """Rows = methods, columns = N, values in %."""
     ns = sorted(metrics)
@@ -474,6 +502,7 @@ def main(args: BestOfNArguments, generate_fn=None, prms: dict | None = None) -> 
         "n_unscored": sum(1 for r in records for x in r["rewards"] if x is None),
         "reasons": dict(Counter(x for r in records for x in r["reasons"])),
         "metrics": {str(n): m for n, m in metrics.items()},
+        "picks": {str(n): m for n, m in best_of_n_picks(records, args.ns, prm_scores).items()},
         "elapsed_s": round(time.perf_counter() - start, 1),
     }
     out = Path(args.output_file)

@@ -5,8 +5,8 @@ Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`
 ``trl.ModelConfig`` is a flag or a key of the YAML; flags override the YAML)::
 
     trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml
-    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml --loss_type dpo \\
-        --output_dir outputs/implicit_prm/prm_dpo          # reuses the cached rollouts
+    trl-prime implicit-prm --config recipes/configs/implicit_prm.yaml --loss_type ce \\
+        --output_dir outputs/implicit_prm/prm_ce           # reuses the cached rollouts
     accelerate launch --config_file accelerate_configs/multi_gpu.yaml recipes/implicit_prm.py \\
         --config recipes/configs/implicit_prm.yaml --model_name_or_path Qwen/Qwen2.5-Math-7B-Instruct \\
         --dataset_name PRIME-RL/Eurus-2-RL-Data --num_generations 8 --bf16 true
@@ -14,7 +14,7 @@ Usage (TRL script style: every field of ``ImplicitPRMScriptArguments``, :class:`
 
 1. Rollouts: ``num_generations`` completions of the policy (``model_name_or_path``) per training problem, labelled
    by the verifier (:func:`trl_prime.implicit_prm.data.build_outcome_dataset`); unscorable ones are dropped and
-   counted. Saved to ``rollouts_path`` (JSONL) and reused when it exists (delete it to resample).
+   counted. Saved to ``rollouts_path`` (JSONL) and reused while the sampling settings are the same.
 2. Training: :class:`trl_prime.ImplicitPRMTrainer` from the same checkpoint (the reference is a frozen copy), saved
    with ``save_model(output_dir)``; load it with ``ImplicitPRM.from_pretrained(output_dir)``.
 
