@@ -36,7 +36,7 @@ def test_notebooks_are_saved_with_outputs():
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.get("execution_count") for c in code), f"{name}.ipynb has unexecuted code cells: re-execute it"
         assert not [o for c in code for o in c.outputs if o.output_type == "error"], name
-        if name == "quickstart":  # extending.ipynb: still saved from the small mode
+        if name in ("quickstart", "extending"):
             first = "".join(o.get("text", "") for o in code[0].outputs if o.output_type == "stream")
             assert first.startswith("SMALL=False"), f"{name}.ipynb is saved from TRL_PRIME_NOTEBOOK_SMALL=1: {first!r}"
     quickstart = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
@@ -44,6 +44,10 @@ def test_notebooks_are_saved_with_outputs():
         o for c in quickstart.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
     ]
     assert len(images) >= 2, "the token-reward heatmap and the metric plots"
+    extending = nbformat.read(ROOT / "notebooks" / "extending.ipynb", as_version=4)
+    saved = "".join(o.get("text", "") for c in extending.cells if c.cell_type == "code" for o in c.outputs)
+    assert "steps in" in saved and "the 5 lowest-reward tokens" in saved, "the run and the callback's output"
+    assert "@" not in "".join(c.source for c in extending.cells if c.cell_type == "markdown"), "unfilled placeholder"
 
 
 @pytest.mark.slow
