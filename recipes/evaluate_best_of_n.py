@@ -6,7 +6,7 @@ described)::
     python recipes/evaluate_best_of_n.py --config recipes/configs/implicit_prm_eval.yaml
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml     # the same
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml \\
-        --prm_paths initial outputs/implicit_prm/prm_dpo outputs/implicit_prm/prm_ce --max_problems 64
+        --prm_paths initial outputs/implicit_prm/prm_dpo outputs/implicit_prm/prm_ce_pairable --score_problems 32
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def test_best_of_n_metrics_hand_computed():
 
 
 def test_best_of_n_picks_counts_reasons_and_lengths():
-    from trl_prime.scripts.best_of_n import best_of_n_picks
+    from trl_prime.scripts.best_of_n import best_of_n_picks, score_by_reason
 
     records = [
         {
@@ -272,6 +272,10 @@ def test_best_of_n_picks_counts_reasons_and_lengths():
     assert picks[4]["majority"] == {"correct": 2, "mean_chars": (13 + 9) / 2}  # "2" (index 1), "5" (index 2)
     assert picks[4]["bon/prm/min"] == {"no_answer": 1, "correct": 1, "mean_chars": (3 + 9) / 2}
     assert picks[2]["bon/prm/min"] == {"correct": 1, "no_answer": 1, "mean_chars": (13 + 1) / 2}  # index 1, index 0
+    # N=2: "1" and "2" tie once each in problem 0 -> the answer seen first (index 0, wrong); problem 1: "7" (index 1)
+    assert picks[2]["majority"] == {"wrong": 2, "mean_chars": (13 + 13) / 2}
+    means = score_by_reason(records, scores)
+    assert means == {"prm/min": {"correct": pytest.approx(1.2 / 4), "no_answer": pytest.approx(1.1 / 2), "wrong": 0.0}}
 
 
 def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny_model_path, tmp_path):
@@ -302,6 +306,12 @@ def test_evaluate_best_of_n_script_caches_samples_and_scores(two_model_prm, tiny
     assert res["n_problems"] == 2 and set(res["metrics"]) == {"1", "2", "4"}
     saved = json.loads((tmp_path / "bon.json").read_text())
     assert saved["metrics"] == res["metrics"] and set(saved["picks"]) == {"1", "2", "4"}
+    for n, methods in saved[
+        "picks"
+    ].items():  # a method's accuracy is the share of its picks the verifier called right
+        for method, picked in methods.items():
+            assert picked.get("correct", 0) / 2 == pytest.approx(saved["metrics"][n][method]), (n, method)
+    assert set(saved["score_by_reason"]) >= {"initial/min", "pair/min"}
     for n in ("1", "2", "4"):
         m = res["metrics"][n]
         # the untrained PRM with its reference scores every candidate 0: best-of-N = the first sample

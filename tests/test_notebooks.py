@@ -47,7 +47,10 @@ def test_notebooks_are_saved_with_outputs():
     extending = nbformat.read(ROOT / "notebooks" / "extending.ipynb", as_version=4)
     saved = "".join(o.get("text", "") for c in extending.cells if c.cell_type == "code" for o in c.outputs)
     assert "steps in" in saved and "the 5 lowest-reward tokens" in saved, "the run and the callback's output"
-    assert "@" not in "".join(c.source for c in extending.cells if c.cell_type == "markdown"), "unfilled placeholder"
+    text = "".join(c.source for c in extending.cells if c.cell_type == "markdown")
+    assert "@SPS@" not in text and "@RESULT@" not in text, "the placeholders for the saved run's numbers are unfilled"
+    steps = sum("lowest-reward tokens" in line for line in saved.splitlines())
+    assert steps == 3, f"the callback prints every second step of the 6: {steps}"
 
 
 @pytest.mark.slow

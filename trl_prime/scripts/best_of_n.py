@@ -6,7 +6,7 @@ Usage (TRL script style: every field of ``BestOfNArguments`` is a flag or a key 
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml
     python recipes/evaluate_best_of_n.py --config recipes/configs/implicit_prm_eval.yaml     # the same
     trl-prime best-of-n --config recipes/configs/implicit_prm_eval.yaml \\
-        --prm_paths initial outputs/implicit_prm/prm_dpo outputs/implicit_prm/prm_ce --max_problems 64
+        --prm_paths initial outputs/implicit_prm/prm_dpo outputs/implicit_prm/prm_ce_pairable --score_problems 32
 
 1. Samples ``num_samples`` (64) completions per held-out problem ONCE from the policy and caches them with their
    verifier rewards in ``samples_file`` (JSONL; reused when its settings match, so scoring more PRMs is cheap).
@@ -19,8 +19,9 @@ Usage (TRL script style: every field of ``BestOfNArguments`` is a flag or a key 
    seen first; no answer at all -> sample 0), ``oracle`` (pass@N: any of the N correct) and ``bon/<prm>/<variant>``
    (the argmax of the PRM score, first wins on ties).
 
-Writes ``output_file`` (JSON: the accuracies, and under ``picks`` what each method picked -- the verifier's reasons
-``correct`` / ``wrong`` / ``no_answer`` and the mean length, see :func:`best_of_n_picks`) and prints a table.
+Writes ``output_file`` (JSON: the accuracies; under ``picks`` what each method picked -- the verifier's reasons
+``correct`` / ``wrong`` / ``no_answer`` and the mean length, :func:`best_of_n_picks`; under ``score_by_reason`` each
+PRM's mean score by reason, :func:`score_by_reason`) and prints a table.
 """
 
 from __future__ import annotations
@@ -418,49 +419,67 @@ def _correct(reward) -> float:
 
 def best_of_n_metrics(records: list[dict], ns: Sequence[int], prm_scores: dict[str, dict[str, list[list[float]]]]):
     """``{N: {"first", "majority", "oracle", "bon/<prm>/<variant>": accuracy in [0, 1]}}`` over the problems."""
-    from trl_prime.implicit_prm.best_of_n import argmax_first
-
     out = {}
     P = len(records)
     for n in ns:
+        picks = _pick_indices(records, n, prm_scores)
         m: dict[str, float] = {}
-        m["first"] = sum(_correct(r["rewards"][0]) for r in records) / P
-        m["majority"] = sum(_correct(r["rewards"][majority_index(r["answers"][:n])]) for r in records) / P
-        m["oracle"] = sum(max(_correct(x) for x in r["rewards"][:n]) for r in records) / P
-        m["mean_sample"] = sum(sum(_correct(x) for x in r["rewards"][:n]) / n for r in records) / P
-        for label, variants in prm_scores.items():
-            for v, per_problem in variants.items():
-                m[f"bon/{label}/{v}"] = (
-                    sum(_correct(r["rewards"][argmax_first(s[:n])]) for r, s in zip(records, per_problem)) / P
-                )
+        for method, idx in picks.items():
+            m[method] = sum(_correct(r["rewards"][i]) for r, i in zip(records, idx)) / P
+            if method == "majority":  # the fixed columns first, then one per PRM variant
+                m["oracle"] = sum(max(_correct(x) for x in r["rewards"][:n]) for r in records) / P
+                m["mean_sample"] = sum(sum(_correct(x) for x in r["rewards"][:n]) / n for r in records) / P
         out[n] = m
     return out
 
 
-def best_of_n_picks(records: list[dict], ns: Sequence[int], prm_scores: dict[str, dict[str, list[list[float]]]]):
-    """What each method picks: ``{N: {method: {"correct" | "wrong" | "no_answer" | ...: count, "mean_chars": float}}}``.
-
-    The reasons are the verifier's (``records[i]["reasons"]``); ``mean_chars`` is the mean length in characters of the
-    picked completions. It tells *why* a PRM loses: e.g. a PRM whose rewards are all pushed negative favours short
-    completions that stop before the boxed answer (``no_answer``).
-    """
+def _pick_indices(records: list[dict], n: int, prm_scores: dict[str, dict[str, list[list[float]]]]):
+    """``{method: [index of the chosen sample of each problem]}`` among the first ``n`` samples."""
     from trl_prime.implicit_prm.best_of_n import argmax_first
 
+    picks = {"first": [0] * len(records), "majority": [majority_index(r["answers"][:n]) for r in records]}
+    for label, variants in prm_scores.items():
+        for v, per_problem in variants.items():
+            picks[f"bon/{label}/{v}"] = [argmax_first(s[:n]) for s in per_problem]
+    return picks
+
+
+def best_of_n_picks(
+    records: list[dict], ns: Sequence[int], prm_scores: dict[str, dict[str, list[list[float]]]]
+) -> dict[int, dict[str, dict[str, float]]]:
+    """What each method picks: ``{N: {method: {"correct" | "wrong" | "no_answer" | ...: count, "mean_chars": float}}}``.
+
+    The reasons are the verifier's (``records[i]["reasons"]``); a reason no pick has is absent (count 0).
+    ``mean_chars`` is the mean length in characters of the picked completions. Read with :func:`score_by_reason`, it
+    tells *why* a PRM loses: e.g. one that picks completions without a boxed answer (``no_answer``).
+    """
     out = {}
     for n in ns:
-        picks = {
-            "first": [0] * len(records),
-            "majority": [majority_index(r["answers"][:n]) for r in records],
-        }
-        for label, variants in prm_scores.items():
-            for v, per_problem in variants.items():
-                picks[f"bon/{label}/{v}"] = [argmax_first(s[:n]) for s in per_problem]
         out[n] = {}
-        for method, idx in picks.items():
+        for method, idx in _pick_indices(records, n, prm_scores).items():
             chosen = [(r["reasons"][i], r["completions"][i]) for r, i in zip(records, idx)]
             summary: dict[str, float] = dict(Counter(reason for reason, _ in chosen))
             summary["mean_chars"] = round(sum(len(text) for _, text in chosen) / max(len(chosen), 1), 1)
             out[n][method] = summary
+    return out
+
+
+def score_by_reason(
+    records: list[dict], prm_scores: dict[str, dict[str, list[list[float]]]]
+) -> dict[str, dict[str, float]]:
+    """``{"<prm>/<variant>": {reason: mean score}}``: a PRM's mean score of every scored sample, by verifier reason.
+
+    A PRM that ranks well scores ``correct`` above ``wrong`` and ``no_answer``; one whose scores are negative for
+    every kind of completion with ``no_answer`` the least negative will pick answer-less completions.
+    """
+    out = {}
+    for label, variants in prm_scores.items():
+        for v, per_problem in variants.items():
+            by: dict[str, list[float]] = {}
+            for r, scores in zip(records, per_problem):
+                for reason, x in zip(r["reasons"], scores):
+                    by.setdefault(reason, []).append(x)
+            out[f"{label}/{v}"] = {k: round(sum(x) / len(x), 4) for k, x in sorted(by.items())}
     return out
 
 
@@ -503,6 +522,7 @@ def main(args: BestOfNArguments, generate_fn=None, prms: dict | None = None) -> 
         "reasons": dict(Counter(x for r in records for x in r["reasons"])),
         "metrics": {str(n): m for n, m in metrics.items()},
         "picks": {str(n): m for n, m in best_of_n_picks(records, args.ns, prm_scores).items()},
+        "score_by_reason": score_by_reason(records, prm_scores),
         "elapsed_s": round(time.perf_counter() - start, 1),
     }
     out = Path(args.output_file)

@@ -51,7 +51,7 @@ class ImplicitPRMScriptArguments:
     reward: str = field(default="outcome", metadata={"help": "'outcome' (routed math/code) or 'math'."})
     rollouts_path: str = field(
         default="outputs/implicit_prm/rollouts.jsonl",
-        metadata={"help": "Where the labelled rollouts are cached (reused if present)."},
+        metadata={"help": "Where the labelled rollouts are cached (reused while the sampling settings are the same)."},
     )
     prm_prompt: str = field(
         default="full",
