@@ -48,6 +48,10 @@ def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
     assert training.bf16 is native and training.mixed_precision == ("bf16" if native else "no")
     _, training = demo.parse([f"--config={demo.DEFAULT_CONFIG}", "--output_dir", str(tmp_path), "--precision", "fp32"])
     assert training.bf16 is False and training.mixed_precision == "no"
+    for steps in ("0", "-1"):  # TRL would read them as "train num_train_epochs" (1500 steps)
+        monkeypatch.setenv("DEMO_STEPS", steps)
+        with pytest.raises(ValueError, match=f"DEMO_STEPS={steps}: the demo trains a number of steps"):
+            demo.parse(["--output_dir", str(tmp_path)])
     monkeypatch.setenv("DEMO_STEPS", "3")
     _, training = demo.parse(["--output_dir", str(tmp_path), "--max_steps", "50"])
     assert training.max_steps == 3  # DEMO_STEPS wins over the YAML and the flags

@@ -461,3 +461,7 @@ def test_best_of_n_refuses_a_prm_folder_that_is_not_there(tmp_path, monkeypatch)
     ):
         args.validate()
     ebn.BestOfNArguments(prm_paths=["initial", "org/hub-prm"]).validate()  # a Hub id is left to transformers
+    from trl_prime.cli import CommandLineError
+
+    with pytest.raises(CommandLineError, match="--prm_paths: outputs/implicit_prm/prm_ce does not exist"):
+        ebn.run(["--prm_paths", "initial", "outputs/implicit_prm/prm_ce"])  # `trl-prime` prints it, exits 2

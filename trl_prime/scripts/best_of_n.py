@@ -548,6 +548,7 @@ def run(argv: Sequence[str] | None = None, default_config: str | None = None) ->
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)
+        parsed.validate()  # a missing --prm_paths folder: a one-line error before any sampling
     return main(parsed)
 
 

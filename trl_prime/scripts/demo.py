@@ -453,6 +453,11 @@ def parse(argv=None, default_config: str = DEFAULT_CONFIG):
     parser = TrlParser((DemoArguments, PrimeRLOOConfig), prog="trl-prime demo")
     demo, training_args = parser.parse_args_and_config(argv)
     demo.validate()
+    if training_args.max_steps < 1:  # TRL reads max_steps <= 0 as "use num_train_epochs": 1500 steps here
+        source = f"DEMO_STEPS={os.environ['DEMO_STEPS']}" if os.environ.get("DEMO_STEPS") else "`max_steps`"
+        raise ValueError(
+            f"{source}: the demo trains a number of steps, give one >= 1 (DEMO_STEPS=5 make demo for a short run)."
+        )
     # precision decides `bf16`, which TRL's configs default to True and which sets `mixed_precision` (bf16 autocast)
     # at parse time: on a CPU without native bf16 that runs every matmul ~10x slower, so parse again with it set
     bf16 = demo.precision == "bf16" or (demo.precision == "auto" and native_bf16(training_args.use_cpu))
