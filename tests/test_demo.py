@@ -52,6 +52,11 @@ def test_default_config_and_demo_steps(demo, monkeypatch, tmp_path):
         monkeypatch.setenv("DEMO_STEPS", steps)
         with pytest.raises(ValueError, match=f"DEMO_STEPS={steps}: the demo trains a number of steps"):
             demo.parse(["--output_dir", str(tmp_path)])
+    for flag, value in (("--model_name_or_path", "embedded:smollm2-360m"), ("--dataset_name", "embedded:arithmetc")):
+        with pytest.raises(
+            ValueError, match=f"`{flag[2:]}`='{value}': no such embedded name; choose one of embedded:"
+        ):
+            demo.parse(["--output_dir", str(tmp_path), flag, value])
     monkeypatch.setenv("DEMO_STEPS", "3")
     _, training = demo.parse(["--output_dir", str(tmp_path), "--max_steps", "50"])
     assert training.max_steps == 3  # DEMO_STEPS wins over the YAML and the flags
