@@ -565,7 +565,7 @@ RECIPE_COMMANDS = {
     "prof_prime": ("prof", utils, "train", []),
     "implicit_prm": ("implicit-prm", implicit_prm, "main", []),
     "evaluate": ("eval", evaluate, "main", []),
-    "evaluate_best_of_n": ("best-of-n", best_of_n, "main", []),
+    "evaluate_best_of_n": ("best-of-n", best_of_n, "main", ["--prm_paths", "initial"]),  # no trained PRM here
     "demo": ("demo", demo, "main", []),
 }
 RECIPE_CONFIGS = {"evaluate": "evaluate.yaml", "evaluate_best_of_n": "implicit_prm_eval.yaml"}
