@@ -112,12 +112,12 @@ class DemoArguments:
                 f"{os.getcwd()}). Give a checkpoint folder, a Hub id or embedded:smollm2-135m-instruct."
             )
         from trl_prime.data import EMBEDDED_DATASETS
-        from trl_prime.models import EMBEDDED_MODELS
+        from trl_prime.models import EMBEDDED_MODELS, EMBEDDED_PREFIX
 
         for field_name, known in (("model_name_or_path", EMBEDDED_MODELS), ("dataset_name", EMBEDDED_DATASETS)):
             value = getattr(self, field_name)
-            if value.startswith("embedded:") and value[len("embedded:") :] not in known:
-                choices = ", ".join(f"embedded:{k}" for k in known)
+            if value.startswith(EMBEDDED_PREFIX) and value[len(EMBEDDED_PREFIX) :] not in known:
+                choices = ", ".join(EMBEDDED_PREFIX + k for k in known)
                 raise ValueError(f"`{field_name}`={value!r}: no such embedded name; choose one of {choices}.")
         for folder in self.compare_with:
             if not os.path.isfile(os.path.join(folder, "summary.json")):
