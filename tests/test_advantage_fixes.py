@@ -48,9 +48,10 @@ def samuelson(k):
 # 1. PRIME-GRPO process term
 # ----------------------------------------------------------------------------------------------------------------
 def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
-    """Token rewards of pure noise (1e-3), completions of 512..1024 tokens: in the default form the process advantage
-    at t=0 is the group z-score of the mean token reward (|A_0| <= (K-1)/sqrt(K)); the printed Eq. 8 is L_i times
-    it."""
+    """Token rewards of pure noise (1e-3), completions of 512..1024 tokens, divided by the process rewards' own std:
+    in the response form the process advantage at t=0 is the group z-score of the mean token reward (|A_0| <=
+    (K-1)/sqrt(K)); the printed Eq. 8 is L_i times it. With the default divisor (the outcome's std) the printed form
+    is Eq. 5's sum of centred token rewards over the outcome's scale."""
     g = torch.Generator().manual_seed(0)
     G, T = 16, 1024
     B = G * K
@@ -60,7 +61,8 @@ def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
     P = 1e-3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     o = torch.ones(B, dtype=torch.float64)  # equal outcomes: the outcome term is exactly 0, A_0 is the process term
     gid = torch.arange(B) // K
-    adv = F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_scale="process_std")
+    zs = dict(grpo_process_scale="process_std", grpo_process_form="response")
+    adv = F.prime_advantages(P, o, mask, gid, estimator="grpo", **zs)
     assert adv[:, 0].abs().max().item() <= samuelson(K)
     # exactly the z-score of rbar
     rbar = (P * mask).sum(1) / lengths
@@ -74,21 +76,24 @@ def test_grpo_response_form_is_bounded_at_l1024_and_the_printed_form_is_not():
     )
     close(printed[:, 0], lengths * z, atol=1e-6, rtol=1e-9)
     assert printed[:, 0].abs().max().item() > 100 * samuelson(K)
-    # the default (response form, outcome scale) with outcomes that vary: the process term at t=0 is
-    # (rbar_i - mean_g rbar) / std_g r_o, far inside the bound, and the printed form is L_i times it
+    # the outcome scale with outcomes that vary: the response form's process term at t=0 is
+    # (rbar_i - mean_g rbar) / std_g r_o, and the default (the printed form) is L_i times it: the centred process
+    # return of Eq. 5 in the outcome's unit, which for noise of 1e-3 per token stays far below the outcome term
     o2 = (torch.arange(B) % 2).to(torch.float64)  # 0, 1, 0, 1: std_g r_o = sqrt(1/3)
-    proc = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0)
+    proc = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0, grpo_process_form="response")
     assert proc[:, 0].abs().max().item() <= samuelson(K)
     r_std = (rbar.view(G, K) - rbar.view(G, K).mean(1, keepdim=True)).view(-1) / (math.sqrt(1 / 3) + EPS)
     close(proc[:, 0], r_std, atol=1e-9, rtol=1e-9)
-    printed2 = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0, grpo_process_form="token")
+    printed2 = F.prime_advantages(P, o2, mask, gid, estimator="grpo", outcome_coef=0.0)
     close(printed2[:, 0], lengths * r_std, atol=1e-6, rtol=1e-9)
+    assert printed2[:, 0].abs().max().item() < 0.5  # noise of 1e-3 per token: below the outcome term's 0.87
 
 
 def test_grpo_default_is_bounded_at_every_token_for_a_structured_prm():
     """Mean token rewards that nearly agree across the group but vary inside each completion (+0.02 on the first
     half, -0.02 on the second, 1e-5 noise): dividing by the process rewards' own group std explodes at t>0
-    (|A| in the thousands); the default outcome-std scale keeps every token within 2 max|r| / std_g r_o."""
+    (|A| in the thousands); the default (Eq. 8's token sum over the outcome's std) is Eq. 5's process return in the
+    outcome's unit: exactly sum_{s>=t} (r_s - mean_g rbar) / std_g r_o, within 2 (L - t) max|r| / std_g r_o."""
     g = torch.Generator().manual_seed(3)
     B, T = 8, 512
     mask = torch.ones(B, T, dtype=torch.bool)
@@ -97,12 +102,17 @@ def test_grpo_default_is_bounded_at_every_token_for_a_structured_prm():
     o = (torch.arange(B) % 2).to(torch.float64)
     gid = torch.arange(B) // K
     kw = dict(estimator="grpo", outcome_coef=0.0)
-    wild = F.prime_advantages(P, o, mask, gid, grpo_process_scale="process_std", **kw)
+    wild = F.prime_advantages(P, o, mask, gid, grpo_process_scale="process_std", grpo_process_form="response", **kw)
     assert wild.abs().max().item() > 1000
     tame = F.prime_advantages(P, o, mask, gid, **kw)
-    bound = 2 * P.abs().max().item() / math.sqrt(1 / 3)
-    assert tame.abs().max().item() <= bound
-    assert tame.abs().max().item() > 1e-3  # the process term is not simply switched off
+    so = math.sqrt(1 / 3) + EPS
+    rbar = P.mean(1).view(-1, K)
+    centred = P - rbar.mean(1, keepdim=True).repeat_interleave(K, 0)
+    want = centred.flip(1).cumsum(1).flip(1) / so
+    close(tame, want, atol=1e-9, rtol=1e-9)
+    remaining = torch.arange(T, 0, -1, dtype=torch.float64)
+    assert bool((tame.abs() <= 2 * remaining * P.abs().max() / so).all())
+    assert tame.abs().max().item() < 10  # about 256 * 0.02 / 0.577 = 8.9, not thousands
 
 
 def test_grpo_response_form_hand():
@@ -116,23 +126,59 @@ def test_grpo_response_form_hand():
     # process tokens (r_s - 2) / (L_i (1 + eps)): row 0 [-1/2, -1/2], row 1 [1], row 2 [0, 0]
     p = 1.0 / (1.0 + EPS)
     want = [[-1.0 * p + oa[0], -0.5 * p + oa[0]], [1.0 * p + oa[1], 0.0], [oa[2], oa[2]]]
-    zs = dict(grpo_process_scale="process_std")
+    zs = dict(grpo_process_scale="process_std", grpo_process_form="response")
     close(F.prime_advantages(P, o, mask, gid, estimator="grpo", **zs), want)
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="response", **zs), want)
     # discounted: row 0 at t=0 is -1/2 + 0.5 * (-1/2) = -0.75
     want_g = [[-0.75 * p + oa[0], -0.5 * p + oa[0]], [1.0 * p + oa[1], 0.0], [oa[2], oa[2]]]
     close(F.prime_advantages(P, o, mask, gid, estimator="grpo", gamma=0.5, **zs), want_g)
-    # scale_rewards=False: centred only, A_0 = rbar_i - mean (process) + o_i - mean (outcome)
+    # scale_rewards=False: centred only; response form A_0 = rbar_i - mean (process) + o_i - mean (outcome), the
+    # default token form sums the centred token rewards (row 0: [-2, -1])
     ob = [2 / 3, -1 / 3, -1 / 3]
     close(
-        F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False),
+        F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False, grpo_process_form="response"),
         [[-1.0 + ob[0], -0.5 + ob[0]], [1.0 + ob[1], 0.0], [ob[2], ob[2]]],
     )
-    # the outcome's std as the process divisor (the default)
+    close(
+        F.prime_advantages(P, o, mask, gid, estimator="grpo", scale_rewards=False),
+        [[-2.0 + ob[0], -1.0 + ob[0]], [1.0 + ob[1], 0.0], [ob[2], ob[2]]],
+    )
+    # the outcome's std as the process divisor, response form
     q = 1.0 / (so + EPS)
     want_o = [[-1.0 * q + oa[0], -0.5 * q + oa[0]], [1.0 * q + oa[1], 0.0], [oa[2], oa[2]]]
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_scale="outcome_std"), want_o)
-    close(F.prime_advantages(P, o, mask, gid, estimator="grpo"), want_o)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="response"), want_o)
+    # the defaults: token form (Eq. 8 as printed: the centred token rewards summed, not divided by L_i) over the
+    # outcome's std; centred tokens: row 0 [-1, -1] -> [-2, -1], row 1 [1] -> [1], row 2 [0, 0]
+    want_t = [[-2.0 * q + oa[0], -1.0 * q + oa[0]], [1.0 * q + oa[1], 0.0], [oa[2], oa[2]]]
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo"), want_t)
+    close(F.prime_advantages(P, o, mask, gid, estimator="grpo", grpo_process_form="token"), want_t)
+
+
+def test_grpo_default_process_term_keeps_eq5_size():
+    """Issue example: K=8, one right completion, L=24, a PRM that ranks correctly (+0.03 per token on the right
+    completion, -0.03/7 on the others). On a wrong row the process part of A_0 over the outcome part is, by hand:
+    GRPO token form / outcome std: (24 * 0.03/7) / (1/8) = 0.72 * 8/7 = 0.822857;
+    RLOO Eq. 5: 24 * (0.03/7 + 0.03/49) / (1/7) = 0.72 * 8/7 = 0.822857 (the same);
+    GRPO response form: 0.822857 / 24 = 0.034286 (PRIME-GRPO was nearly plain GRPO)."""
+    K, L = 8, 24
+    P = torch.full((K, L), -0.03 / 7, dtype=torch.float64)
+    P[0] = 0.03
+    o = torch.zeros(K, dtype=torch.float64)
+    o[0] = 1.0
+    mask = torch.ones(K, L, dtype=torch.bool)
+    gid = torch.zeros(K, dtype=torch.long)
+
+    def ratio(**kw):
+        full = F.prime_advantages(P, o, mask, gid, **kw)[1, 0]
+        outcome = F.prime_advantages(P, o, mask, gid, process_coef=0.0, **kw)[1, 0]
+        return ((full - outcome) / outcome).item()
+
+    assert ratio(estimator="rloo") == pytest.approx(0.72 * 8 / 7, rel=1e-9)
+    assert ratio(estimator="grpo") == pytest.approx(0.72 * 8 / 7, rel=1e-9)  # the defaults
+    assert ratio(estimator="grpo", grpo_process_form="response") == pytest.approx(0.72 * 8 / 7 / 24, rel=1e-9)
+    # absolute size: the outcome part is -(1/8) / (sqrt(1/8) + eps)
+    so = math.sqrt(1 / 8) + EPS
+    full = F.prime_advantages(P, o, mask, gid, estimator="grpo")[1, 0].item()
+    assert full == pytest.approx(-(24 * 0.03 / 7) / so - 0.125 / so, rel=1e-9)
 
 
 def test_grpo_outcome_std_scale_untrained_prm_and_equal_outcomes():
@@ -143,7 +189,7 @@ def test_grpo_outcome_std_scale_untrained_prm_and_equal_outcomes():
     o = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])  # group 1: every outcome equal
     gid = torch.arange(B) // K
     proc = lambda **kw: F.prime_advantages(noise, o, mask, gid, estimator="grpo", outcome_coef=0.0, **kw)  # noqa: E731
-    z = proc(grpo_process_scale="process_std")[:, 0]
+    z = proc(grpo_process_scale="process_std", grpo_process_form="response")[:, 0]
     assert z[:4].abs().max() > 0.5 and z[:4].abs().max() <= samuelson(K)  # noise weighs as much as the outcome
     scaled = proc()  # the default: outcome_std
     assert scaled[:4].abs().max() < 1e-3  # noise stays noise
@@ -171,7 +217,7 @@ def test_config_grpo_process_fields(tmp_path):
     plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
     for cls in (PrimeGRPOConfig, PrimeRLOOConfig):
         c = cls(**plain)
-        assert (c.grpo_process_form, c.grpo_process_scale) == ("response", "outcome_std")
+        assert (c.grpo_process_form, c.grpo_process_scale) == ("token", "outcome_std")
         cls(**plain, grpo_process_form="token", grpo_process_scale="process_std")
         with pytest.raises(ValueError, match="grpo_process_form"):
             cls(**plain, grpo_process_form="sequence")
@@ -419,4 +465,4 @@ def test_grpo_outcome_std_outcomes_equal_up_to_rounding_have_no_scale():
     # a real spread on a large reward scale still scales: rewards of a reward model around 50, std 1
     o2 = torch.tensor([49.0, 51.0, 49.0, 51.0])
     adv2 = F.prime_advantages(P, o2, torch.ones(4, 6), None, estimator="grpo", num_generations=4, outcome_coef=0.0)
-    close(adv2[:, 0], (P.mean(1) - P.mean()) / (o2.std() + EPS), atol=1e-7, rtol=1e-5)
+    close(adv2[:, 0], 6 * (P.mean(1) - P.mean()) / (o2.std() + EPS), atol=1e-7, rtol=1e-5)  # L = 6 tokens

@@ -1262,12 +1262,15 @@ def test_prime_grpo_estimator_batch_scale_hand():
     P = torch.tensor([[0.2, 0.2], [0.0, 0.0], [0.4, 0.4], [0.1, 0.1]])
     mask = torch.ones(4, 2)
     kw = dict(num_generations=2, estimator="grpo", scale_rewards="batch", eps=0.0, gamma=1.0)
+    kw["grpo_process_form"] = "response"  # t=0: the mean token reward; the default "token" form is L=2 times it
     std_o = math.sqrt(((0.25 * 3) * 0.25 + 0.75**2) / 3)  # o: mean 0.75, deviations 0.25 (x3) and -0.75
     out = F.prime_advantages(P, o, mask, None, process_coef=0.0, **kw)
     _same(out[:, 0], [0.5 / std_o, -0.5 / std_o, 0.0, 0.0])
     _same(out[:, 1], out[:, 0])  # the outcome sits at the last token, gamma 1
     proc = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, **kw)
     _same(proc[:, 0], [0.1 / std_o, -0.1 / std_o, 0.15 / std_o, -0.15 / std_o])
+    token = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, **dict(kw, grpo_process_form="token"))
+    _same(token[:, 0], [0.2 / std_o, -0.2 / std_o, 0.3 / std_o, -0.3 / std_o])
     rbar = torch.tensor([0.2, 0.0, 0.4, 0.1], dtype=torch.float64)
     std_r = rbar.std().item()
     proc = F.prime_advantages(P, o, mask, None, outcome_coef=0.0, grpo_process_scale="process_std", **kw)

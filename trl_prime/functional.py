@@ -1482,7 +1482,7 @@ def _prime_advantages_impl(
     include_last_token: bool = True,
     scale_rewards: bool | str = True,
     eps: float = 1e-6,
-    grpo_process_form: str = "response",
+    grpo_process_form: str = "token",
     grpo_process_scale: str = "outcome_std",
     whiten_eps: float = 1e-8,
     fn: str,
@@ -1689,17 +1689,20 @@ def prime_advantages(
       unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o +
       eps)`` at the last token and the process term, for token t, is chosen by ``grpo_process_form``:
 
-      - ``"response"`` (default): ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, the reward-to-go
-        measured in whole responses, with ``D`` the divisor chosen by ``grpo_process_scale`` (below). At ``t=0``
-        (``gamma=1``) it is ``(rbar^i - mean_g rbar) / D``: with ``D = std_g rbar + eps`` exactly the group z-score
-        of the completion's mean token reward, so ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's bound for the unbiased
-        std) whatever the completion length; for ``t > 0`` it is ``(sum_{s>=t} r_s^i - (L_i - t) mean_g rbar) /
-        (L_i D)``: the centred reward still to come as a fraction of a whole response, which does not scale with
-        ``L_i`` as the printed form does.
-      - ``"token"``: the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D`` (Eq. 8 divides by
-        ``std_g rbar + eps``). Each token reward is centred on a response-level mean and divided by a
-        response-level scale, so at ``t=0`` the sum is ``L_i`` times the response form, up to ``L_i (K-1)/sqrt(K)`` (about 1,500 at L=1024, K=4, reached by
-        token rewards of pure noise): it grows with the completion length and lets the policy follow PRM noise.
+      - ``"token"`` (default): the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, each token
+        reward centred on the group mean of the completions' mean token rewards, summed as Eq. 5 sums it. With the
+        default divisor ``D = std_g r_o + eps`` (below) the process term keeps Eq. 5's size relative to the outcome
+        term: both are the RLOO-style sums of Eq. 5, centred on the group and divided by one common scale. Worked
+        example (K=8, one right completion, L=24 tokens each, a PRM that ranks correctly: +0.03 per token on the
+        right completion, -0.03/7 on the others): on a wrong row the process part of ``A_0`` is 0.82 of the outcome
+        part, as with the RLOO estimator (Eq. 5).
+      - ``"response"``: ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, the reward-to-go measured in
+        whole responses. At ``t=0`` (``gamma=1``) it is ``(rbar^i - mean_g rbar) / D``: with ``D = std_g rbar + eps``
+        exactly the group z-score of the completion's mean token reward, so ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's
+        bound for the unbiased std) whatever the completion length. It is ``1/L_i`` of the ``"token"`` form, so next
+        to the outcome term (divided by the same ``D``) the process term of a ``L``-token completion weighs ``1/L`` of
+        Eq. 5's: in the worked example above, 0.034 of the outcome part instead of 0.82 -- with the outcome's std as
+        divisor it makes PRIME-GRPO nearly plain GRPO. Kept as an option for the ``"process_std"`` divisor.
 
       ``grpo_process_scale`` chooses the divisor of the process term (with ``scale_rewards=True``):
 
@@ -1707,27 +1710,27 @@ def prime_advantages(
         PRIME's total reward (process + outcome) is normalised by the group statistics of the outcome, and the
         process term keeps its size relative to the outcome (as in Eq. 5). A group whose scorable outcomes are all
         equal gets process term 0 as well (no scale to measure it in); so does one whose outcome std is at most
-        ``1e-4 * max(1, |mean_g r_o|)`` (outcomes equal up to rounding, e.g. a float32 weighted sum of rewards).
+        ``1e-4 * max(1, |mean_g r_o|)`` (outcomes equal up to rounding, e.g. a float32 weighted sum of rewards). The
+        process term at token ``t`` is bounded by ``2 (L_i - t) max|r_s| / (std_g r_o + eps)``: the size of Eq. 5's
+        process return, and an untrained PRM (rewards ~0) adds ~0.
       - ``"process_std"``: ``std_g rbar + eps``, the process rewards' own group std (PRIME Appendix B.3 normalises
-        them by their own group statistics). At ``t=0`` the ``"response"`` form is then exactly the group z-score
-        of the completion's mean token reward.
+        them by their own group statistics; Eq. 8 as printed). Invariant to the reward scale (``beta``, the PRM's
+        sharpness), but it divides by a statistic of whole responses only, which fails in two cases the default
+        avoids:
 
-      Why these defaults: the ``"response"`` form is the only one of the two whose advantage at ``t=0`` is
-      bounded independently of the completion length (with ``"process_std"``, by ``(K-1)/sqrt(K)``, the outcome
-      term's own bound). ``"process_std"`` is invariant to the reward scale (``beta``, the PRM's sharpness) but
-      divides by a statistic of whole responses only, which fails in two cases the default avoids:
+        1. an untrained PRM (rewards of pure noise, around 1e-5) becomes a unit-size z-score per token, summed over
+           ``L`` tokens (up to ``L (K-1)/sqrt(K)`` with the ``"token"`` form: about 1,500 at L=1024, K=4), so the
+           policy follows PRM noise; with ``"outcome_std"`` such noise stays near 0;
+        2. completions whose mean token rewards nearly agree but whose rewards vary inside them (a PRM rewarding
+           early tokens and penalising late ones) have a tiny ``std_g rbar``, and the reward-to-go at ``t > 0``
+           divided by it explodes (max |A| about 6,600 at L=512 for a +-0.02 two-half profile with 1e-5 noise, RLOO
+           about 6 on the same batch).
 
-      1. an untrained PRM (rewards of pure noise, around 1e-5) becomes a unit-size z-score, the same weight as the
-         verified outcome, so the policy follows PRM noise; with ``"outcome_std"`` such noise stays near 0;
-      2. completions whose mean token rewards nearly agree but whose rewards vary inside them (a PRM rewarding
-         early tokens and penalising late ones) have a tiny ``std_g rbar``, and the reward-to-go at ``t > 0``
-         divided by it explodes (max |A| about 6,600 at L=512 for a +-0.02 two-half profile with 1e-5 noise, RLOO
-         about 6 on the same batch). With ``"outcome_std"`` the process term at every token is bounded by
-         ``2 max|r_s| / (std_g r_o + eps)``, at most ``4 max|r_s|`` for 0/1 outcomes in a group the online filter
-         keeps (``std_g r_o >= 1/2``).
+        With ``"process_std"`` use ``grpo_process_form="response"``, whose ``t=0`` value is bounded by
+        ``(K-1)/sqrt(K)``.
 
-      The choice is made on these invariants; the learning benchmark (``benchmarks/learning.py``) runs both
-      (``prime_grpo`` and ``prime_grpo_process_std``), see ``benchmarks/RESULTS.md`` for what it measured.
+      The learning benchmark (``benchmarks/learning.py``) runs ``prime_grpo`` (the defaults) and
+      ``prime_grpo_process_std``; ``benchmarks/RESULTS.md`` reports what it measured.
 
       ``scale_rewards`` (TRL's, :data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
       (default) divides by the group statistics above; ``"batch"`` keeps the centring on the group means but takes

@@ -221,23 +221,25 @@ class PrimeOptions(GuardOptions, ProfOptions):
         metadata={"help": "Keep the last token's process reward (False = the released code, which drops it)."},
     )
     grpo_process_form: str = field(
-        default="response",
+        default="token",
         metadata={
-            "help": "Process term of the 'grpo' estimator (PRIME App. B.3): 'response' (default: the reward-to-go "
-            "divided by the completion length L_i, centred and scaled at the response level, so at t=0 it is the "
-            "group z-score of the completion's mean token reward, |A| <= (K-1)/sqrt(K)) or 'token' (the printed "
-            "Eq. 8: L_i times that z-score at t=0, growing with the completion length). Other estimators ignore it."
+            "help": "Process term of the 'grpo' estimator (PRIME App. B.3, Eq. 8): 'token' (default: the printed "
+            "Eq. 8, each token reward centred on the group mean of the mean token rewards and summed to the end, "
+            "so with grpo_process_scale='outcome_std' it keeps Eq. 5's size next to the outcome term) or 'response' "
+            "(that sum divided by the completion length L_i: at t=0 the group z-score of the completion's mean "
+            "token reward with 'process_std', but 1/L_i of Eq. 5's weight with 'outcome_std'). Other estimators "
+            "ignore it."
         },
     )
     grpo_process_scale: str = field(
         default="outcome_std",
         metadata={
             "help": "Divisor of the 'grpo' estimator's process term: 'outcome_std' (default: the outcome's group "
-            "std: both terms share one scale, so an untrained PRM's near-zero rewards stay near 0 instead of "
-            "weighing as much as the outcome, and the process term stays bounded at every token; groups with equal "
-            "outcomes get process term 0) or 'process_std' (the group std of the completions' mean token rewards, "
-            "a z-score at t=0 whatever the reward scale, but unbounded at t>0 when the mean token rewards nearly "
-            "agree). Applies with scale_rewards='group' (with 'batch': the batch std of the outcome or of the mean "
+            "std: both terms share one scale, as in Eq. 5, so an untrained PRM's near-zero rewards stay near 0 "
+            "instead of weighing as much as the outcome; groups with equal outcomes get process term 0) or "
+            "'process_std' (the group std of the completions' mean token rewards, a z-score at t=0 with "
+            "grpo_process_form='response' whatever the reward scale, but unbounded at t>0 when the mean token "
+            "rewards nearly agree, and L times a z-score with 'token'). Applies with scale_rewards='group' (with 'batch': the batch std of the outcome or of the mean "
             "token rewards); other estimators ignore it."
         },
     )
@@ -540,11 +542,12 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
     ``scale_rewards`` chooses its divisors: ``"group"`` (the group std), ``"batch"`` (the std over the batch's kept
     scorable rows, the centring staying per group, as TRL's ``"batch"``) or ``"none"`` (no divisor); the ``"rloo"``
     and ``"reinforce"`` estimators ignore it. Its process term is the
-    response-level form by default (``grpo_process_form="response"``: at the first token, the completion's mean token
-    reward centred on its group's mean); ``"token"`` is the printed Eq. 8, which grows with the completion length.
-    Both terms are divided by the outcome's group std by default (``grpo_process_scale="outcome_std"``), which keeps
-    the process term bounded at every token and an untrained PRM's noise near 0; ``"process_std"`` divides the
-    process term by its own group std (a z-score at t=0) (see :func:`trl_prime.functional.prime_advantages`). The
+    printed Eq. 8 by default (``grpo_process_form="token"``: each token reward centred on its group's mean of the
+    completions' mean token rewards, summed to the end of the completion as Eq. 5 sums it); ``"response"`` divides
+    that sum by the completion length. Both terms are divided by the outcome's group std by default
+    (``grpo_process_scale="outcome_std"``), so the process term keeps Eq. 5's size next to the outcome term and an
+    untrained PRM's noise stays near 0; ``"process_std"`` divides the process term by its own group std (a z-score
+    at t=0 with the ``"response"`` form) (see :func:`trl_prime.functional.prime_advantages`). The
     policy loss is TRL's GRPO loss on ``(B, T)`` advantages (token-level ratio).
 
     Raises:
