@@ -55,6 +55,7 @@ from trl_prime.modeling import (
     position_ids_from_mask,
     prepare_frozen,
     select_mm_rows,
+    sync_trl_ref_adapter,
     unwrap,
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
@@ -272,6 +273,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self._prm_spec = self._build_prm_models(model, args, prm_model, prm_ref_model, peft_config)
         value_spec = self._build_value_model(model, args, value_model, peft_config)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        # TRL's KL reference adapter "ref" misses IA3's weights (it copies names holding ".default." only)
+        sync_trl_ref_adapter(self.model, pretrained_adapter=isinstance(model, nn.Module) and is_peft_model(model))
         self._setup_prm()
         self._setup_value(value_spec)
 
