@@ -393,6 +393,27 @@ def test_implicit_prm_as_value_by_hand(tiny_model_path, tmp_path):
     assert not os.path.exists(os.path.join(tr.args.output_dir, "value"))
 
 
+def test_implicit_prm_as_value_prob_scale_by_hand(tiny_model_path, tmp_path):
+    """prime_value_scale="prob": the value is outcome_coef * sigmoid(sum_{s<t} r_phi(y_s)), on the outcome's scale;
+    A_t = outcome_coef * (r_o - sigmoid(prefix)) (gamma = lam = 1): outcome_coef * (r_o - 0.5) at the first token."""
+    rec = Recorder()
+    tr = _trainer(
+        tiny_model_path, tmp_path, callbacks=[rec], max_steps=2, prime_value="implicit_prm",
+        prime_value_scale="prob", outcome_coef=2.0,
+    )  # fmt: skip
+    tr.train()
+    for s in rec.scored:
+        m = s["completion_mask"].bool()
+        r = s["token_rewards"] * m
+        value = 2.0 * torch.sigmoid(r.cumsum(-1) - r)
+        expected = (2.0 * s["outcome_rewards"].unsqueeze(1) - value) * m
+        torch.testing.assert_close(s["advantages"], expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s["advantages"][:, 0], 2.0 * (s["outcome_rewards"] - 0.5))  # empty prefix: 0.5
+    assert rec.scored[-1]["token_rewards"].abs().sum() > 0  # step 2's PRM has moved: the values are not all 0.5
+    log = next(h for h in tr.state.log_history if "value/mean" in h)
+    assert 0.0 < log["value/mean"] < 2.0  # outcome_coef * a probability
+
+
 def test_grpo_trainer_runs_ppo(tiny_model_path, tmp_path):
     tr = _trainer(tiny_model_path, tmp_path, cls=PrimeGRPOTrainer, cfg_cls=PrimeGRPOConfig, max_steps=1)
     vm0 = _state(tr.value_function.module)

@@ -108,6 +108,7 @@ def _check_labels_and_raw_advantage_outcome(tr, rec):
             num_generations=K,
             threshold=a.prm_label_threshold,
             temperature=a.prm_label_temperature,
+            min_spread=a.prm_label_min_spread,
         )
         labels = step["labels"]
         kept = ev["kept_mask"] & (ev["completion_mask"].sum(-1) > 0)
@@ -251,6 +252,11 @@ def test_prm_label_config_validation(tmp_path):
                 cls(**plain, prm_label="sigmoid", prm_label_temperature=t)
         with pytest.raises(ValueError, match="prm_label_threshold"):
             cls(**plain, prm_label_threshold=float("inf"))
+        assert d.prm_label_min_spread == 1e-3 and d.prime_value_scale == "logit"
+        for v in (-1e-3, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=r"`prm_label_min_spread`=.* must be a finite number >= 0"):
+                cls(**plain, prm_label="group_rank", prm_label_min_spread=v)
+        assert cls(**plain, prm_label="group_rank", prm_label_min_spread=0.0).prm_label_min_spread == 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -392,3 +398,177 @@ def test_luspo_reason_is_accurate_for_prl(tmp_path):
     with pytest.raises(ValueError, match=r"LUSPO.*per-completion sum weights a completion by its length once more; in "
                        r"PRIME its mean over all rows"):  # fmt: skip
         PRLConfig(**plain, loss_type="luspo", importance_sampling_level="sequence")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where prm_label silently changes the method (issue 26 item 14): inf in group_rank, the spread floor, the warnings
+# ----------------------------------------------------------------------------------------------------------------
+NAN = float("nan")
+INF = float("inf")
+
+
+def _same(a, b):
+    torch.testing.assert_close(a, torch.tensor(b, dtype=a.dtype), equal_nan=True, atol=1e-6, rtol=1e-6)
+
+
+def test_group_rank_inf_reward_is_unscorable_and_spares_its_group():
+    """An infinite reward gets no label and stays out of its group's mean and spread: the group's finite rows are
+    labelled from the finite rewards alone (before: mean inf, every label of the group NaN)."""
+    r = torch.tensor([INF, 1.0, 2.0, 3.0, -INF, 5.0, 1.0, 3.0, INF, -INF, 1.0, 2.0, INF, 2.0, NAN, NAN])
+    # group 1: finite [1, 2, 3], mean 2 (2 ties it); group 2: finite [5, 1, 3], mean 3 (3 ties it);
+    # group 3: finite [1, 2], mean 1.5; group 4: one finite row, no baseline
+    want = [NAN, 0.0, NAN, 1.0, NAN, 1.0, 0.0, NAN, NAN, NAN, 0.0, 1.0, NAN, NAN, NAN, NAN]
+    _same(F.prm_labels(r, "group_rank", num_generations=4), want)
+    _same(F.prm_labels(r.double(), "group_rank", group_ids=torch.arange(16) // 4), want)
+    # the other modes keep their definitions: threshold and sigmoid are well defined at +-inf
+    _same(F.prm_labels(torch.tensor([INF, -INF]), "threshold"), [1.0, 0.0])
+    _same(F.prm_labels(torch.tensor([INF, -INF]), "sigmoid"), [1.0, 0.0])
+
+
+def test_group_rank_min_spread_floor():
+    """A group whose finite rewards span less than min_spread gets no labels; a spread equal to it is labelled."""
+    r = torch.tensor([0.3, 0.3005, 0.3, 0.3, 1.0, 2.0, 1.0, 2.0, 0.0, 0.5, 0.5, 0.0], dtype=torch.float64)
+    # spreads: 5e-4, 1, 0.5; means: 0.300125, 1.5, 0.25
+    _same(F.prm_labels(r, "group_rank", num_generations=4), [0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0, 1, 1, 0])
+    _same(
+        F.prm_labels(r, "group_rank", num_generations=4, min_spread=1e-3),
+        [NAN] * 4 + [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0],
+    )
+    _same(F.prm_labels(r, "group_rank", num_generations=4, min_spread=0.5), [NAN] * 4 + [0, 1, 0, 1, 0, 1, 1, 0])
+    _same(F.prm_labels(r, "group_rank", num_generations=4, min_spread=0.6), [NAN] * 4 + [0, 1, 0, 1] + [NAN] * 4)
+    # the floor reads the finite rewards only: an inf does not widen the spread
+    _same(
+        F.prm_labels(torch.tensor([INF, 0.3, 0.3005, 0.3]), "group_rank", num_generations=4, min_spread=1e-3),
+        [NAN] * 4,
+    )
+    for bad in (-1.0, NAN, INF):
+        with pytest.raises(ValueError, match="min_spread=.* must be a finite number >= 0"):
+            F.prm_labels(r, "group_rank", num_generations=4, min_spread=bad)
+
+
+def test_prm_label_warnings_sigmoid_on_unit_rewards():
+    """sigmoid of rewards already in [0, 1]: labels 0.5 (r=0) and 0.731 (r=1), so with K=4 every group's mean label
+    lies in [0.5, 0.731] and the default filter [0.2, 0.8] keeps every group: the filter is off."""
+    r = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    labels = F.prm_labels(r, "sigmoid")
+    _same(labels[[0, 4]], [0.5, 1.0 / (1.0 + math.exp(-1.0))])
+    assert bool(F.prompt_accuracy_mask(labels, 4).all())  # all three groups kept, the all-wrong one included
+    assert F.prompt_accuracy_mask(F.prm_labels(r, "identity"), 4).tolist() == [False] * 8 + [True] * 4
+    w = F.prm_label_warnings(r, "sigmoid")
+    assert list(w) == ["sigmoid_unit_rewards"]
+    assert "prm_label='sigmoid'" in w["sigmoid_unit_rewards"] and "prm_label='identity'" in w["sigmoid_unit_rewards"]
+    assert "this batch: [0, 1]" in w["sigmoid_unit_rewards"]
+    assert list(F.prm_label_warnings(torch.tensor([0.2, NAN, 0.9]), "sigmoid")) == ["sigmoid_unit_rewards"]
+    assert F.prm_label_warnings(torch.tensor([0.2, 1.5]), "sigmoid") == {}  # a logit: nothing to say
+    assert F.prm_label_warnings(torch.tensor([-0.1, 0.5]), "sigmoid") == {}
+    assert F.prm_label_warnings(torch.tensor([NAN, NAN]), "sigmoid") == {}
+    assert F.prm_label_warnings(r, "identity") == {}
+
+
+def test_prm_label_warnings_threshold_one_class():
+    r = torch.tensor([0.1, 0.3, 0.2, 0.4])
+    w = F.prm_label_warnings(r, "threshold", threshold=0.5)
+    assert list(w) == ["threshold_one_class"]
+    msg = w["threshold_one_class"]
+    assert "every scorable row of this batch 0 (every reward below it)" in msg and "prm_label_threshold=0.5" in msg
+    assert "[0.1, 0.4]" in msg
+    assert "1 (every reward >= it)" in F.prm_label_warnings(r, "threshold", threshold=0.1)["threshold_one_class"]
+    assert F.prm_label_warnings(r, "threshold", threshold=0.25) == {}  # two classes
+    assert F.prm_label_warnings(torch.tensor([0.3] * 4), "threshold", threshold=0.5) == {}  # the rewards agree too
+    assert F.prm_label_warnings(torch.tensor([0.3, NAN]), "threshold", threshold=0.5) == {}  # one scorable row
+    assert F.prm_label_warnings(r, "threshold", threshold=0.5)  # NaN rows do not count as a class
+    assert list(F.prm_label_warnings(torch.tensor([0.1, NAN, 0.3]), "threshold", threshold=0.5)) == [
+        "threshold_one_class"
+    ]
+
+
+def test_prm_label_warnings_group_rank_low_spread():
+    r = torch.tensor([0.3, 0.3005, 0.3, 0.3, 1.0, 2.0, 1.0, 2.0, 0.5, 0.5, 0.5, 0.5])
+    w = F.prm_label_warnings(r, "group_rank", num_generations=4, min_spread=1e-3)
+    assert list(w) == ["group_rank_low_spread"]
+    msg = w["group_rank_low_spread"]
+    assert "1 of 3 groups" in msg and "prm_label_min_spread=0.001" in msg and "smallest spread 0.0005" in msg
+    assert F.prm_label_warnings(r, "group_rank", num_generations=4, min_spread=0.0) == {}
+    assert F.prm_label_warnings(r, "group_rank", num_generations=4, min_spread=1e-4) == {}
+    # an all-equal group (spread 0) and a lone finite row are no-label cases already: not counted
+    assert (
+        F.prm_label_warnings(
+            torch.tensor([0.5] * 4 + [INF, 0.2, NAN, NAN]), "group_rank", num_generations=4, min_spread=1.0
+        )
+        == {}
+    )
+    with pytest.raises(ValueError, match="needs `num_generations`"):
+        F.prm_label_warnings(r, "group_rank", min_spread=1e-3)
+
+
+def test_implicit_prm_values_prob_scale():
+    """scale='prob': sigmoid of the prefix sum before each token, 0.5 at the first token; 0 outside the mask."""
+    pr = torch.tensor([[0.5, -0.2, 1.0, 9.0], [2.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    _same(F.implicit_prm_values(pr, mask), [[0.0, 0.5, 0.3, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    sig = lambda x: 1.0 / (1.0 + math.exp(-x))  # noqa: E731
+    _same(F.implicit_prm_values(pr, mask, scale="prob"), [[0.5, sig(0.5), sig(0.3), 0.0], [0.5, sig(2.0), 0.0, 0.0]])
+    assert F.IMPLICIT_VALUE_SCALES == ("logit", "prob")
+    with pytest.raises(ValueError, match="scale='probability' is not supported"):
+        F.implicit_prm_values(pr, mask, scale="probability")
+
+
+def test_prime_value_scale_config(tmp_path):
+    plain = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True)
+    ok = PrimeRLOOConfig(**plain, prime_estimator="ppo", prime_value="implicit_prm", prime_value_scale="prob")
+    assert ok.prime_value_scale == "prob"
+    with pytest.raises(ValueError, match=r"`prime_value_scale`='prob' only acts with prime_estimator='ppo'"):
+        PrimeRLOOConfig(**plain, prime_value_scale="prob")
+    with pytest.raises(ValueError, match=r"`prime_value_scale`='prob' scales the implicit PRM's prefix value"):
+        PrimeGRPOConfig(**plain, prime_estimator="ppo", prime_value_scale="prob")
+    with pytest.raises(ValueError, match=r"prime_value_scale='odds' is not supported"):
+        PrimeRLOOConfig(**plain, prime_estimator="ppo", prime_value="implicit_prm", prime_value_scale="odds")
+
+
+def _length_reward(scale: float, offset: float = 0.0):
+    def reward(completions, **kwargs):
+        return [offset + scale * len(str(c)) for c in completions]
+
+    return reward
+
+
+def _label_warnings(rec_warnings, head: str) -> list[str]:
+    return [str(w.message) for w in rec_warnings if issubclass(w.category, UserWarning) and head in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "options, reward, head",
+    [
+        (dict(prm_label="sigmoid"), "verifier", "prm_label='sigmoid' on outcome rewards already in [0, 1]"),
+        (dict(prm_label="threshold", prm_label_threshold=1e6), "length", "prm_label='threshold' labelled every"),
+        (dict(prm_label="group_rank"), "tiny_length", "prm_label='group_rank': "),
+    ],
+    ids=["sigmoid", "threshold", "group_rank"],
+)
+def test_trainer_warns_once_per_run(tiny_model_path, tmp_path, options, reward, head):
+    """Each silent change of the method warns once over a 2-step run, naming the field; group_rank's low-spread
+    groups (rewards 0.3 + 1e-6 * length: spreads far below the default floor 1e-3) train the PRM on no label."""
+    import warnings
+
+    rewards = {
+        "verifier": verifier_a,
+        "length": _length_reward(1.0),
+        "tiny_length": _length_reward(1e-6, offset=0.3),
+    }
+    rec = Recorder()
+    tr = _prime(PrimeRLOOTrainer, tiny_model_path, tmp_path, rewards[reward], rec=rec, max_steps=2, **options,
+                filter_lower=0.0, filter_upper=1.0)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.train()
+    assert len(rec.rounds) == 2
+    assert len(_label_warnings(caught, head)) == 1
+    if reward == "tiny_length":
+        labels = [
+            F.prm_labels(ev["outcome_rewards"], "group_rank", num_generations=K, min_spread=1e-3) for ev in rec.rounds
+        ]
+        assert all(bool(torch.isnan(lab).all()) for lab in labels)
+        assert not rec.prm_steps  # no label anywhere: no PRM step
+        groups = torch.cat([ev["outcome_rewards"].view(-1, K) for ev in rec.rounds])
+        spreads = groups.amax(1) - groups.amin(1)
+        assert 0 < spreads.max().item() < 1e-3

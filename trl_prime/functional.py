@@ -71,6 +71,7 @@ __all__ = [
     "prm_pair_accuracy",
     "prm_abs_accuracy",
     "prm_labels",
+    "prm_label_warnings",
     # PRL
     "prl_advantages",
     # PROF
@@ -157,6 +158,10 @@ SCALE_REWARDS = ("group", "batch", "none")
 #: how the implicit PRM's training label is derived from the outcome reward (PRIME arXiv 2502.01456 Eq. 4 trains
 #: on labels in [0, 1]): ``PrimeOptions.prm_label``, :func:`prm_labels` ``mode``
 PRM_LABELS = ("identity", "threshold", "sigmoid", "group_rank")
+#: scales of the implicit PRM's prefix value as PPO's baseline (PRIME section 5.4): the prefix sum of token rewards
+#: (a logit of the PRM's CE) or its sigmoid (a probability of the label): ``PrimeOptions.prime_value_scale``,
+#: :func:`implicit_prm_values` ``scale``
+IMPLICIT_VALUE_SCALES = ("logit", "prob")
 #: TRL ``loss_type`` values that take one advantage per sequence: none of the token-level (B, T) advantages of PRIME
 #: (Eq. 5) or PRL (Algorithm 1) fits them
 SEQUENCE_LEVEL_LOSS_TYPES = ("luspo", "vespo")
@@ -1846,33 +1851,47 @@ def ppo_token_rewards(
     return rewards.to(_out_dtype(process_rewards))
 
 
-def implicit_prm_values(process_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def implicit_prm_values(process_rewards: torch.Tensor, mask: torch.Tensor, *, scale: str = "logit") -> torch.Tensor:
     """The implicit PRM as a value model: ``V(y_<t) = sum_{s<t} r_phi(y_s)``, the prefix value of the state before
-    token ``t``.
+    token ``t`` (``scale="logit"``), or ``sigmoid`` of it (``scale="prob"``).
 
     The implicit PRM's value of the prefix ending with token ``t`` is ``v_phi(y_<t+1) = sum_{s<=t} r_phi(y_s)``
     (PRIME section 5.4; the Implicit PRM paper's Q-value ``q_t``). PPO's value at position ``t`` is the value of the
     state in which ``y_t`` is chosen, ``y_<t``, so the values are the prefix sums shifted by one: 0 at the first
     token, ``r_0`` at the second, ... Positions outside the mask add nothing and get value 0.
 
+    Scales: the PRM is trained by the cross-entropy of ``sigmoid(r(y))`` against the outcome label (PRIME Eq. 4), so
+    the prefix sum is a *logit* and ``sigmoid`` of it the PRM's probability that the label is 1 given the prefix:
+
+    - ``"logit"`` (PRIME section 5.4 as written, the default): ``V_t = q_{t-1}``, in the PRM's logit units; next to an
+      outcome in ``[0, 1]`` it is on another scale (0 at the first token of every completion).
+    - ``"prob"``: ``V_t = sigmoid(q_{t-1})`` in ``(0, 1)``, on the scale of a 0/1 (or fractional) outcome label:
+      0.5 at the first token of every completion (an empty prefix has ``q = 0``), then the PRM's estimate of the
+      label. It is on the *outcome's* scale only where the outcome is the label (``prm_label="identity"``, rewards in
+      ``[0, 1]``); the trainer multiplies it by ``outcome_coef``.
+
     Args:
         process_rewards: ``(B, T)`` float token process rewards (PRIME Eq. 3).
         mask: ``(B, T)`` bool or 0/1 completion mask.
+        scale: ``"logit"`` or ``"prob"`` (:data:`IMPLICIT_VALUE_SCALES`).
 
     Returns:
-        ``(B, T)`` values in the dtype of ``process_rewards`` (0 outside the mask).
+        ``(B, T)`` values in the dtype of ``process_rewards`` (0 outside the mask, for both scales).
 
     Raises:
-        ValueError: on a shape mismatch or a mask that is not 0/1.
+        ValueError: on a shape mismatch, a mask that is not 0/1, or an unknown ``scale``.
 
-    Source: PRIME section 5.4 and Table 4 ("PRIME as Value Model").
+    Source: PRIME section 5.4 and Table 4 ("PRIME as Value Model"); PRIME Eq. 4 (the CE that makes ``q`` a logit).
     """
+    check_choice(scale, IMPLICIT_VALUE_SCALES, "scale")
     _check_2d("process_rewards", process_rewards)
     _check_same_shape("process_rewards", process_rewards, "mask", mask)
     m = _as_bool_mask("mask", mask)
     wd = _work_dtype(process_rewards)
     r = torch.where(m, process_rewards.to(wd), torch.zeros((), dtype=wd, device=m.device))
     before = r.cumsum(-1) - r  # sum over the masked positions s < t
+    if scale == "prob":
+        before = torch.sigmoid(before)
     return torch.where(m, before, torch.zeros_like(before)).to(_out_dtype(process_rewards))
 
 
@@ -2279,6 +2298,7 @@ def prm_labels(
     group_ids: GroupIds | None = None,
     threshold: float = 0.5,
     temperature: float = 1.0,
+    min_spread: float = 0.0,
 ) -> torch.Tensor:
     """The implicit PRM's training labels in ``[0, 1]`` derived from the outcome rewards (``PrimeOptions.prm_label``).
 
@@ -2292,13 +2312,17 @@ def prm_labels(
       ``[0, 1]`` (float32 rounding of a weighted sum) is clamped into it; one further outside raises.
     - ``"threshold"``: ``l = 1`` if ``r >= threshold`` else ``0`` (e.g. a reward model's score with a cut-off).
     - ``"sigmoid"``: ``l = sigmoid(r / temperature)``: a soft label, 0.5 at ``r = 0`` (a sequence-classification
-      reward model's logit is such a score); ``threshold`` is not used.
+      reward model's logit is such a score); ``threshold`` is not used. Not for rewards already in ``[0, 1]``: they
+      map into ``[0.5, 0.731]`` (:func:`prm_label_warnings`).
     - ``"group_rank"``: ``l = 1`` above the mean of the row's group (its prompt's ``K`` completions), ``0`` below:
-      PRIME's pairwise spirit, invariant to the reward's scale and shift. A reward within ``1e-6 * (max - min)``
-      of its group's mean (``max - min``: the spread of the group's scorable rewards) ties it and gets no label
-      (NaN, excluded from the PRM loss, the filter's accuracy and the metrics); so does a group whose rewards are all equal, and the only scorable row of a group. The group
-      mean is over the group's scorable rows. For a 0/1 verifier the labels equal ``"identity"``'s, except in
-      groups whose rewards are all equal, which get none.
+      PRIME's pairwise spirit, invariant to the reward's scale and shift. The group's mean and spread
+      (``max - min``) are over its scorable rows with a finite reward; an infinite reward (``+-inf``) is treated as
+      unscorable: no label (NaN), and it does not enter its group's mean or spread, so the group's finite rows keep
+      their labels. Rows get no label (NaN, excluded from the PRM loss, the filter's accuracy and the metrics) when
+      they tie the group's mean (within ``1e-6 * spread``), when their group's spread is 0 (all rewards equal) or
+      below ``min_spread`` (a rank inside so small a spread is noise, not a confident 0/1 label), and when they are
+      the only finite row of their group. For a 0/1 verifier the labels equal ``"identity"``'s, except in groups
+      whose rewards are all equal, which get none.
 
     NaN rewards (unscorable completions) give NaN labels in every mode.
 
@@ -2309,6 +2333,8 @@ def prm_labels(
         group_ids: ``(B,)`` group ids instead of ``num_generations`` (``"group_rank"``).
         threshold: ``"threshold"``'s cut-off (any finite number).
         temperature: ``"sigmoid"``'s temperature (finite, > 0).
+        min_spread: ``"group_rank"``'s floor on a group's reward spread, in reward units (finite, >= 0; 0: only
+            all-equal groups get no label).
 
     Returns:
         ``(B,)`` labels in ``[0, 1]`` or NaN, float32 (float64 for float64 rewards), on the rewards' device.
@@ -2316,7 +2342,8 @@ def prm_labels(
     Raises:
         ValueError: an unknown ``mode``; ``"identity"`` with a scorable reward outside ``[0, 1]`` (the message names
             the range and the other modes); a non-finite ``threshold``; a non-positive or non-finite
-            ``temperature``; ``"group_rank"`` without a grouping, or a grouping error.
+            ``temperature``; a negative or non-finite ``min_spread``; ``"group_rank"`` without a grouping, or a
+            grouping error.
 
     Source: PRIME arXiv 2502.01456 Eq. 4 (CE on the outcome label); Implicit PRM arXiv 2412.01981 Sec. 3.
     """
@@ -2324,6 +2351,8 @@ def prm_labels(
     _check_tensor("outcome_rewards", outcome_rewards)
     if outcome_rewards.dim() != 1:
         raise ValueError(f"`outcome_rewards` must have shape (B,), got {tuple(outcome_rewards.shape)}.")
+    if not (math.isfinite(float(min_spread)) and float(min_spread) >= 0):
+        raise ValueError(f"min_spread={min_spread!r} must be a finite number >= 0.")
     od = torch.float64 if outcome_rewards.dtype == torch.float64 else torch.float32
     r = outcome_rewards.detach().to(torch.float64)
     valid = ~torch.isnan(r)
@@ -2350,17 +2379,113 @@ def prm_labels(
         if group_ids is None and num_generations is None:
             raise ValueError("prm_labels(mode='group_rank') needs `num_generations` (or `group_ids`).")
         gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_labels")
-        cnt = _group_sum(valid.to(r.dtype), gid, G)
-        mean = (_group_sum(torch.where(valid, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
-        inf = torch.full_like(r, float("inf"))
-        gmax = torch.full((G,), -float("inf"), dtype=r.dtype, device=r.device)
-        gmax = gmax.scatter_reduce(0, gid, torch.where(valid, r, -inf), reduce="amax", include_self=True)
-        gmin = torch.full((G,), float("inf"), dtype=r.dtype, device=r.device)
-        gmin = gmin.scatter_reduce(0, gid, torch.where(valid, r, inf), reduce="amin", include_self=True)
-        spread = torch.where(cnt > 0, gmax - gmin, torch.zeros_like(gmax))[gid]
-        tie = (spread == 0) | ((r - mean).abs() <= _LABEL_TIE_RTOL * spread)
-        labels = torch.where(valid & ~tie, (r > mean).to(r.dtype), nan)
+        finite = torch.isfinite(r)  # +-inf: unscorable here, kept out of the group's statistics
+        cnt, spread = _finite_group_spread(r, finite, gid, G)
+        mean = (_group_sum(torch.where(finite, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
+        spread = spread[gid]
+        tie = (spread == 0) | (spread < float(min_spread)) | ((r - mean).abs() <= _LABEL_TIE_RTOL * spread)
+        labels = torch.where(finite & ~tie, (r > mean).to(r.dtype), nan)
     return labels.to(od)
+
+
+def _finite_group_spread(r: torch.Tensor, finite: torch.Tensor, gid: torch.Tensor, G: int):
+    """``(count (G,), spread (G,))``: each group's number of finite rewards and ``max - min`` over them (0 for a group
+    with none), float64."""
+    cnt = _group_sum(finite.to(r.dtype), gid, G)
+    inf = torch.full_like(r, float("inf"))
+    gmax = torch.full((G,), -float("inf"), dtype=r.dtype, device=r.device)
+    gmax = gmax.scatter_reduce(0, gid, torch.where(finite, r, -inf), reduce="amax", include_self=True)
+    gmin = torch.full((G,), float("inf"), dtype=r.dtype, device=r.device)
+    gmin = gmin.scatter_reduce(0, gid, torch.where(finite, r, inf), reduce="amin", include_self=True)
+    return cnt, torch.where(cnt > 0, gmax - gmin, torch.zeros_like(gmax))
+
+
+def prm_label_warnings(
+    outcome_rewards: torch.Tensor,
+    mode: str,
+    *,
+    num_generations: int | None = None,
+    group_ids: GroupIds | None = None,
+    threshold: float = 0.5,
+    min_spread: float = 0.0,
+) -> dict[str, str]:
+    """The ways ``prm_label`` silently changes PRIME's method on one batch of outcome rewards: ``{kind: message}``
+    (empty when there is none). The trainer warns once per run per kind; the messages name the config fields
+    (``prm_label``, ``prm_label_threshold``, ``prm_label_min_spread``) and the fix.
+
+    Kinds (over the batch's scorable rows with a finite reward):
+
+    - ``"sigmoid_unit_rewards"`` (``mode="sigmoid"``, every reward in ``[0, 1]``): the labels are
+      ``sigmoid(r / T)``, 0.5 for a reward of 0 at any temperature ``T`` and at most 0.731 at ``T = 1``: at ``T = 1``
+      every group's mean label lies in ``[0.5, 0.731]``, inside the default online filter ``[0.2, 0.8]``, so the
+      filter keeps every group (it is effectively off; at any ``T`` it keeps the groups whose completions are all
+      wrong), and the PRM is taught that a wrong completion is a coin flip.
+    - ``"threshold_one_class"`` (``mode="threshold"``, at least two rows whose rewards differ, all on one side of
+      ``threshold``): every label is 0 (or every label 1), the filter drops every group, the PRM sees one class.
+    - ``"group_rank_low_spread"`` (``mode="group_rank"``, ``min_spread > 0``): groups with at least two finite rewards
+      whose spread is above 0 but below ``min_spread``; :func:`prm_labels` gives their rows no label.
+
+    Args:
+        outcome_rewards: ``(B,)`` float outcome rewards (NaN = unscorable).
+        mode: one of :data:`PRM_LABELS`.
+        num_generations: group size ``K`` for contiguous groups (``"group_rank"``; or pass ``group_ids``).
+        group_ids: ``(B,)`` group ids instead of ``num_generations`` (``"group_rank"``).
+        threshold: ``"threshold"``'s cut-off.
+        min_spread: ``"group_rank"``'s floor on a group's spread (as in :func:`prm_labels`).
+
+    Returns:
+        ``dict`` from kind to message; no kind when ``mode`` is ``"identity"``.
+
+    Raises:
+        ValueError: an unknown ``mode``; ``outcome_rewards`` not ``(B,)``; ``"group_rank"`` without a grouping.
+    """
+    check_choice(mode, PRM_LABELS, "prm_label")
+    _check_tensor("outcome_rewards", outcome_rewards)
+    if outcome_rewards.dim() != 1:
+        raise ValueError(f"`outcome_rewards` must have shape (B,), got {tuple(outcome_rewards.shape)}.")
+    r = outcome_rewards.detach().to(torch.float64)
+    finite = torch.isfinite(r)
+    scored = r[finite]
+    out: dict[str, str] = {}
+    if mode == "sigmoid" and scored.numel() > 0 and bool(((scored >= 0) & (scored <= 1)).all()):
+        out["sigmoid_unit_rewards"] = (
+            "prm_label='sigmoid' on outcome rewards already in [0, 1] (this batch: "
+            f"[{scored.min().item():.3g}, {scored.max().item():.3g}]): the PRM's labels sigmoid(r / "
+            "prm_label_temperature) are 0.5 for a reward of 0 at any temperature, and 0.5 to 0.731 at temperature "
+            "1, where every group's mean label lies inside the default online filter [filter_lower, filter_upper] = "
+            "[0.2, 0.8]: the filter keeps every group (it is effectively off; at any temperature it keeps the groups "
+            "whose completions are all wrong) and the PRM learns that a wrong completion is a coin flip. Set "
+            "prm_label='identity' (a reward in [0, 1] is a label already) or 'threshold'; keep 'sigmoid' only if "
+            "the reward is a logit that happened to fall in [0, 1]."
+        )
+    if mode == "threshold" and scored.numel() >= 2 and scored.max() > scored.min():
+        above = scored >= float(threshold)
+        if bool(above.all()) or not bool(above.any()):
+            side = "1 (every reward >= it)" if bool(above.all()) else "0 (every reward below it)"
+            out["threshold_one_class"] = (
+                f"prm_label='threshold' labelled every scorable row of this batch {side}: prm_label_threshold="
+                f"{float(threshold):g} lies outside the rewards' range [{scored.min().item():.3g}, "
+                f"{scored.max().item():.3g}], so the online filter drops every group and the PRM sees one class "
+                "although the rewards differ. Set prm_label_threshold inside the rewards' range (e.g. their median), "
+                "or use prm_label='group_rank' (scale-free: 1 above the group's mean, 0 below)."
+            )
+    if mode == "group_rank" and float(min_spread) > 0:
+        if group_ids is None and num_generations is None:
+            raise ValueError("prm_label_warnings(mode='group_rank') needs `num_generations` (or `group_ids`).")
+        gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_label_warnings")
+        cnt, spread = _finite_group_spread(r, finite, gid, G)
+        low = (cnt >= 2) & (spread > 0) & (spread < float(min_spread))
+        if bool(low.any()):
+            worst = spread[low].min().item()
+            out["group_rank_low_spread"] = (
+                f"prm_label='group_rank': {int(low.sum())} of {G} groups of this batch have outcome rewards spanning "
+                f"less than prm_label_min_spread={float(min_spread):g} (smallest spread {worst:.3g}); ranking "
+                "inside so small a spread would turn noise into confident 0/1 labels, so their rows get no PRM label "
+                "(excluded from the PRM loss, the online filter and the PRM metrics). If differences that small are "
+                "signal in your reward, lower prm_label_min_spread (0: label every group whose rewards are not all "
+                "equal)."
+            )
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------

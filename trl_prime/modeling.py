@@ -302,6 +302,54 @@ def copy_adapter_weights(peft_model: nn.Module, src: str, dst: str) -> None:
             q.copy_(p)
 
 
+#: TRL's name for the frozen copy of a pre-trained adapter that serves as its KL reference (``beta != 0``).
+TRL_REF_ADAPTER = "ref"
+
+
+def sync_trl_ref_adapter(model: nn.Module, *, pretrained_adapter: bool) -> bool:
+    """Make TRL's reference adapter ``"ref"`` an exact, frozen copy of the policy's adapter ``"default"``.
+
+    Given a ready-made ``PeftModel`` (a pre-trained adapter ``"default"``), TRL's ``GRPOTrainer`` (``beta != 0``) and
+    ``RLOOTrainer`` (always) add an adapter ``"ref"`` with ``"default"``'s config and copy the weights of every
+    parameter whose name contains ``".default."``. IA3's parameter names end in ``".default"``
+    (``...k_proj.ia3_l.default``), so for IA3 nothing is copied: ``"ref"`` keeps IA3's identity initialisation, i.e.
+    TRL's reference is the base model and the KL pulls the policy toward the base instead of the SFT adapter. This
+    copies ``"default"`` into ``"ref"`` through PEFT's tuner layers (:func:`adapter_parameters`), which finds IA3's
+    weights as well as LoRA's (for LoRA, whose names contain ``".default."``, the copy changes nothing), and
+    freezes ``"ref"``. Call it right after TRL's ``__init__``, before any training step.
+
+    Args:
+        model: the trainer's model (a ``PeftModel``, possibly wrapped), or any model (then nothing is done).
+        pretrained_adapter: whether the model given to the trainer was a ``PeftModel`` (TRL made ``"ref"`` from its
+            ``"default"``); ``False`` (``peft_config`` given, or no PEFT) does nothing.
+
+    Returns:
+        ``True`` when ``"ref"`` was synchronised, ``False`` when there is no TRL ``"ref"`` adapter to fix.
+
+    Raises:
+        ValueError: (from :func:`copy_adapter_weights`) when ``"ref"`` and ``"default"`` hold different parameters.
+
+    Source: TRL 1.16 ``GRPOTrainer.__init__`` / ``RLOOTrainer.__init__`` (the ``"ref"`` adapter of a ``PeftModel``).
+    """
+    peft_model = unwrap(model)
+    cfg = getattr(peft_model, "peft_config", None)
+    if not pretrained_adapter or not is_peft_model(peft_model) or TRL_REF_ADAPTER not in cfg or "default" not in cfg:
+        return False
+    params = [
+        p for _, p in adapter_parameters(peft_model, "default") + adapter_parameters(peft_model, TRL_REF_ADAPTER)
+    ]
+    gathered = contextlib.nullcontext()
+    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitioned at load time: gather, copy on rank 0
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    with gathered:
+        copy_adapter_weights(peft_model, "default", TRL_REF_ADAPTER)
+    for _, p in adapter_parameters(peft_model, TRL_REF_ADAPTER):
+        p.requires_grad_(False)
+    return True
+
+
 def check_peft_adapter_supported(
     peft_model: nn.Module, adapter_name: str = "default", field_name: str = "peft_config"
 ) -> None:

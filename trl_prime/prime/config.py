@@ -19,6 +19,7 @@ from trl_prime.functional import (
     ESTIMATORS,
     GRPO_PROCESS_FORMS,
     GRPO_PROCESS_SCALES,
+    IMPLICIT_VALUE_SCALES,
     PRIME_VALUES,
     PRM_LABELS,
     PRM_LOSSES,
@@ -34,6 +35,7 @@ from trl_prime.prof.config import ProfOptions
 
 #: the value-model fields of :class:`PrimeOptions` that only ``prime_estimator="ppo"`` reads (PRIME section 5.4)
 PPO_ONLY_FIELDS = (
+    "prime_value_scale",
     "lam",
     "vf_coef",
     "cliprange_value",
@@ -56,6 +58,7 @@ PRIME_CHOICES = {
     "grpo_process_scale": GRPO_PROCESS_SCALES,
     "prm_lr_scheduler": PRM_SCHEDULERS,
     "prime_value": PRIME_VALUES,
+    "prime_value_scale": IMPLICIT_VALUE_SCALES,
 }
 
 
@@ -120,6 +123,19 @@ class PrimeOptions(GuardOptions, ProfOptions):
     )
     prm_label_temperature: float = field(
         default=1.0, metadata={"help": "prm_label='sigmoid': label sigmoid(outcome reward / this); > 0."}
+    )
+    prm_label_min_spread: float = field(
+        default=1e-3,
+        metadata={
+            "help": "prm_label='group_rank': a group whose scorable outcome rewards span less than this (max - min, "
+            "in reward units) gives its rows no PRM label (excluded from the PRM loss, the online filter and the "
+            "PRM metrics), with a UserWarning once per run: a rank inside so small a spread is noise, yet would "
+            "become a confident 0/1 label. Default 1e-3: above float32 rounding of a weighted reward sum (~1e-7) "
+            "and below the smallest step of the usual rewards (1/n for a fraction of n <= 1000 tests passed; 0/1 "
+            "verifiers); for a Bradley-Terry reward model's scores a difference of 1e-3 is a preference of "
+            "sigmoid(1e-3) = 0.50025, a coin flip. Raise it to your reward's noise level; 0 labels every group "
+            "whose rewards are not all equal. >= 0."
+        },
     )
     prm_update: str = field(
         default="single",
@@ -271,6 +287,17 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "sum_{s<t} r_phi(y_s)). Only with prime_estimator='ppo'."
         },
     )
+    prime_value_scale: str = field(
+        default="logit",
+        metadata={
+            "help": "Scale of the implicit PRM's prefix value with prime_value='implicit_prm': 'logit' (V(y_<t) = "
+            "sum_{s<t} r_phi(y_s), PRIME section 5.4 as written: the PRM's CE makes the prefix sum a logit, 0 "
+            "at the first token) or 'prob' (V(y_<t) = outcome_coef * sigmoid(sum_{s<t} r_phi(y_s)), the PRM's "
+            "probability of label 1 given the prefix, on the outcome's scale when the outcome is the PRM's label: "
+            "prm_label='identity', rewards in [0, 1]; 0.5 * outcome_coef at the first token, so A_0 = "
+            "outcome_coef * (r_o - 0.5)). trl_prime.functional.implicit_prm_values."
+        },
+    )
     value_model: str | None = field(
         default=None,
         metadata={
@@ -395,6 +422,12 @@ class PrimeOptions(GuardOptions, ProfOptions):
                 f"`{name}` is set but `prime_estimator`={self.prime_estimator!r} has no value model. Set "
                 "prime_estimator='ppo', or leave prime_value='critic' and value_model=None."
             )
+        if self.prime_value_scale != "logit" and self.prime_value != "implicit_prm":
+            raise ValueError(
+                f"`prime_value_scale`={self.prime_value_scale!r} scales the implicit PRM's prefix value, but "
+                f"`prime_value`={self.prime_value!r} learns a critic. Set prime_value='implicit_prm', or leave "
+                "prime_value_scale='logit'."
+            )
         if self.value_model is not None and self.prime_value == "implicit_prm":
             raise ValueError(
                 "`value_model` is set but `prime_value`='implicit_prm' uses the implicit PRM as the value (no learned "
@@ -458,12 +491,17 @@ class PrimeOptions(GuardOptions, ProfOptions):
             )
 
     def _validate_prm_label(self) -> None:
-        """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0 (``prm_label`` is checked with
-        the other choices; :func:`trl_prime.functional.prm_labels`)."""
+        """``prm_label_threshold`` finite, ``prm_label_temperature`` finite and > 0, ``prm_label_min_spread`` finite
+        and >= 0 (``prm_label`` is checked with the other choices; :func:`trl_prime.functional.prm_labels`)."""
         if not math.isfinite(self.prm_label_threshold):
             raise ValueError(f"`prm_label_threshold`={self.prm_label_threshold} must be a finite number.")
         if not (math.isfinite(self.prm_label_temperature) and self.prm_label_temperature > 0):
             raise ValueError(f"`prm_label_temperature`={self.prm_label_temperature} must be a finite number > 0.")
+        if not (math.isfinite(self.prm_label_min_spread) and self.prm_label_min_spread >= 0):
+            raise ValueError(
+                f"`prm_label_min_spread`={self.prm_label_min_spread} must be a finite number >= 0 (0: label every "
+                "group whose rewards are not all equal)."
+            )
 
 
 @dataclass

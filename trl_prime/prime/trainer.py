@@ -55,6 +55,7 @@ from trl_prime.modeling import (
     position_ids_from_mask,
     prepare_frozen,
     select_mm_rows,
+    sync_trl_ref_adapter,
     unwrap,
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
@@ -272,6 +273,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self._prm_spec = self._build_prm_models(model, args, prm_model, prm_ref_model, peft_config)
         value_spec = self._build_value_model(model, args, value_model, peft_config)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        # TRL's KL reference adapter "ref" misses IA3's weights (it copies names holding ".default." only)
+        sync_trl_ref_adapter(self.model, pretrained_adapter=isinstance(model, nn.Module) and is_peft_model(model))
         self._setup_prm()
         self._setup_value(value_spec)
 
@@ -646,6 +649,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         NaN (no label) for a row with an empty action mask (``r.actions``, e.g. a truncated completion masked by
         ``mask_truncated_completions``).
 
+        Warns (``UserWarning``, each kind once per run, :func:`trl_prime.functional.prm_label_warnings`) where the
+        label silently changes the method: ``"sigmoid"`` on rewards in ``[0, 1]``, ``"threshold"`` labelling every row
+        alike, ``"group_rank"`` groups spread below ``prm_label_min_spread``.
+
         Raises:
             ValueError: with ``prm_label="identity"``, a scorable outcome reward outside ``[0, 1]``."""
         a = self.args
@@ -657,7 +664,16 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             num_generations=r.num_generations,
             threshold=a.prm_label_threshold,
             temperature=a.prm_label_temperature,
+            min_spread=a.prm_label_min_spread,
         )
+        label_opts = dict(threshold=a.prm_label_threshold, min_spread=a.prm_label_min_spread)
+        warned = self.__dict__.setdefault("_prm_label_warned", set())  # each kind once per run
+        for kind, message in F.prm_label_warnings(
+            r.outcome, a.prm_label, num_generations=r.num_generations, **label_opts
+        ).items():
+            if kind not in warned and self.accelerator.is_main_process:
+                warned.add(kind)
+                warnings.warn(message, UserWarning, stacklevel=2)
         # a row without a policy token (e.g. TRL's mask_truncated_completions) has nothing for the PRM to score: no
         # label, so the PRM loss, the prompt filter's accuracy and the PRM metrics all see the same labels
         no_action = gather((r.actions.sum(-1) == 0).to(torch.long)).bool()
@@ -779,6 +795,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
           the value is the implicit PRM's prefix value ``V(y_<t) = sum_{s<t} r_phi(y_s)``
           (:func:`trl_prime.functional.implicit_prm_values`), so with ``gamma = lam = 1`` GAE gives
           ``A_t = outcome_coef * r_o - sum_{s<t} r_phi(y_s)``: the outcome minus the PRM's value of the prefix.
+          That prefix sum is a logit (the PRM's CE scores ``sigmoid(r(y))``); ``prime_value_scale="prob"`` uses
+          ``outcome_coef * sigmoid(sum_{s<t} r_phi(y_s))`` instead, on the outcome's scale for a label in [0, 1].
 
         Rows outside ``r.policy_kept`` (prompt filter, PROF) or unscorable get no reward (NaN), no value loss and no
         advantage. Non-finite values on the trained tokens poison the batch (guards, as a non-finite token reward)."""
@@ -799,7 +817,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if critic:
             values, returns, r.value_stats = self._train_value(r, r.value_rewards, train_mask)
         else:
-            values = F.implicit_prm_values(r.token_rewards, r.actions)
+            values = F.implicit_prm_values(r.token_rewards, r.actions, scale=a.prime_value_scale)
+            if a.prime_value_scale == "prob":  # the PRM's probability of label 1, on the outcome's scale
+                values = a.outcome_coef * values
             returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
             r.value_stats = {}
         self._guard_inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})

@@ -26,7 +26,14 @@ from trl import GRPOTrainer
 from trl_prime import functional as F
 from trl_prime.checkpointing import CheckpointMixin
 from trl_prime.guards import GuardsMixin
-from trl_prime.modeling import copy_adapter, eval_mode, load_model_copy, prepare_frozen, reference_logps
+from trl_prime.modeling import (
+    copy_adapter,
+    eval_mode,
+    load_model_copy,
+    prepare_frozen,
+    reference_logps,
+    sync_trl_ref_adapter,
+)
 from trl_prime.prl.config import PRLConfig
 from trl_prime.rollout import (
     MM_KEYS,
@@ -90,6 +97,8 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         # the copy is made before TRL loads, patches or wraps the policy
         ref = load_model_copy(model, args) if owns_copy else None
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        # TRL's KL reference adapter "ref" (beta > 0) misses IA3's weights (it copies names holding ".default." only)
+        sync_trl_ref_adapter(self.model, pretrained_adapter=self._prl_pretrained_adapter)
         self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/guards.py)
         self.prl_ref_model = None
         self._prl_ref_adapter = None

@@ -12,12 +12,15 @@ which the PRIME configs mix in as well: the PRIME trainers compose the same filt
 from __future__ import annotations
 
 import torch
+from accelerate.utils import is_peft_model
+from torch import nn
 from trl import GRPOTrainer
 
 from trl_prime import functional as F
 from trl_prime.checkpointing import CheckpointMixin
 from trl_prime.guards import GuardsMixin
 from trl_prime.implicit_prm.model import ImplicitPRM
+from trl_prime.modeling import sync_trl_ref_adapter
 from trl_prime.prof.config import ProfGRPOConfig
 from trl_prime.prof.filter import ProfFilter
 from trl_prime.prof.step_prm import StepPRM
@@ -74,6 +77,8 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
             self, model, args, trainer_args, trainer_kwargs, config_class=ProfGRPOConfig, method="PROF"
         )
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
+        # TRL's KL reference adapter "ref" (beta > 0) misses IA3's weights (it copies names holding ".default." only)
+        sync_trl_ref_adapter(self.model, pretrained_adapter=isinstance(model, nn.Module) and is_peft_model(model))
         self.prof_filter = ProfFilter.from_trainer(self, prm=prof_prm)
         self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/guards.py)
 
