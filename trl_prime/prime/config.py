@@ -275,6 +275,17 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "completions/clipped_ratio counts it)."
         },
     )
+    oversample_factor: float = field(
+        default=1.0,
+        metadata={
+            "help": "Generate oversample_factor x the generation batch's prompts, judge them all with the online "
+            "filter and train on the first generation_batch_size / num_generations groups that pass (in the "
+            "sampler's order), as PRIME's released recipe does (data.oversample_factor=4): every step then trains a "
+            "full batch unless too few groups pass (then the rows that passed, logged as filter/kept_groups). The "
+            "extra prompts cost generation and scoring time. Finite, >= 1; 1 = no oversampling. Not with an "
+            "IterableDataset or multimodal inputs."
+        },
+    )
     # --- PPO: a learned value model (prime_estimator="ppo"; PRIME section 5.4, Table 4) -------------------------
     prime_value: str = field(
         default="critic",
@@ -381,6 +392,12 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError(
                 f"`filter_lower`={self.filter_lower} > `filter_upper`={self.filter_upper}: no group could be kept. "
                 "Swap them (paper: 0.2 and 0.8)."
+            )
+        f = self.oversample_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 1.0:
+            raise ValueError(
+                f"`oversample_factor`={f!r} must be a finite number >= 1 (1 = no oversampling; PRIME's released "
+                "recipe: 4)."
             )
         if not 0.0 <= self.prime_gamma <= 1.0:
             raise ValueError(f"`prime_gamma`={self.prime_gamma} must lie in [0, 1] (paper: 1.0).")

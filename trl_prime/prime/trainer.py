@@ -59,6 +59,12 @@ from trl_prime.modeling import (
     unwrap,
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
+from trl_prime.prime.oversample import (
+    compact_generation_batch,
+    compaction_rows,
+    oversampled_groups,
+    select_first_groups,
+)
 from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, PRMOptimizer
 from trl_prime.prime.value import ValueMixin
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
@@ -166,7 +172,8 @@ class PrimeRound(Rollout):
     lengths: torch.Tensor | None = None  # (B_global,) completion lengths
     labels: torch.Tensor | None = None  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
     kept: torch.Tensor | None = None  # (B_global,) bool: rows of the groups the prompt filter kept
-    kept_fraction: float = float("nan")  # fraction of groups kept (filter/kept_fraction)
+    kept_fraction: float = float("nan")  # fraction of the generated groups that pass the filter (filter/kept_fraction)
+    kept_groups: int = 0  # groups that train this round (filter/kept_groups; at most the target with oversampling)
     actions: torch.Tensor | None = None  # (B, T) the policy's own completion tokens (tool responses excluded)
     mm: dict = field(default_factory=dict)  # a vision-language policy's multimodal inputs (TRL's, MM_KEYS)
     skip_filtered: bool = False  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
@@ -586,7 +593,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         r.advantages_g = self._advantages(output, r)  # line 9: Eq. 5
         self._hand_to_loss(output, r)  # line 10: Eq. 6 in TRL's loss
         self._log_round(output, r)
-        return output
+        return self._compact_oversampled(output, r)  # oversampling: back to one generation batch of rows
 
     def _filter_prompts(self, r: PrimeRound) -> torch.Tensor:
         """Algorithm 1 line 6, the online prompt filter (PRIME section 3.3): the ``(B_global,)`` bool rows of the
@@ -614,8 +621,12 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             )
         else:
             kept = torch.ones_like(r.outcome, dtype=torch.bool)
+        r.kept_fraction = kept.view(-1, K)[:, 0].float().mean().item()
+        target = self._oversample_target_groups()
+        if r.mode == "train" and target is not None:  # oversampling: the first `target` groups that pass train
+            kept = select_first_groups(kept, K, target)
         group_kept = kept.view(-1, K)[:, 0]
-        r.kept_fraction = group_kept.float().mean().item()
+        r.kept_groups = int(group_kept.sum().item())
         self._dispatch(
             "on_prompts_filtered",
             outcome_rewards=r.outcome,
@@ -627,6 +638,79 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         )
         self._mark_unscored_rows(r, kept)
         return kept
+
+    # ----------------------------------------------------------------------------------------------------------
+    # Oversampling (oversample_factor > 1; trl_prime/prime/oversample.py)
+    # ----------------------------------------------------------------------------------------------------------
+    def _oversample_target_groups(self) -> int | None:
+        """``G`` = the groups one generation batch trains on, when oversampling (``None`` without)."""
+        if self.args.oversample_factor == 1.0:
+            return None
+        return self.args.generation_batch_size // self.num_generations
+
+    def _oversampled_groups(self) -> int | None:
+        """The prompts sampled per generation round when oversampling (``None`` without)."""
+        target = self._oversample_target_groups()
+        if target is None:
+            return None
+        K, n = self.num_generations, self.accelerator.num_processes
+        return oversampled_groups(target, self.args.oversample_factor, K, n)
+
+    def get_train_dataloader(self):
+        # TRL's dataloader yields one generation batch per process (generation_batch_size / processes rows); with
+        # oversampling it yields the oversampled one, in the same sampler order
+        groups = self._oversampled_groups()
+        if groups is None:
+            return super().get_train_dataloader()
+        from torch.utils.data import IterableDataset
+
+        if isinstance(self.train_dataset, IterableDataset):
+            raise ValueError(
+                f"`oversample_factor`={self.args.oversample_factor} needs an indexable train_dataset (a "
+                "datasets.Dataset); an IterableDataset cannot be oversampled. Set oversample_factor=1 or load the "
+                "dataset without streaming."
+            )
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=groups * self.num_generations // self.accelerator.num_processes,
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _get_train_sampler(self, dataset=None):
+        # TRL's RepeatSampler with `groups` prompts per generation batch instead of generation_batch_size / K
+        groups = self._oversampled_groups()
+        if groups is None:
+            return super()._get_train_sampler(dataset)
+        from trl.trainer.utils import RepeatSampler
+
+        return RepeatSampler(
+            data_source=self.train_dataset if dataset is None else dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=groups,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def _compact_oversampled(self, output: dict, r: PrimeRound) -> dict:
+        """With oversampling (training), TRL's generation batch back to ``generation_batch_size`` rows: the selected
+        groups first, then loss-weight-0 rows of the others to fill it (:mod:`trl_prime.prime.oversample`); the
+        loss's token count recounted over the compacted rows. Collective. ``output`` unchanged otherwise."""
+        if r.mode != "train" or self._oversample_target_groups() is None:
+            return output
+        n_proc = self.accelerator.num_processes
+        rows = compaction_rows(r.kept, self.args.generation_batch_size)
+        output = compact_generation_batch(
+            self.accelerator,
+            output,
+            rows,
+            pad_token_id=self._tokenizer.pad_token_id,
+            num_rows_local=self.args.generation_batch_size // n_proc,
+        )
+        output["num_items_in_batch"] = gather(output["prime_loss_mask"].sum()).sum()
+        return output
 
     def _mark_unscored_rows(self, r: PrimeRound, kept: torch.Tensor) -> None:
         """Sets ``r.skip_filtered`` and ``r.unscored`` (this process's ``(B_local,)`` bool rows whose reference / PRM
@@ -947,6 +1031,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         m["prm/token_reward_min"].append(tok.min().item() if tok.numel() else math.nan)
         m["prm/token_reward_max"].append(tok.max().item() if tok.numel() else math.nan)
         m["filter/kept_fraction"].append(r.kept_fraction)
+        m["filter/kept_groups"].append(float(r.kept_groups))
         if "grad_norm" in r.prm_stats:
             m["prm/grad_norm"].append(r.prm_stats["grad_norm"])
             m["prm/learning_rate"].append(r.prm_stats["learning_rate"])
