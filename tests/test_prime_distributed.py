@@ -208,3 +208,30 @@ def test_ddp_two_processes_pairwise_prm_loss_pairs_within_prompts(tiny_model_pat
     loss.backward()
     expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
     assert prm_steps[0]["grad_norm"] == pytest.approx(expected.item(), rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "zero3"])
+def test_two_processes_oversampling_regroups_rows_across_ranks(tiny_model_path, tmp_path, mode):
+    """oversample_factor=2 with 3 rows per rank and K=2: each round generates 6 groups (6 rows per rank), every group
+    passes (filter open), the first 3 train; compacted back to 3 rows per rank, so rank 0's last 3 generated rows
+    move to rank 1. The rows each rank's loss sees are the first 6 generated rows (global order: rank 0 the first 3,
+    rank 1 the next 3), all weighted."""
+    if mode == "zero3":
+        pytest.importorskip("deepspeed")
+    out = str(tmp_path / f"{mode}_oversample")
+    summary = _launch(mode, tiny_model_path, out, "--oversample_factor", "2")
+    _check_logs(summary)
+    assert [h["filter/kept_groups"] for h in summary["logs"]] == [3.0, 3.0]
+    assert [h["filter/kept_fraction"] for h in summary["logs"]] == [1.0, 1.0]
+    ranks = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+    for step in range(2):
+        generated = ranks[0]["steps"][step]["prompts"] + ranks[1]["steps"][step]["prompts"]
+        assert len(generated) == 12
+        seen = [ranks[r]["compacted"][step] for r in range(2)]
+        assert [len(s["texts"]) for s in seen] == [3, 3]
+        # TRL shuffles each rank's rows after the step: compare each rank's rows as a multiset
+        for r, part in enumerate((generated[:3], generated[3:6])):
+            assert sorted(t.strip() for t in seen[r]["texts"]) == sorted(str(p).strip() for p in part)
+        assert all(bool(s["weighted"].all()) for s in seen)
+        assert seen[0]["num_items"] == seen[1]["num_items"] > 0

@@ -31,6 +31,12 @@ failures, degenerate batches).
     steps_per_generation``). After ``max_nonfinite_skips`` consecutive skipped steps the run stops with a
     ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``: it is not guarded; only a poisoned
     batch's PRM step is skipped.)
+  * **a step with nothing to learn moves nothing.** The loss weight of every micro-batch the policy's loss receives
+    is counted (:meth:`GuardsMixin._prepare_inputs`); an optimizer step whose micro-batches hold no weighted token on
+    any process (every group filtered, every row unscorable or dropped by PROF) does not step: gradients zeroed,
+    AdamW's moments and step count and the scheduler unchanged (a zero gradient would still move the weights through
+    Adam's momentum), counted in ``guard/empty_steps`` (not a non-finite skip: it never stops the run). The PRM and
+    the value model already skip a round without trained rows.
   * **verifier infrastructure failures** (``math/error``: the math worker pool died; ``code/sandbox_error``: the
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global
     batch; their fraction is logged as ``verifier/failure_rate`` and above ``max_verifier_failure_rate`` the step
@@ -444,6 +450,7 @@ class GuardsMixin:
         self._guard_consecutive_skips = 0
         self._guard_total_skips = 0
         self._guard_step_pending = False  # a poisoned generation batch awaits its (skipped) policy step
+        self._guard_step_tokens = 0.0  # weighted loss tokens of this optimizer step's micro-batches (this process)
         self._guard_infra_failures = 0.0
         self._guard_inputs = None
         check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
@@ -463,6 +470,14 @@ class GuardsMixin:
             # (gradient_accumulation_steps > steps_per_generation: several generation batches per step)
             self._guard_poison = None
         return super()._generate_and_score_completions(inputs)
+
+    def _prepare_inputs(self, generation_batch):
+        # TRL hands each micro-batch to the loss through here: count its weighted tokens (the loss weight PRIME sets,
+        # `prime_loss_mask`, else TRL's completion mask times its loss-only `tool_mask`) for the empty-step check
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and isinstance(inputs, dict):
+            self._guard_step_tokens = getattr(self, "_guard_step_tokens", 0.0) + float(loss_weight(inputs).sum())
+        return inputs
 
     def _guard_sample_ids(self, rows: list[int]) -> list[Any]:
         """Sample ids (``id``/``idx``/``index`` column, else the prompt's first 60 characters) of global rows.
@@ -688,7 +703,8 @@ class GuardsMixin:
         def guarded_step(*args, **kwargs):
             reason = self._guard_step_problem(opt)
             self._guard_step_pending = False  # the next generation batch is judged afresh
-            if reason is not None:
+            empty = reason is None and self._guard_step_is_empty()
+            if reason is not None or empty:
                 opt.zero_grad(set_to_none=True)
                 if hasattr(opt, "_is_overflow"):
                     opt._is_overflow = True  # accelerate: the scheduler does not step, Trainer sees a skipped step
@@ -699,10 +715,15 @@ class GuardsMixin:
                     from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
                     scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
-                self._guard_record_skip(reason)
+                self._guard_after_policy_step(applied=False, reason="empty" if empty else reason)
+                if empty:
+                    self._metrics["train"]["guard/empty_steps"].append(1.0)
+                else:
+                    self._guard_record_skip(reason)
                 return None
             if hasattr(opt, "_is_overflow") and getattr(opt, "scaler", None) is None:
                 opt._is_overflow = False
+            self._guard_after_policy_step(applied=True)
             out = original(*args, **kwargs)
             self._guard_consecutive_skips = 0
             return out
@@ -720,6 +741,20 @@ class GuardsMixin:
         value = out.item() if hasattr(out, "item") else out
         self._guard_clip_norm = None if value is None else float(value)
         return out
+
+    def _guard_step_is_empty(self) -> bool:
+        """Whether this optimizer step's micro-batches held no weighted loss token on any process (then resets the
+        count for the next step). Collective."""
+        tokens = torch.tensor(getattr(self, "_guard_step_tokens", 0.0), device=self.accelerator.device)
+        self._guard_step_tokens = 0.0
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens, reduction="sum")
+        return bool(tokens.item() == 0)
+
+    def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
+        """Hook at each guarded policy optimizer step, before it runs (``applied``) or when it is skipped (``reason``:
+        ``"empty"`` or the non-finite reason): a trainer with a second model whose step was held back for this
+        decision (PRIME's PRM and critic) takes or drops it here."""
 
     def _guard_step_problem(self, opt) -> str | None:
         """Why the policy step must be skipped (``None``: it may run). Collective."""
@@ -765,6 +800,16 @@ class GuardsMixin:
                 "(inf rewards), lower the learning rates (policy `learning_rate`, `prm_learning_rate`), or resume "
                 "from the last good checkpoint."
             )
+
+
+def loss_weight(inputs: dict) -> torch.Tensor:
+    """The ``(B, T)`` loss weight of a micro-batch TRL's loss receives: PRIME's ``prime_loss_mask`` when present,
+    else ``completion_mask`` times TRL's loss-only ``tool_mask`` (rows a trainer removed from the loss), else the
+    completion mask."""
+    if inputs.get("prime_loss_mask") is not None:
+        return inputs["prime_loss_mask"]
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if inputs.get("tool_mask") is not None else mask
 
 
 def finite_or_nan(x: float) -> float:

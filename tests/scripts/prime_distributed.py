@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--max_steps", type=int, default=2)
     parser.add_argument("--prm_loss", default="ce", choices=["ce", "dpo", "nca", "kto"])
+    parser.add_argument("--oversample_factor", type=float, default=1.0)
     cli = parser.parse_args()
 
     import time
@@ -137,6 +138,7 @@ def main():
         filter_upper=1.0,
         prm_micro_batch_size=2,
         prm_loss=cli.prm_loss,
+        oversample_factor=cli.oversample_factor,
         **extra,
     )
     mark("config")
@@ -157,6 +159,17 @@ def main():
         **peft,
     )
     mark("trainer")
+    compacted = []  # what TRL's loss receives on this rank (the oversampled batch compacted back)
+    prepare = trainer._prepare_inputs
+
+    def record_prepare(batch):
+        out = prepare(batch)
+        rows = out["prime_loss_mask"].sum(-1) > 0
+        texts = trainer.processing_class.batch_decode(out["prompt_ids"], skip_special_tokens=True)
+        compacted.append({"texts": texts, "weighted": rows.cpu(), "num_items": out["num_items_in_batch"].item()})
+        return out
+
+    trainer._prepare_inputs = record_prepare
     acc = trainer.accelerator
     assert acc.num_processes == 2, f"expected 2 processes, got {acc.num_processes}: launch with --multi_gpu"
     rank = acc.process_index
@@ -231,7 +244,12 @@ def main():
     if zero_stage:
         assert trainer.prm_optim.engine is not None and type(trainer.implicit_prm.model).__name__ == "DeepSpeedEngine"
     torch.save(
-        {"steps": dump.steps, "prm_steps": dump.prm_steps, "options": trainer._advantage_options()},
+        {
+            "steps": dump.steps,
+            "prm_steps": dump.prm_steps,
+            "options": trainer._advantage_options(),
+            "compacted": compacted,
+        },
         os.path.join(cli.out, f"rank{rank}.pt"),
     )
     if acc.is_main_process:

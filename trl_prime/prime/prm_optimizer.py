@@ -109,6 +109,7 @@ class ModelOptimizer:
         self.lr_scheduler = None
         self.engine = None
         self.num_updates = 0
+        self.pending = False  # a judged step held back until the policy's step decides (step(defer=True))
 
     def _option(self, key: str, default=None):
         """The config value of the field ``settings.<key>`` names (``default`` when it names none)."""
@@ -208,17 +209,46 @@ class ModelOptimizer:
         else:
             loss.backward()
 
-    def step(self, loss_finite: bool = True) -> float | None:
+    def step(self, loss_finite: bool = True, *, defer: bool = False) -> float | None:
         """All-reduce (DDP), clip, step, schedule; returns the pre-clip gradient norm (NaN under DeepSpeed), or
         ``None`` when the step was skipped because the (global) loss or gradient norm is not finite (the norm is the
         one clipping returns, computed before it scales the gradients: an overflow reads inf even though clipping
         leaves zeros or NaN behind). ``num_updates`` counts the applied steps.
 
+        ``defer=True`` (not under DeepSpeed): all-reduce, clip and judge now, but hold the optimizer and scheduler
+        step back (``pending``) until :meth:`apply_pending` or :meth:`discard_pending`: the trainer takes it with the
+        policy's step, or drops it when that step is skipped, so a skipped step leaves the model, its optimizer state
+        and its schedule bit-identical.
+
         Under DeepSpeed the engine has already stepped in :meth:`backward`: see :meth:`_engine_step_result`."""
-        norm = self._engine_step_result(loss_finite) if self.engine is not None else self._optimizer_step(loss_finite)
+        if self.engine is not None:
+            norm = self._engine_step_result(loss_finite)
+        else:
+            norm = self._judged_norm(loss_finite)
+            if norm is not None:
+                self.pending = True
+                if not defer:
+                    self.apply_pending()
+                return norm
         if norm is not None:
             self.num_updates += 1
         return norm
+
+    def apply_pending(self) -> None:
+        """Take the held step (if any): optimizer step, scheduler step, gradients cleared, ``num_updates`` + 1."""
+        if not self.pending:
+            return
+        self.pending = False
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.num_updates += 1
+
+    def discard_pending(self) -> None:
+        """Drop the held step (if any): gradients cleared; weights, moments and schedule unchanged."""
+        if self.pending:
+            self.pending = False
+            self.optimizer.zero_grad(set_to_none=True)
 
     def discard(self, loss_finite: bool = True) -> None:
         """Drop this batch's gradients (a poisoned batch): weights, moments and schedule unchanged. Under
@@ -269,7 +299,9 @@ class ModelOptimizer:
         for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             g.copy_(synced)
 
-    def _optimizer_step(self, loss_finite: bool) -> float | None:
+    def _judged_norm(self, loss_finite: bool) -> float | None:
+        """All-reduce (DDP) and clip the gradients; their pre-clip norm, or ``None`` (gradients cleared) when the loss
+        or the norm is not finite."""
         params = self.holder.trainable_parameters()
         if self.accelerator.num_processes > 1:
             self._all_reduce_gradients(params)
@@ -281,9 +313,6 @@ class ModelOptimizer:
         if not (loss_finite and math.isfinite(norm)):  # same on every rank: loss reduced, gradients all-reduced
             self.optimizer.zero_grad(set_to_none=True)  # skipped: weights, moments and schedule unchanged
             return None
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return norm
 
     # ------------------------------------------------------------------------------------------------------

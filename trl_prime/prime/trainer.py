@@ -1080,6 +1080,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         row count), so summing gradients over ranks gives the gradient of the global mean loss.
         """
         T, mm = completion_mask.size(1), mm or {}
+        # a step still held from an earlier round of the same policy step (gradient_accumulation_steps >
+        # steps_per_generation): taken now, before this round's gradients join them (dropped if this batch is poisoned)
+        self._resolve_held_steps(apply=not self.guard_poisoned)
         valid = ~torch.isnan(labels)
         unscored = torch.zeros_like(valid) if unscored is None else unscored
         n_global = self.accelerator.reduce(valid.sum().to(torch.float32), reduction="sum").item()
@@ -1109,6 +1112,34 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
         return prm_logps, stats
 
+    def _defers_model_steps(self) -> bool:
+        """Whether the PRM's (and the critic's) optimizer step waits for the policy's (:meth:`_guard_after_policy_step`):
+        with the single PRM forward (its rewards come from before its step) and the policy's guarded optimizer (not
+        DeepSpeed, whose engines step inside ``backward``). Then a policy step skipped for a reason found after the
+        PRM's backward (non-finite advantages or values, a policy gradient overflow) leaves the PRM and its optimizer
+        bit-identical. ``prm_update="double"`` scores the batch with the PRM after its step, which cannot wait."""
+        return (
+            self.args.prm_update == "single"
+            and self.prm_optim.engine is None
+            and bool(getattr(self.optimizer, "_guard_wrapped", False))
+        )
+
+    def _resolve_held_steps(self, apply: bool) -> None:
+        """Take (``apply``) or drop the PRM's and the critic's held optimizer steps."""
+        for optim in (self.prm_optim, getattr(self, "value_optim", None)):
+            if optim is not None and optim.pending:
+                if apply:
+                    optim.apply_pending()
+                else:
+                    optim.discard_pending()
+                    self._metrics["train"]["guard/held_steps_dropped"].append(1.0)
+
+    def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
+        # the policy's guarded step decided: the PRM (and critic) steps held for it follow it, except that an empty
+        # policy step (no weighted token in its micro-batches) keeps them: the round's PRM update trained on its kept
+        # rows, which other micro-batches of the same generation batch train the policy on
+        self._resolve_held_steps(apply=applied or reason == "empty")
+
     def _prm_scores(self, input_ids, attention_mask, T: int, unscored: torch.Tensor, mm: dict) -> torch.Tensor:
         """``(B, T)`` no-grad PRM log-probs of the rows not flagged in ``unscored`` (0 there), in the policy's mixed
         precision (``accelerator.autocast()``: bf16 / fp16 autocast when the run uses it, as TRL runs its policy and
@@ -1123,7 +1154,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             loss=loss_value,
             grad_norm=stats["grad_norm"],
             learning_rate=stats["learning_rate"],
-            num_updates=self.prm_optim.num_updates,
+            num_updates=self.prm_optim.num_updates + int(self.prm_optim.pending),
             labels=labels,
             row_weights=row_weights,
             prm_model=self.prm_model,
@@ -1202,7 +1233,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if bool(bad.any()):
             self.prm_optim.discard(loss_finite=math.isfinite(loss_value))
             return prm_logps, checked
-        grad_norm = self.prm_optim.step(loss_finite=math.isfinite(loss_value))
+        grad_norm = self.prm_optim.step(loss_finite=math.isfinite(loss_value), defer=self._defers_model_steps())
         if grad_norm is None:  # non-finite PRM loss or gradient norm: step skipped (weights unchanged), batch poisoned
             # every row's log-probs and token rewards passed the check above: no row to blame
             self._guard_poison_batch("train", "non-finite PRM loss/gradient norm")

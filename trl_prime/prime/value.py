@@ -291,7 +291,10 @@ class ValueMixin:
             losses.append(totals[0].item())
             clips.append(totals[1].item() / n_global if n_global else math.nan)
             if train:
-                norm = self.value_optim.step(loss_finite=math.isfinite(losses[-1]))
+                # the last epoch's step waits for the policy's (as the PRM's: _defers_model_steps)
+                last = epoch == self.args.value_epochs - 1
+                defer = last and self._defers_model_steps()
+                norm = self.value_optim.step(loss_finite=math.isfinite(losses[-1]), defer=defer)
         stats = {"loss": sum(losses) / len(losses) if n_global else math.nan, "clipfrac": sum(clips) / len(clips)}
         if norm is not None:
             stats.update(grad_norm=norm, learning_rate=self.value_optim.learning_rate)

@@ -1,0 +1,149 @@
+"""A step with nothing to learn moves nothing: an all-filtered step, and a policy step the guard skips after the PRM's
+backward, leave the policy, the PRM, their optimizers and schedulers bit-identical, and are counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_prompt_dataset
+from transformers import TrainerCallback
+
+from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
+
+
+K = 4
+
+
+def _args(cls, tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        per_device_train_batch_size=8,
+        num_generations=K,
+        max_completion_length=6,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        max_steps=2,
+        learning_rate=1e-3,
+        prm_learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        prm_lr_scheduler="linear",
+    )
+    base.update(kw)
+    return cls(**base)
+
+
+def _state(trainer) -> dict:
+    """Everything a step could move: weights, AdamW state (moments, step counts), schedules (cloned)."""
+
+    def opt_state(opt):
+        return {
+            i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+            for i, st in enumerate(opt.state.values())
+        }
+
+    return {
+        "policy": [p.detach().clone() for p in trainer.model.parameters()],
+        "prm": [p.detach().clone() for p in trainer.prm_model.parameters()],
+        "policy_opt": opt_state(trainer.optimizer),
+        "prm_opt": opt_state(trainer.prm_optimizer),
+        "policy_sched": trainer.lr_scheduler.state_dict()["last_epoch"],
+        "prm_sched": trainer.prm_lr_scheduler.state_dict()["last_epoch"],
+        "prm_updates": trainer.prm_optim.num_updates,
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    for k in ("policy", "prm"):
+        assert all(torch.equal(x, y) for x, y in zip(a[k], b[k])), f"{k} weights moved"
+    for k in ("policy_opt", "prm_opt"):
+        assert a[k].keys() == b[k].keys()
+        for i in a[k]:
+            for name, v in a[k][i].items():
+                w = b[k][i][name]
+                assert torch.equal(v, w) if torch.is_tensor(v) else v == w, f"{k}[{i}].{name} moved"
+    for k in ("policy_sched", "prm_sched", "prm_updates"):
+        assert a[k] == b[k], k
+
+
+class SnapshotAtStep1(TrainerCallback):
+    def __init__(self):
+        self.trainer = None
+        self.after_step1 = None
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == 1:
+            self.after_step1 = _state(self.trainer)
+
+
+def _train(cls, cfg_cls, model, tmp_path, reward, **kw):
+    snap = SnapshotAtStep1()
+    trainer = cls(
+        model=model,
+        reward_funcs=reward,
+        args=_args(cfg_cls, tmp_path, **kw),
+        train_dataset=tiny_prompt_dataset(32),
+        callbacks=[snap],
+    )
+    snap.trainer = trainer
+    trainer.train()
+    return trainer, snap
+
+
+@pytest.mark.parametrize("cls,cfg_cls", [(PrimeRLOOTrainer, PrimeRLOOConfig), (PrimeGRPOTrainer, PrimeGRPOConfig)])
+def test_all_filtered_step_moves_nothing(tiny_model_path, tmp_path, cls, cfg_cls):
+    """Step 1 trains (every group 1, 0, 1, 0: accuracy 0.5, kept), step 2 has every group right (accuracy 1:
+    filtered). A zero gradient would still move the weights through AdamW's momentum from step 1; the empty step
+    leaves everything bit-identical and is counted in guard/empty_steps."""
+    calls = []
+
+    def first_kept_then_all_right(completions, prompts, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            return [float(j % 2 == 0) for j in range(len(prompts))]
+        return [1.0] * len(prompts)
+
+    trainer, snap = _train(cls, cfg_cls, tiny_model_path, tmp_path, first_kept_then_all_right)
+    after = _state(trainer)
+    assert snap.after_step1["prm_updates"] == 1  # step 1 did train the PRM ...
+    assert trainer.state.global_step == 2
+    _assert_same(snap.after_step1, after)  # ... and step 2 moved nothing
+    logs = {h["step"]: h for h in trainer.state.log_history if "filter/kept_fraction" in h}
+    assert logs[1]["filter/kept_fraction"] == 1.0 and logs[2]["filter/kept_fraction"] == 0.0
+    assert "guard/empty_steps" not in logs[1] and logs[2]["guard/empty_steps"] == 1.0
+
+
+def test_policy_step_skipped_after_the_prm_backward_leaves_the_prm_unmoved(tiny_model_path, tmp_path, monkeypatch):
+    """Non-finite advantages are found after the PRM's backward (its rewards feed them): the policy step is
+    skipped, and the PRM's step, held for it, is dropped: PRM weights, AdamW state and schedule stay as after step
+    1 (they moved at step 1). Counted in guard/skipped_steps and guard/held_steps_dropped."""
+    import trl_prime.prime.trainer as prime_trainer
+
+    real = prime_trainer.F.prime_advantages
+    calls = []
+
+    def poisoned_on_second_round(**kw):
+        adv = real(**kw)
+        calls.append(1)
+        if len(calls) == 2:
+            adv = adv.clone()
+            adv[0, 0] = float("nan")
+        return adv
+
+    monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned_on_second_round)
+
+    def alternating(completions, prompts, **kwargs):
+        return [float(j % 2 == 0) for j in range(len(prompts))]
+
+    trainer, snap = _train(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, alternating)
+    after = _state(trainer)
+    assert snap.after_step1["prm_updates"] == 1
+    _assert_same(snap.after_step1, after)
+    logs = {h["step"]: h for h in trainer.state.log_history if "prm/loss" in h}
+    assert logs[2]["guard/skipped_steps"] == 1.0 and logs[2]["guard/held_steps_dropped"] >= 1.0
+    assert "guard/held_steps_dropped" not in logs[1]
