@@ -100,6 +100,9 @@ METHODS = {
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
+    # the headroom of process rewards: PRIME-RLOO with the implicit PRM's token rewards replaced by exact per-step
+    # correctness (learning_task.oracle_step_rewards: -1 at the first wrong step); the PRM is not trained
+    "prime_rloo_oracle": ("learning_task.OracleRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_learning_rate": 0.0}),
     # PRIME Table 4: PPO with a learned value model (a copy of the warm start; GAE with gamma = lam = 1, advantages
     # whitened as veRL's GAE does), without and with PRIME's process rewards, and the implicit PRM as the value
     # baseline (section 5.4; not whitened, like prime_reinforce, the PRM as a reward, which it is compared with)
@@ -134,7 +137,7 @@ QUICK_METHODS = [
     "prime_rloo_pc0",
     "prime_rloo_prm2x",
 ]
-PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
+PRIME_METHODS = {m for m, (_, c, _) in METHODS.items() if "Prime" in c}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
 ESTIMATOR_PAIRS = [
     ("rloo", "prime_rloo"),
@@ -423,8 +426,8 @@ def offline_prm(
             logging_steps=10,
             disable_tqdm=True,
             seed=0,
-            max_length=128,
-            max_prompt_length=64,
+            max_length=lt.sft_max_length(spec),
+            max_prompt_length=max(64, lt.longest_prompt_tokens(spec)),
         )
         tr = ImplicitPRMTrainer(model=warm, args=args, train_dataset=data)
         tr.train()
@@ -793,6 +796,7 @@ GROUPS = [
         [
             "rloo",
             "prime_rloo",
+            "prime_rloo_oracle",
             "prime_rloo_pc0",
             "prime_rloo_frozen",
             "prime_rloo_double",
