@@ -17,7 +17,10 @@ TRL's ``SFTTrainer`` (600 steps of 32 examples, about 3 minutes on one core) on 
 running sums are one too large in 30% of the steps. The warm start then solves 4x1 problems 92% of the time greedily and
 about 40% sampled at temperature 1: its mistakes are early slips that decide the outcome, which RL can remove. It is
 cached under ``~/.cache/trl_prime/learning/<hash of the recipe>/`` (``TRL_PRIME_CACHE`` overrides the root). The
-module also holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test.
+module also holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test, and the
+oracle process reward of the benchmark's ``prime_rloo_oracle`` row (:func:`oracle_step_rewards`). Longer chains
+(``TaskSpec(8, 1)``, the harder difficulty) use the same recipe; the SFT sequence length, the model's context and the
+generation budget grow with them (:func:`sft_max_length`, :func:`max_completion_tokens`).
 
 Everything is offline. Used by ``benchmarks/learning.py`` and ``tests/test_learning.py``.
 """
@@ -407,7 +410,8 @@ def oracle_step_rewards(pieces: list[str], operands: list[int], penalty: float =
     the operand. The first step that is not (a slipped sum, a wrong operand, a malformed line, a wrong boxed answer)
     gets ``-penalty`` on the token holding its last non-blank character (on the completion's last token if the step
     is blank); a completion that stops before its boxed answer gets it on its last token (the EOS: stopping was
-    the mistake). Every later step gets 0, and so do steps after the boxed answer.
+    the mistake; with the trainer's ``include_last_token=False`` the advantages drop that last-token reward, and
+    such a row keeps the outcome term alone). Every later step gets 0, and so do steps after the boxed answer.
 
     Why this form: the implicit PRM's token rewards are differences of a value (the sum of the rewards up to token
     t estimates ``beta log E[exp(r_o / beta) | y_<=t]``, Implicit PRM arXiv 2412.01981), and on this task the value
