@@ -267,7 +267,7 @@ def warm_start(recipe: WarmStartRecipe = WarmStartRecipe(), *, log=print) -> str
     trainer.model.save_pretrained(out)
     trainer.processing_class.save_pretrained(out)
     sft_seconds = time.time() - t0
-    acc = evaluate(trainer.model, trainer.processing_class, heldout, greedy=True, samples=1, seed=0)
+    acc = evaluate(trainer.model, trainer.processing_class, heldout, greedy=True, samples=1, seed=0, spec=recipe.task)
     info = {
         "recipe": {**asdict(recipe), "task": asdict(recipe.task)},
         "sft_seconds": round(sft_seconds, 1),
