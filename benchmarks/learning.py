@@ -712,8 +712,8 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
         rows.append(
             (
                 "2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
-                f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
-                f"paired AUC difference {_diff_text(d, lo, hi)}",
+                f"RLOO reaches {thr:.3f} at step {_to_threshold(a, thr)}, PRIME-RLOO at {_to_threshold(b, thr)} "
+                f"(step ratio {ratio:.2f}); paired AUC difference {_diff_text(d, lo, hi)}",
                 verdict,
             )
         )

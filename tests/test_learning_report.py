@@ -140,5 +140,9 @@ def test_oracle_row_and_time_to_threshold_in_seconds():
     oracle_line = next(line for line in text.splitlines() if line.startswith("| prime_rloo_oracle |"))
     assert "| 20 (40 s) |" in oracle_line
     assert "| 60 (60 s) |" in next(line for line in text.splitlines() if line.startswith("| rloo |"))
+    # the sample-efficiency claim in steps and seconds: PRIME-RLOO (0.3 -> 0.5) reaches 0.40 at step 30, 60 s
+    runs["prime_rloo"] = _runs({"prime_rloo": [0.50, 0.50, 0.50]})["prime_rloo"]
+    row = learning.claims(learning.summarize(runs, key="sampled"), None)[0]
+    assert "RLOO reaches 0.400 at step 60 (60 s), PRIME-RLOO at 30 (60 s) (step ratio 2.00)" in row[1]
     headroom = next(c for c in result["claims"] if c[0].startswith("(headroom)"))
     assert "final +0.200 [+0.150, +0.250]" in headroom[1] and headroom[2] == "detected"
