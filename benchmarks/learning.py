@@ -927,8 +927,8 @@ def report(result: dict) -> str:
         )
         lines.append("")
     lines.append(
-        "| method | seeds | start | final | AUC | to threshold: steps (s) | collapsed | final (greedy) | AUC (greedy) | "
-        "prm/pair_accuracy first -> last |"
+        "| method | seeds | start | final | AUC | to threshold: steps (s) | collapsed | final (greedy) | "
+        "AUC (greedy) | prm/pair_accuracy first -> last |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for m, s in summ_s.items():
