@@ -10,7 +10,10 @@ outcome. Cached by the hash of its recipe (``~/.cache/trl_prime/learning/<hash>/
 Every method gets the same prompts, seeds, batch (8 prompts x 4 completions), sampling (temperature 1), policy
 learning rate (``--lr``, constant schedule, AdamW) and step budget:
 
-- ``rloo`` TRL ``RLOOTrainer`` vs ``prime_rloo`` ``PrimeRLOOTrainer`` (PRIME Eq. 5);
+- ``rloo`` TRL ``RLOOTrainer`` vs ``prime_rloo`` ``PrimeRLOOTrainer`` (PRIME Eq. 5), and ``prime_rloo_oracle``:
+  PRIME-RLOO with the implicit PRM's token rewards replaced by exact per-step correctness (-1 on the last token of
+  the first wrong step, ``learning_task.oracle_step_rewards``; the PRM is not trained), the headroom process
+  rewards have on this task;
 - ``grpo`` TRL ``GRPOTrainer`` vs ``prime_grpo`` ``PrimeGRPOTrainer`` (PRIME App. B.3; process term divided by the
   outcome's group std, the default) and ``prime_grpo_process_std`` (``grpo_process_scale="process_std"``);
 - ``reinforce`` (PRIME's REINFORCE estimator with ``process_coef=0``) vs ``prime_reinforce``;
@@ -30,17 +33,22 @@ learning rate (``--lr``, constant schedule, AdamW) and step budget:
 
 PRIME's online prompt filter is opened to [0, 1] for every PRIME method, so every method trains on every row (TRL's
 RLOO/GRPO have no filter). Held-out accuracy (256 problems never trained on; sampled at temperature 1, 2 samples
-each, and greedy) is measured every ``--eval-every`` steps. The report: mean and 95% t-interval curves per method, a
-table of start and final accuracy, area under the curve, steps to reach RLOO's final accuracy (the paper's
-sample-efficiency measure), PRIME's ``prm/pair_accuracy`` trajectory, and a "paper claims" table. The offline
+each, and greedy) is measured every ``--eval-every`` steps (default 5), with the training wall-clock seconds at each
+point (evaluations excluded). The report: mean and 95% t-interval curves per method, a table of start and final
+accuracy, area under the curve, steps and training seconds to reach RLOO's final accuracy (the paper's
+sample-efficiency measure; PRIME costs more per step), collapsed seeds, PRIME's ``prm/pair_accuracy`` trajectory, and
+a "paper claims" table whose differences are paired over seeds (the seeds are shared by the methods). The offline
 implicit PRM section (on by default, off with ``--quick``): CE and DPO PRMs trained on outcome-labelled rollouts of
-the warm start, best-of-N (N = 4, 16, 64) against the first sample, majority vote and the oracle.
+the warm start, best-of-N (N = 4, 16, 64) against the first sample, majority vote and the oracle, with intervals
+over problems. ``--difficulty 8x1`` is the harder task (7 dependent steps; the warm start is right far less often
+sampled, so credit assignment matters more): run the benchmark once per difficulty, each report names its own.
 
 Runs are spread over ``--workers`` processes with one torch thread each. Examples::
 
     python benchmarks/learning.py --quick --json docs/learning/quick.json --plot-dir docs/learning
     python benchmarks/learning.py --json docs/learning/full.json --plot-dir docs/learning   # every method, 5 seeds
     python benchmarks/learning.py --methods prime_grpo,grpo --seeds 5 --steps 100 --json prime_grpo.json  # some rows
+    python benchmarks/learning.py --methods rloo,prime_rloo,prime_rloo_oracle --difficulty 8x1 --json hard.json
 """
 
 from __future__ import annotations
@@ -100,6 +108,9 @@ METHODS = {
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
+    # the headroom of process rewards: PRIME-RLOO with the implicit PRM's token rewards replaced by exact per-step
+    # correctness (learning_task.oracle_step_rewards: -1 at the first wrong step); the PRM is not trained
+    "prime_rloo_oracle": ("learning_task.OracleRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_learning_rate": 0.0}),
     # PRIME Table 4: PPO with a learned value model (a copy of the warm start; GAE with gamma = lam = 1, advantages
     # whitened as veRL's GAE does), without and with PRIME's process rewards, and the implicit PRM as the value
     # baseline (section 5.4; not whitened, like prime_reinforce, the PRM as a reward, which it is compared with)
@@ -134,7 +145,7 @@ QUICK_METHODS = [
     "prime_rloo_pc0",
     "prime_rloo_prm2x",
 ]
-PRIME_METHODS = {m for m, (t, _, _) in METHODS.items() if "Prime" in t}
+PRIME_METHODS = {m for m, (_, c, _) in METHODS.items() if "Prime" in c}
 # (baseline, PRIME) pairs of the "gains for every estimator" claim
 ESTIMATOR_PAIRS = [
     ("rloo", "prime_rloo"),
@@ -255,8 +266,11 @@ def run_one(
 ) -> dict:
     """Train ``method`` from the warm start ``warm`` for ``steps`` steps; return its held-out accuracy curve.
 
-    Returns ``{"method", "seed", "steps": [0, e, 2e, ...], "greedy": [...], "sampled": [...],
-    "pair_accuracy": [per step, PRIME only], "seconds"}``. ``progress(n)`` (optional) is called after each step.
+    Returns ``{"method", "seed", "steps": [0, e, 2e, ...], "greedy": [...], "sampled": [...], "train_seconds":
+    [...], "pair_accuracy": [per step, PRIME only], "seconds"}``. ``train_seconds`` is the wall-clock time the run
+    had trained for at each evaluation point (from the start of ``trainer.train()``, the held-out evaluations
+    excluded; generation, rewards, PRM and policy updates included): what a user pays for that accuracy. ``seconds``
+    is the whole run. ``progress(n)`` (optional) is called after each step.
     """
     import torch
     from datasets import Dataset
@@ -286,16 +300,21 @@ def run_one(
         extra=extra,
     )
     tokenizer = AutoTokenizer.from_pretrained(warm)
-    curve = {"steps": [], "greedy": [], "sampled": []}
+    curve = {"steps": [], "greedy": [], "sampled": [], "train_seconds": []}
+    clock = {"start": 0.0, "eval": 0.0}  # when training began; seconds spent in held-out evaluations since
 
     def measure(model, step):
+        t = time.perf_counter()
+        curve["train_seconds"].append(round(t - clock["start"] - clock["eval"], 2))
         acc = lt.evaluate(model, tokenizer, heldout, greedy=True, samples=eval_samples, seed=10_000 + step, spec=spec)
         curve["steps"].append(step)
         curve["greedy"].append(acc["greedy"])
         curve["sampled"].append(acc.get("sampled", float("nan")))
+        clock["eval"] += time.perf_counter() - t
 
     class Eval(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
+            clock["start"] = time.perf_counter()
             measure(trainer.model, 0)
 
         def on_step_end(self, args, state, control, **kw):
@@ -423,8 +442,8 @@ def offline_prm(
             logging_steps=10,
             disable_tqdm=True,
             seed=0,
-            max_length=128,
-            max_prompt_length=64,
+            max_length=lt.sft_max_length(spec),
+            max_prompt_length=max(64, lt.longest_prompt_tokens(spec)),
         )
         tr = ImplicitPRMTrainer(model=warm, args=args, train_dataset=data)
         tr.train()
@@ -451,27 +470,7 @@ def offline_prm(
         for agg in ("min", "sum"):
             with torch.no_grad():
                 scores[f"{loss}_{agg}"] = prm.score(flat_prompts, flat, aggregation=agg, batch_size=256)
-    table = {}
-    for n in (4, 16, 64):
-        if n > max_n:
-            continue
-        rows = {k: [] for k in ("first", "majority", "oracle", *scores)}
-        for i in range(len(problems)):
-            for g in range(max_n // n):
-                idx = list(range(i * max_n + g * n, i * max_n + (g + 1) * n))
-                rows["first"].append(labels[idx[0]])
-                rows["oracle"].append(max(labels[j] for j in idx))
-                counts = {}
-                for j in idx:  # most frequent extracted answer; ties -> the one seen first
-                    if answers[j] is not None:
-                        counts.setdefault(answers[j], []).append(j)
-                best = max(counts.values(), key=len)[0] if counts else idx[0]
-                rows["majority"].append(labels[best])
-                for k, s in scores.items():
-                    j = max(idx, key=lambda j: (s[j] if not math.isnan(s[j]) else -math.inf, -j))
-                    rows[k].append(labels[j])
-        table[n] = {k: sum(v) / len(v) for k, v in rows.items()}
-    res["best_of_n"] = table
+    res.update(best_of_n(labels, answers, scores, len(problems), max_n))
     res["n_problems"] = n_problems
     res["seconds"] = round(time.time() - t0, 1)
     return res, folders["ce"][0]
@@ -514,18 +513,109 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
     return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def diff_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """Welch: mean(b) - mean(a) and its 95% interval."""
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:  # no interval from one seed
-        return mb - ma, float("nan"), float("nan")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return mb - ma, mb - ma, mb - ma
-    df = (va + vb) ** 2 / ((va**2) / (len(a) - 1) + (vb**2) / (len(b) - 1))
-    h = t975(int(df)) * se
-    return mb - ma, mb - ma - h, mb - ma + h
+def best_of_n(
+    labels: list[float],
+    answers: list,
+    scores: dict[str, list[float]],
+    n_problems: int,
+    max_n: int,
+    ns: tuple[int, ...] = (4, 16, 64),
+) -> dict:
+    """Best-of-N accuracy of each selector, with 95% intervals over problems (pure; the offline PRM section's table).
+
+    Args:
+        labels: ``n_problems * max_n`` outcome labels (1 right, 0 wrong), problem-major: problem i's samples are
+            ``labels[i * max_n : (i + 1) * max_n]``.
+        answers: the extracted answer of each sample (``None``: none), same layout (majority vote).
+        scores: per PRM selector (e.g. ``"ce_min"``), a score per sample (NaN never chosen unless all are).
+        n_problems, max_n: the layout; each problem's samples form ``max_n // N`` disjoint groups of N.
+        ns: the N values (those above ``max_n`` are skipped).
+
+    Returns:
+        ``{"best_of_n": {N: {selector: accuracy}}, "best_of_n_ci": {N: {selector: [mean, half-width]}},
+        "best_of_n_vs_majority": {N: {PRM selector: [difference, low, high]}}}``. Selectors: ``first`` (the first
+        sample of the group), ``majority`` (the most frequent answer, ties to the first seen), ``oracle`` (right if
+        any sample is), and each of ``scores`` (the highest score, ties to the first). A problem's accuracy is the
+        mean over its groups; means and t-intervals are over problems, and the PRM - majority difference is paired
+        per problem (both choose from the same samples).
+    """
+    table, ci, vs = {}, {}, {}
+    for n in ns:
+        if n > max_n:
+            continue
+        per = {k: [] for k in ("first", "majority", "oracle", *scores)}  # per problem: mean over its groups
+        for i in range(n_problems):
+            rows = {k: [] for k in per}
+            for g in range(max_n // n):
+                idx = list(range(i * max_n + g * n, i * max_n + (g + 1) * n))
+                rows["first"].append(labels[idx[0]])
+                rows["oracle"].append(max(labels[j] for j in idx))
+                counts = {}
+                for j in idx:  # most frequent extracted answer; ties -> the one seen first
+                    if answers[j] is not None:
+                        counts.setdefault(answers[j], []).append(j)
+                best = max(counts.values(), key=len)[0] if counts else idx[0]
+                rows["majority"].append(labels[best])
+                for k, s in scores.items():
+                    j = max(idx, key=lambda j: (s[j] if not math.isnan(s[j]) else -math.inf, -j))
+                    rows[k].append(labels[j])
+            for k, v in rows.items():
+                per[k].append(statistics.fmean(v))
+        table[n] = {k: statistics.fmean(v) for k, v in per.items()}
+        ci[n] = {k: list(mean_ci(v)) for k, v in per.items()}
+        vs[n] = {
+            k: list(paired_diff_ci(dict(enumerate(per["majority"])), dict(enumerate(per[k])))[:3]) for k in scores
+        }
+    return {"best_of_n": table, "best_of_n_ci": ci, "best_of_n_vs_majority": vs}
+
+
+def paired_diff_ci(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float, int]:
+    """Paired difference ``b - a`` over the seeds both ran, and its 95% t-interval.
+
+    Args:
+        a, b: per seed (the key) one value of each method (AUC, final accuracy ...). The methods share their seeds'
+            prompts, data order and sampling seed, so the per-seed difference removes the seed's own luck.
+
+    Returns:
+        ``(mean difference, low, high, n)`` with ``n`` the number of common seeds; ``low`` / ``high`` are NaN for
+        fewer than 2 common seeds (no interval), all NaN for none. Interval: ``mean +- t(0.975, n-1) sd / sqrt(n)``.
+    """
+    common = sorted(set(a) & set(b))
+    ds = [b[s] - a[s] for s in common if not (math.isnan(a[s]) or math.isnan(b[s]))]
+    if not ds:
+        return float("nan"), float("nan"), float("nan"), 0
+    m, h = mean_ci(ds)
+    return m, m - h, m + h, len(ds)
+
+
+def paired(summary: dict, a: str, b: str, key: str = "auc_per_seed") -> tuple[float, float, float, int]:
+    """:func:`paired_diff_ci` of method ``b`` minus method ``a`` on ``summary[m][key]`` (per seed)."""
+    sa, sb = summary[a], summary[b]
+    return paired_diff_ci(dict(zip(sa["seeds"], sa[key])), dict(zip(sb["seeds"], sb[key])))
+
+
+def effect_verdict(d: float, lo: float, hi: float, effect: float | None = None) -> str:
+    """Verdict of a claim "B beats A" from the paired difference ``d`` (B - A) and its 95% interval ``[lo, hi]``.
+
+    ``effect`` is the paper's gain on the same scale (e.g. PRIME Table 4's RLOO +4.1 points = 0.041), if it has one.
+    "replicated": the interval lies above 0; "not replicated (reversed)": below 0; an interval across 0 is "not
+    replicated" only when it also lies below the paper's effect (the effect is excluded), and otherwise "not
+    detected (inconclusive)": no gain was seen, but one of the paper's size cannot be ruled out either."""
+    if math.isnan(lo):
+        return "inconclusive (one seed)"
+    if lo > 0:
+        return (
+            "replicated" if effect is None or hi >= effect else f"replicated (smaller than the paper's {effect:+.3f})"
+        )
+    if hi < 0:
+        return "not replicated (reversed)"
+    if effect is not None and hi < effect:
+        return f"not replicated (the interval excludes the paper's {effect:+.3f})"
+    return (
+        "not detected (inconclusive: the interval cannot exclude a gain)"
+        if effect is None
+        else f"not detected (inconclusive: the interval cannot exclude the paper's {effect:+.3f})"
+    )
 
 
 def auc(steps: list[int], ys: list[float]) -> float:
@@ -534,8 +624,11 @@ def auc(steps: list[int], ys: list[float]) -> float:
     return area / (steps[-1] - steps[0])
 
 
-def steps_to(steps: list[int], ys: list[float], threshold: float) -> float:
-    """First step at which ``ys`` reaches ``threshold`` (linear interpolation between evals); inf if never."""
+def steps_to(steps: list[float], ys: list[float], threshold: float) -> float:
+    """First ``steps`` value at which ``ys`` reaches ``threshold`` (linear interpolation between evals); inf if never.
+
+    ``steps`` may be any increasing x: evaluation steps, or the training seconds at each evaluation (time to
+    threshold in wall-clock seconds)."""
     for i, y in enumerate(ys):
         if y >= threshold:
             if i == 0:
@@ -545,16 +638,24 @@ def steps_to(steps: list[int], ys: list[float], threshold: float) -> float:
     return float("inf")
 
 
+def collapsed(start: float, final: float) -> bool:
+    """A run collapsed when its final held-out accuracy is below half its start (e.g. 0.31 -> 0.10)."""
+    return final < start / 2
+
+
 def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
-    """Per method: curves (mean, 95% half-width), start, final, AUC, pair accuracy."""
+    """Per method: curves (mean, 95% half-width), start, final, AUC, collapsed seeds, training seconds at each
+    evaluation (mean over the seeds that recorded them), pair accuracy; per-seed values keyed by ``seeds``."""
     out = {}
     for m, rs in runs.items():
         steps = rs[0]["steps"]
         curves = [r[key] for r in rs]
         mean = [mean_ci([c[i] for c in curves])[0] for i in range(len(steps))]
         half = [mean_ci([c[i] for c in curves])[1] for i in range(len(steps))]
+        secs = [r["train_seconds"] for r in rs if r.get("train_seconds") and len(r["train_seconds"]) == len(steps)]
         s = {
             "steps": steps,
+            "seeds": [r["seed"] for r in rs],
             "mean": mean,
             "half": half,
             "start": mean_ci([c[0] for c in curves]),
@@ -562,6 +663,8 @@ def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
             "auc": mean_ci([auc(steps, c) for c in curves]),
             "auc_per_seed": [auc(steps, c) for c in curves],
             "final_per_seed": [c[-1] for c in curves],
+            "collapsed_seeds": sum(collapsed(c[0], c[-1]) for c in curves),
+            "train_seconds": [statistics.fmean(x[i] for x in secs) for i in range(len(steps))] if secs else None,
         }
         pairs = [r["pair_accuracy"] for r in rs if r.get("pair_accuracy")]
         if pairs:
@@ -578,38 +681,39 @@ def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
     return out
 
 
-def better_verdict(d: float, lo: float, hi: float) -> str:
-    """Verdict of a claim "B beats A" from the paired difference ``d`` (B - A) and its 95% interval ``[lo, hi]``."""
-    if math.isnan(lo):
-        return "inconclusive (one seed)"
-    if lo > 0:
-        return "replicated"
-    return "not replicated" if hi < 0 or d <= 0 else "inconclusive"
+def _diff_text(d: float, lo: float, hi: float) -> str:
+    return f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _collapse_text(s: dict) -> str:
+    return (
+        f"{s['collapsed_seeds']}/{len(s['seeds'])} seeds collapse (final {fmt(s['final'])}, start {fmt(s['start'])})"
+    )
 
 
 def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
-    """The PRIME paper's claims, what we measured, and a verdict (rules in RESULTS.md)."""
+    """The PRIME paper's claims, what we measured (paired over seeds), and a verdict (:data:`VERDICT_RULES`)."""
     rows = []
     if "rloo" in summary and "prime_rloo" in summary:
         a, b = summary["rloo"], summary["prime_rloo"]
         thr = a["final"][0]
         sa, sb = steps_to(a["steps"], a["mean"], thr), steps_to(b["steps"], b["mean"], thr)
         ratio = sa / sb if sb > 0 and math.isfinite(sb) else (float("inf") if sb == 0 else 0.0)
-        d, lo, hi = diff_ci(a["auc_per_seed"], b["auc_per_seed"])
+        d, lo, hi, _ = paired(summary, "rloo", "prime_rloo")
         verdict = (
             "inconclusive (one seed)"
             if math.isnan(lo)
             else "replicated"
             if lo > 0 and ratio >= 2.0
-            else "not replicated"
-            if hi < 0 or (d <= 0.005 and ratio < 1.5)
-            else "inconclusive"
+            else f"not replicated (a gain, but step ratio {ratio:.2f} < 2)"
+            if lo > 0
+            else effect_verdict(d, lo, hi)
         )
         rows.append(
             (
                 "2.5x sample efficiency of PRIME over RLOO (steps to RLOO's final accuracy)",
-                f"RLOO reaches {thr:.3f} at step {sa:.0f}, PRIME-RLOO at {sb:.0f} (ratio {ratio:.2f}); "
-                f"AUC difference {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                f"RLOO reaches {thr:.3f} at step {_to_threshold(a, thr)}, PRIME-RLOO at {_to_threshold(b, thr)} "
+                f"(step ratio {ratio:.2f}); paired AUC difference {_diff_text(d, lo, hi)}",
                 verdict,
             )
         )
@@ -623,23 +727,38 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
             if last - lh >= 0.65
             else "not replicated"
             if last + lh < 0.65
-            else "inconclusive"
+            else "not detected (inconclusive)"
         )
+        ceiling = ""
+        oracle = [m for m in summary if "oracle" in m and "pair_accuracy" in summary[m]]
+        if oracle:
+            o = summary[oracle[0]]["pair_accuracy"]["last"]
+            ceiling = (
+                f"; {oracle[0]} (exact rewards) reads {fmt(o)} on its own batches, the metric's ceiling "
+                "(a group whose outcomes are all equal scores 0.5)"
+            )
         rows.append(
             (
                 "online PRM pair accuracy rises from 0.5 to ~0.75",
                 f"PRIME-RLOO prm/pair_accuracy {f:.3f} (first {p['window']} steps) -> {last:.3f} +- {lh:.3f} "
-                f"(last {p['window']})",
+                f"(last {p['window']}){ceiling}",
                 verdict,
             )
         )
     if "prime_rloo" in summary and "prime_rloo_frozen" in summary:
-        d, lo, hi = diff_ci(summary["prime_rloo_frozen"]["auc_per_seed"], summary["prime_rloo"]["auc_per_seed"])
-        verdict = better_verdict(d, lo, hi)
+        on, fr = summary["prime_rloo"], summary["prime_rloo_frozen"]
+        d, lo, hi, _ = paired(summary, "prime_rloo_frozen", "prime_rloo")
+        verdict = effect_verdict(d, lo, hi)
+        if verdict.startswith("replicated") and fr["collapsed_seeds"] * 2 >= len(fr["seeds"]):
+            verdict += " only because the frozen PRM collapses the policy"
+        vs_rloo = ""
+        if "rloo" in summary:
+            vs_rloo = "; online - RLOO " + _diff_text(*paired(summary, "rloo", "prime_rloo")[:3])
         rows.append(
             (
                 "an online PRM beats a frozen (offline-trained) one",
-                f"AUC online - frozen {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                f"paired AUC online - frozen {_diff_text(d, lo, hi)}; frozen: {_collapse_text(fr)}; online: "
+                f"{_collapse_text(on)}{vs_rloo}",
                 verdict,
             )
         )
@@ -647,56 +766,94 @@ def claims(summary: dict, offline: dict | None) -> list[tuple[str, str, str]]:
     if pairs:
         parts, verdicts = [], []
         for a, b in pairs:
-            d, lo, hi = diff_ci(summary[a]["auc_per_seed"], summary[b]["auc_per_seed"])
-            parts.append(f"{b} - {a} AUC {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            d, lo, hi, _ = paired(summary, a, b)
+            parts.append(f"{b} - {a} AUC {_diff_text(d, lo, hi)}")
             verdicts.append("?" if math.isnan(lo) else "up" if lo > 0 else "down" if hi < 0 else "flat")
         verdict = (
             "inconclusive (one seed)"
             if "?" in verdicts
             else "replicated"
             if all(v == "up" for v in verdicts) and len(pairs) == len(ESTIMATOR_PAIRS)
-            else "not replicated"
-            if any(v == "down" for v in verdicts) or all(v == "flat" for v in verdicts)
-            else "inconclusive"
+            else "not replicated (reversed for one estimator)"
+            if any(v == "down" for v in verdicts)
+            else "not detected (inconclusive)"
         )
         rows.append(("PRIME gains for every estimator (RLOO, GRPO, REINFORCE, PPO)", "; ".join(parts), verdict))
     if "prime_reinforce" in summary and "prime_as_value" in summary:
-        d, lo, hi = diff_ci(summary["prime_as_value"]["auc_per_seed"], summary["prime_reinforce"]["auc_per_seed"])
-        verdict = better_verdict(d, lo, hi)
+        d, lo, hi, _ = paired(summary, "prime_as_value", "prime_reinforce")
         rows.append(
             (
                 "the implicit PRM works better as a reward (REINFORCE w/ PRIME) than as a value (section 5.4)",
-                f"AUC prime_reinforce - prime_as_value {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                f"paired AUC prime_reinforce - prime_as_value {_diff_text(d, lo, hi)}",
+                effect_verdict(d, lo, hi),
+            )
+        )
+    for oracle in [m for m in summary if "oracle" in m]:
+        if "rloo" not in summary:
+            continue
+        d, lo, hi, _ = paired(summary, "rloo", oracle)
+        df, lof, hif, _ = paired(summary, "rloo", oracle, "final_per_seed")
+        extra = ""
+        if "prime_rloo" in summary:
+            extra = "; PRIME-RLOO - oracle AUC " + _diff_text(*paired(summary, oracle, "prime_rloo")[:3])
+        v = effect_verdict(d, lo, hi)
+        verdict = (
+            "detected"
+            if v.startswith("replicated")
+            else "reversed"
+            if "reversed" in v
+            else v.replace("not detected (inconclusive: the interval cannot exclude a gain)", "not detected")
+        )
+        rows.append(
+            (
+                "(headroom) exact per-step process rewards in Eq. 5 beat outcome-only RLOO",
+                f"paired {oracle} - RLOO: AUC {_diff_text(d, lo, hi)}, final {_diff_text(df, lof, hif)}{extra}",
                 verdict,
             )
         )
     if "rloo" in summary and "prime_rloo_pc0" in summary:
-        d, lo, hi = diff_ci(summary["rloo"]["auc_per_seed"], summary["prime_rloo_pc0"]["auc_per_seed"])
+        d, lo, hi, _ = paired(summary, "rloo", "prime_rloo_pc0")
         rows.append(
             (
                 "(check) process_coef=0 equals RLOO up to noise",
-                f"AUC pc0 - RLOO {d:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                f"paired AUC pc0 - RLOO {_diff_text(d, lo, hi)}",
                 "inconclusive (one seed)" if math.isnan(lo) else "consistent" if lo <= 0 <= hi else "NOT consistent",
             )
         )
     if offline:
-        t = offline["best_of_n"]
-        parts, better = [], []
+        t, vs = offline["best_of_n"], offline.get("best_of_n_vs_majority")
+        parts, verdicts = [], []
         for n, r in sorted(t.items(), key=lambda kv: int(kv[0])):
-            best = max(r["ce_min"], r["dpo_min"])
-            parts.append(f"N={n}: PRM {best:.3f} vs majority {r['majority']:.3f}")
-            better.append(best - r["majority"])
+            best = max(("ce_min", "dpo_min"), key=lambda k: r[k])
+            if vs:  # paired over problems, with its interval
+                d, lo, hi = vs[n][best]
+                parts.append(f"N={n}: PRM ({best}) - majority {_diff_text(d, lo, hi)}")
+                verdicts.append("up" if lo > 0 else "down" if hi < 0 else "flat")
+            else:  # an older JSON: means only
+                parts.append(f"N={n}: PRM {r[best]:.3f} vs majority {r['majority']:.3f}")
+                verdicts.append("up" if r[best] - r["majority"] > 0.01 else "flat")
         verdict = (
             "replicated"
-            if all(b > 0.01 for b in better)
-            else "not replicated"
-            if all(b < 0.01 for b in better)
-            else "inconclusive"
+            if all(v == "up" for v in verdicts)
+            else "not replicated (reversed at some N)"
+            if "down" in verdicts
+            else "not detected (inconclusive)"
         )
         rows.append(
             ("(Implicit PRM paper) best-of-N with the implicit PRM beats majority vote", "; ".join(parts), verdict)
         )
     return rows
+
+
+VERDICT_RULES = (
+    "Verdict rules: every difference is paired over seeds (the methods share each seed's prompts and sampling), with "
+    "its 95% t-interval. 'replicated': the interval lies above 0 (sample efficiency: and the step ratio is >= 2); "
+    "'not replicated (reversed)': below 0; an interval across 0 reads 'not replicated' only where it also lies below "
+    "the paper's effect (PRIME Table 4's gains), else 'not detected (inconclusive)'. Pair accuracy: 'replicated' if "
+    "the last window's lower bound is >= 0.65, 'not replicated' if its upper bound is < 0.65. Best-of-N: paired over "
+    "problems, 'replicated' if the better PRM beats majority vote at every N. A collapsed seed ends below half its "
+    "start. One seed: 'inconclusive'."
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -708,54 +865,80 @@ def fmt(mc: tuple[float, float]) -> str:
 
 
 def table4_lines(summ: dict) -> list[str]:
-    """PRIME Table 4 next to this task: each estimator without and with PRIME (final held-out accuracy, sampled)."""
+    """PRIME Table 4 next to this task: each estimator without and with PRIME (final held-out accuracy, sampled),
+    the paired differences (final and AUC) and the verdict against the paper's gain."""
     rows = [(k, v) for k, v in PAPER_TABLE_4.items() if v[2] in summ]
     if not rows:
         return []
     lines = [
         "",
         "PRIME Table 4 (average accuracy of 7 benchmarks at step 240, %) next to this task (final held-out accuracy, "
-        "sampled; AUC difference with its 95% interval):",
+        "sampled; differences paired over seeds, 95% intervals; the verdict sets the final difference against the "
+        "paper's gain in accuracy points):",
         "",
-        "| estimator | paper: without -> with PRIME | here: without -> with PRIME | AUC with - without |",
-        "|---|---|---|---|",
+        "| estimator | paper: without -> with PRIME | here: without -> with PRIME | final with - without | "
+        "AUC with - without | verdict |",
+        "|---|---|---|---|---|---|",
     ]
     for name, (base, paper_base, prime, paper_prime) in rows:
-        paper = f"{paper_prime}" if base is None else f"{paper_base} -> {paper_prime}"
+        paper = (
+            f"{paper_prime}" if base is None else f"{paper_base} -> {paper_prime} ({paper_prime - paper_base:+.1f})"
+        )
         here = fmt(summ[prime]["final"])
-        diff = ""
+        final = diff = verdict = ""
         if base is not None and base in summ:
             here = f"{fmt(summ[base]['final'])} -> {here}"
-            d, lo, hi = diff_ci(summ[base]["auc_per_seed"], summ[prime]["auc_per_seed"])
-            diff = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-        lines.append(f"| {name} | {paper} | {here} | {diff} |")
+            d, lo, hi, _ = paired(summ, base, prime, "final_per_seed")
+            final = _diff_text(d, lo, hi)
+            verdict = effect_verdict(d, lo, hi, (paper_prime - paper_base) / 100)
+            diff = _diff_text(*paired(summ, base, prime)[:3])
+        lines.append(f"| {name} | {paper} | {here} | {final} | {diff} | {verdict} |")
     return lines
+
+
+def _to_threshold(s: dict, thr: float | None) -> str:
+    """Steps (and training seconds) at which the mean curve reaches ``thr``."""
+    if thr is None:
+        return ""
+    st = steps_to(s["steps"], s["mean"], thr)
+    if math.isinf(st):
+        return "never"
+    if not s.get("train_seconds"):
+        return f"{st:.0f}"
+    return f"{st:.0f} ({steps_to(s['train_seconds'], s['mean'], thr):.0f} s)"
 
 
 def report(result: dict) -> str:
     lines = []
     summ_s, summ_g = result["summary"]["sampled"], result["summary"]["greedy"]
+    task = result["task"]
+    lines.append(
+        f"Task: {task['difficulty']} ({task['operands']} operands of {task['digits']} digit"
+        f"{'s' if task['digits'] > 1 else ''}, {task['operands'] - 1} dependent steps); {task['heldout']} held-out "
+        f"problems; warm start {task.get('warm_start_hash', '')}."
+    )
+    lines.append("")
     thr = summ_s["rloo"]["final"][0] if "rloo" in summ_s else None
     if thr is not None:
         lines.append(
             f"Accuracy: held-out, sampled at temperature 1 (2 samples per problem) unless marked greedy. "
-            f"Steps to threshold: first step where the mean curve reaches RLOO's final mean ({thr:.3f})."
+            f"To threshold: first step (and training wall-clock seconds, evaluations excluded, mean over seeds) where "
+            f"the mean curve reaches RLOO's final mean ({thr:.3f}). Collapsed: seeds ending below half their start."
         )
         lines.append("")
     lines.append(
-        "| method | seeds | start | final | AUC | steps to threshold | final (greedy) | AUC (greedy) | "
-        "prm/pair_accuracy first -> last |"
+        "| method | seeds | start | final | AUC | to threshold: steps (s) | collapsed | final (greedy) | "
+        "AUC (greedy) | prm/pair_accuracy first -> last |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for m, s in summ_s.items():
         g = summ_g[m]
-        st = steps_to(s["steps"], s["mean"], thr) if thr is not None else float("nan")
         pa = s.get("pair_accuracy")
         pa_txt = f"{pa['first'][0]:.3f} -> {fmt(pa['last'])}" if pa else ""
         lines.append(
             f"| {m} | {len(s['auc_per_seed'])} | {fmt(s['start'])} | {fmt(s['final'])} | {fmt(s['auc'])} | "
-            f"{'never' if math.isinf(st) else f'{st:.0f}'} | {fmt(g['final'])} | {fmt(g['auc'])} | "
-            f"{pa_txt} |"
+            f"{_to_threshold(s, thr)} | {s['collapsed_seeds']}/{len(s['seeds'])} | {fmt(g['final'])} | "
+            f"{fmt(g['auc'])} | {pa_txt} |"
         )
     lines.append("")
     lines.append("| paper claim | measured | verdict |")
@@ -765,25 +948,27 @@ def report(result: dict) -> str:
     lines += table4_lines(summ_s)
     off = result.get("offline_prm")
     if off:
+        ci = off.get("best_of_n_ci")
         lines.append("")
         lines.append(
             f"Offline implicit PRM: {off['rollouts']} rollouts of the warm start ({off['n_prompts']} train "
             f"prompts x {off['rollouts_per_prompt']}, accuracy {off['rollout_accuracy']:.3f}); training pair "
             f"accuracy CE {off['ce_train_pair_accuracy']}, DPO {off['dpo_train_pair_accuracy']}. Best-of-N "
             f"on {off['n_problems']} held-out problems (accuracy of the chosen completion, averaged over "
-            "disjoint groups of N of 64 samples):"
+            "disjoint groups of N of 64 samples" + ("; 95% t-interval over problems):" if ci else "):")
         )
         lines.append("")
+        keys = ["first", "majority", "ce_min", "ce_sum", "dpo_min", "dpo_sum", "oracle"]
         lines.append(
             "| N | first sample | majority vote | PRM CE (min) | PRM CE (sum) | PRM DPO (min) | PRM DPO (sum) | "
             "oracle |"
         )
         lines.append("|---|---|---|---|---|---|---|---|")
         for n, r in sorted(off["best_of_n"].items(), key=lambda kv: int(kv[0])):
-            lines.append(
-                f"| {n} | {r['first']:.3f} | {r['majority']:.3f} | {r['ce_min']:.3f} | {r['ce_sum']:.3f} | "
-                f"{r['dpo_min']:.3f} | {r['dpo_sum']:.3f} | {r['oracle']:.3f} |"
-            )
+            cells = [fmt(tuple(ci[n][k])) if ci else f"{r[k]:.3f}" for k in keys]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(VERDICT_RULES)
     return "\n".join(lines)
 
 
@@ -793,6 +978,7 @@ GROUPS = [
         [
             "rloo",
             "prime_rloo",
+            "prime_rloo_oracle",
             "prime_rloo_pc0",
             "prime_rloo_frozen",
             "prime_rloo_double",
@@ -877,8 +1063,12 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, default=None, help="seeds per method (default 5; --quick 3)")
     p.add_argument("--seed-offset", type=int, default=0, help="shift every seed by N (seeds are N, N+1, ...)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 60)")
-    p.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every N steps")
-    p.add_argument("--difficulty", default="4x1", help="OPERANDSxDIGITS, e.g. 4x1 (default) or 3x2")
+    p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N steps (default 5)")
+    p.add_argument(
+        "--difficulty",
+        default="4x1",
+        help="OPERANDSxDIGITS, e.g. 4x1 (default) or 8x1 (the harder task: 7 dependent steps, sparse success)",
+    )
     p.add_argument("--lr", type=float, default=5e-5, help="policy learning rate, every method (constant schedule)")
     p.add_argument("--prm-lr", type=float, default=1e-5, help="implicit PRM learning rate (PRIME methods)")
     p.add_argument("--prompts-per-step", type=int, default=8)
@@ -966,6 +1156,7 @@ def main(argv=None) -> dict:
                     "sampled": d["accuracy"][i],
                     "greedy": d["accuracy_greedy"][i],
                     "seconds": d["seconds"][i],
+                    "train_seconds": (d.get("train_seconds") or [None] * len(d["seeds"]))[i],
                     "pair_accuracy": d["prm_pair_accuracy"][i] if d["prm_pair_accuracy"] else [],
                 }
         merged_offline = old.get("offline_prm") or merged_offline
@@ -1036,6 +1227,7 @@ def main(argv=None) -> dict:
                     "final_greedy": [r["greedy"][-1] for r in rs],
                     "prm_pair_accuracy": [r["pair_accuracy"] for r in rs] if rs[0]["pair_accuracy"] else None,
                     "seconds": [r["seconds"] for r in rs],
+                    "train_seconds": [r.get("train_seconds") for r in rs],
                 }
                 for m, rs in runs.items()
             },

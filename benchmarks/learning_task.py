@@ -17,7 +17,10 @@ TRL's ``SFTTrainer`` (600 steps of 32 examples, about 3 minutes on one core) on 
 running sums are one too large in 30% of the steps. The warm start then solves 4x1 problems 92% of the time greedily and
 about 40% sampled at temperature 1: its mistakes are early slips that decide the outcome, which RL can remove. It is
 cached under ``~/.cache/trl_prime/learning/<hash of the recipe>/`` (``TRL_PRIME_CACHE`` overrides the root). The
-module also holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test.
+module also holds the held-out evaluation (greedy and sampled accuracy) shared by the benchmark and the test, and the
+oracle process reward of the benchmark's ``prime_rloo_oracle`` row (:func:`oracle_step_rewards`). Longer chains
+(``TaskSpec(8, 1)``, the harder difficulty) use the same recipe; the SFT sequence length, the model's context and the
+generation budget grow with them (:func:`sft_max_length`, :func:`max_completion_tokens`).
 
 Everything is offline. Used by ``benchmarks/learning.py`` and ``tests/test_learning.py``.
 """
@@ -28,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -157,8 +161,29 @@ class WarmStartRecipe:
     version: int = 2  # bump when this file changes the recipe's meaning
 
     def digest(self) -> str:
-        blob = json.dumps({**asdict(self), "task": asdict(self.task), "alphabet": ALPHABET}, sort_keys=True)
+        fields = {**asdict(self), "task": asdict(self.task), "alphabet": ALPHABET}
+        if sft_max_length(self.task) != SFT_MAX_LENGTH:
+            # longer chains (e.g. 8x1) train on their whole solutions; before, SFT truncated them at 128 tokens, so
+            # they get a new hash. A task that fits 128 tokens (4x1, 3x2) keeps its hash and its cached warm start.
+            fields["sft_max_length"] = sft_max_length(self.task)
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# SFT sequence budget (prompt + completion tokens) and model context of the recipes whose solutions fit in them
+SFT_MAX_LENGTH = 128
+MAX_POSITIONS = 256
+
+
+def longest_prompt_tokens(spec: TaskSpec) -> int:
+    """Tokens (= characters) of the longest prompt of ``spec``: every operand ``10**digits - 1``."""
+    return len("Add: " + " + ".join([str(10**spec.digits - 1)] * spec.operands) + "\n")
+
+
+def sft_max_length(spec: TaskSpec) -> int:
+    """SFT's ``max_length`` for ``spec``: 128, or the longest prompt plus :func:`max_completion_tokens` where that is
+    longer (8x1: 35 + 108 = 143), so that no SFT example loses the end of its solution (its boxed answer)."""
+    return max(SFT_MAX_LENGTH, longest_prompt_tokens(spec) + max_completion_tokens(spec))
 
 
 def cache_root() -> Path:
@@ -180,7 +205,7 @@ def build_random_model(path: str | os.PathLike, recipe: WarmStartRecipe) -> str:
         num_hidden_layers=recipe.num_layers,
         num_attention_heads=recipe.num_heads,
         num_key_value_heads=recipe.num_heads,
-        max_position_embeddings=256,
+        max_position_embeddings=max(MAX_POSITIONS, sft_max_length(recipe.task)),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -233,7 +258,7 @@ def warm_start(recipe: WarmStartRecipe = WarmStartRecipe(), *, log=print) -> str
         logging_steps=max(1, recipe.sft_steps // 10),
         disable_tqdm=True,
         dataloader_num_workers=0,
-        max_length=128,
+        max_length=sft_max_length(recipe.task),
         completion_only_loss=True,
     )
     trainer = SFTTrainer(model=init, args=args, train_dataset=ds)
@@ -242,7 +267,7 @@ def warm_start(recipe: WarmStartRecipe = WarmStartRecipe(), *, log=print) -> str
     trainer.model.save_pretrained(out)
     trainer.processing_class.save_pretrained(out)
     sft_seconds = time.time() - t0
-    acc = evaluate(trainer.model, trainer.processing_class, heldout, greedy=True, samples=1, seed=0)
+    acc = evaluate(trainer.model, trainer.processing_class, heldout, greedy=True, samples=1, seed=0, spec=recipe.task)
     info = {
         "recipe": {**asdict(recipe), "task": asdict(recipe.task)},
         "sft_seconds": round(sft_seconds, 1),
@@ -335,3 +360,138 @@ def evaluate(
     finally:
         model.train(was_training)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The oracle process reward (issue 26, item 8): exact per-step correctness in place of the implicit PRM
+# ----------------------------------------------------------------------------------------------------------------
+# The oracle's reward at the first wrong step. Chosen as the outcome reward's own gap (math_reward: 1 right, 0
+# wrong), so that with Eq. 5's process_coef = outcome_coef = 1 the oracle's sequence rewards (0 for a solution with
+# every step right, -1 otherwise) separate solutions as much as the outcome does: the scale of an implicit PRM that
+# ranks perfectly (a PRM with +0.03 per token on a right completion of 24 tokens and -0.03/7 on 7 wrong ones separates them by 0.82,
+# issue 26 item 1), and far above the ~0.01 of an untrained one.
+ORACLE_STEP_PENALTY = 1.0
+
+
+def gold_steps(operands: list[int]) -> list[str]:
+    """The right solution's steps of ``operands``: ``"a + b = c"`` per running sum, then ``"\\\\boxed{sum}"``.
+
+    ``gold_steps([7, 8, 6])`` is ``["7 + 8 = 15", "15 + 6 = 21", "\\\\boxed{21}"]`` (the completion format of
+    :func:`make_problem`, blank-line separated)."""
+    steps, total = [], operands[0]
+    for n in operands[1:]:
+        steps.append(f"{total} + {n} = {total + n}")
+        total += n
+    return [*steps, f"\\boxed{{{total}}}"]
+
+
+def parse_operands(prompt: str) -> list[int]:
+    """The operands of a task prompt (``"Add: 7 + 8 + 6\\n"`` -> ``[7, 8, 6]``). Raises ``ValueError`` otherwise."""
+    m = re.search(r"Add: (\d+(?: \+ \d+)+)", prompt)
+    if m is None:
+        raise ValueError(f"not a prompt of the addition task: {prompt!r}")
+    return [int(x) for x in m.group(1).split(" + ")]
+
+
+def oracle_step_rewards(pieces: list[str], operands: list[int], penalty: float = ORACLE_STEP_PENALTY) -> list[float]:
+    """Exact per-step process rewards of one completion: ``-penalty`` at the end of its first wrong step, else 0.
+
+    Args:
+        pieces: the completion's tokens, each decoded to its text (special tokens such as EOS to ``""``), in order.
+        operands: the problem's numbers (:func:`parse_operands` of its prompt).
+        penalty: the reward's size (:data:`ORACLE_STEP_PENALTY`).
+
+    Returns:
+        One reward per token (``len(pieces)``): 0 everywhere except ``-penalty`` on one token when a step is wrong.
+
+    The completion is split into steps at blank lines (``"\\n\\n"``) and compared with :func:`gold_steps` (each step
+    stripped of surrounding whitespace). Step k is right iff it is the gold step k: its left operand is the true
+    running sum, i.e. the previous written sum *and* every step before it was right, and its result is that sum plus
+    the operand. The first step that is not (a slipped sum, a wrong operand, a malformed line, a wrong boxed answer)
+    gets ``-penalty`` on the token holding its last non-blank character (on the completion's last token if the step
+    is blank); a completion that stops before its boxed answer gets it on its last token (the EOS: stopping was
+    the mistake; with the trainer's ``include_last_token=False`` the advantages drop that last-token reward, and
+    such a row keeps the outcome term alone). Every later step gets 0, and so do steps after the boxed answer.
+
+    Why this form: the implicit PRM's token rewards are differences of a value (the sum of the rewards up to token
+    t estimates ``beta log E[exp(r_o / beta) | y_<=t]``, Implicit PRM arXiv 2412.01981); for a policy that computes
+    its answer from its written steps that value drops once, at the first wrong step, and the steps after it
+    cannot repair it. Under Eq. 5's reward-to-go (``gamma = 1``) the tokens up to and including the first wrong
+    step then carry the penalty and the steps after it do not (the outcome term alone blames them). Rewarding each
+    right step (+c) instead would make every sequence reward count its right steps and, through the reward-to-go,
+    favour early tokens whatever they are.
+
+    What it is not: the outcome's decomposition. The warm starts reach right answers through wrong written steps
+    (a slipped sum compensated later, or a wrong operand copied while the running sums stay right): in 1,024
+    samples at temperature 1, 73 of the 290 right answers of the ``4x1`` warm start and 121 of the 123 right
+    answers of the ``8x1`` one had a wrong step. The oracle penalises those (process supervision: a right answer
+    through a wrong step is a flawed solution), so its sequence reward is ``-penalty`` for every wrong answer and
+    for those right ones, and 0 for the faithful right ones.
+    """
+    rewards = [0.0] * len(pieces)
+    if not pieces:
+        return rewards
+    owner = [i for i, piece in enumerate(pieces) for _ in piece]  # the token of each character
+    text = "".join(pieces)
+    spans, start = [], 0
+    while True:
+        end = text.find("\n\n", start)
+        spans.append((start, len(text) if end < 0 else end))
+        if end < 0:
+            break
+        start = end + 2
+    for k, gold in enumerate(gold_steps(list(operands))):
+        if k >= len(spans):  # stopped before this step
+            rewards[-1] = -penalty
+            break
+        a, b = spans[k]
+        if text[a:b].strip() != gold:
+            last = [j for j in range(a, b) if not text[j].isspace()]
+            rewards[owner[last[-1]] if last else len(pieces) - 1] = -penalty
+            break
+    return rewards
+
+
+def __getattr__(name: str):
+    """``OracleRLOOTrainer``, built on first use (importing it imports torch and trl_prime)."""
+    if name == "OracleRLOOTrainer":
+        return _oracle_trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_ORACLE_CLASS = None
+
+
+def _oracle_trainer_class():
+    global _ORACLE_CLASS
+    if _ORACLE_CLASS is not None:
+        return _ORACLE_CLASS
+    import torch
+    from accelerate.utils import gather
+
+    from trl_prime import PrimeRLOOTrainer
+
+    class OracleRLOOTrainer(PrimeRLOOTrainer):
+        """PRIME-RLOO (Eq. 5) whose process rewards are :func:`oracle_step_rewards` of each completion instead of
+        the implicit PRM's Eq. 3 token rewards (the benchmark's ``prime_rloo_oracle``: ``prm_learning_rate=0``, the
+        PRM is not used). ``prm/pair_accuracy`` then measures the oracle's sequence rewards against the outcomes:
+        each (right, wrong) pair of a group scores 1, or 0.5 (a tie) when the right answer came through a wrong
+        step; a group whose outcomes are all equal scores 0.5 (the metric's convention)."""
+
+        oracle_penalty = ORACLE_STEP_PENALTY
+
+        def _token_rewards(self, output, r):
+            """``(B, T)`` oracle rewards on the policy's tokens (``r.actions``); sets ``r.seq_rewards``."""
+            tok, mask = self._tokenizer, r.actions
+            prompts = tok.batch_decode(output["prompt_ids"], skip_special_tokens=True)
+            rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+            for i, ids in enumerate(output["completion_ids"].tolist()):
+                pos = mask[i].nonzero(as_tuple=True)[0].tolist()
+                pieces = [tok.decode([ids[p]], skip_special_tokens=True) for p in pos]
+                values = oracle_step_rewards(pieces, parse_operands(prompts[i]), self.oracle_penalty)
+                rewards[i, pos] = torch.tensor(values, dtype=torch.float32, device=mask.device)
+            r.seq_rewards = gather(rewards.sum(-1))
+            return rewards
+
+    _ORACLE_CLASS = OracleRLOOTrainer
+    return OracleRLOOTrainer

@@ -299,3 +299,42 @@ def test_step_overhead_times_the_value_update_of_the_ppo_rows(tmp_path):
     value = {c: s["value_update"] for c in ("rloo", "prime_ppo", "prime_as_value") for s in summary["raw"][c][0]}
     assert value["prime_ppo"] > 0.0 and value["prime_as_value"] == 0.0 and value["rloo"] == 0.0
     assert set(summary["ratios"]) == {"prime_ppo/rloo", "prime_as_value/rloo"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_learning_benchmark_oracle_row_end_to_end(tmp_path):
+    """benchmarks/learning.py with the rows issue 26 reads (rloo, prime_rloo_oracle), 2 seeds x 2 steps on the cached
+    warm start (built once, ~3 min): the JSON keeps its fields and adds the new ones; the oracle's logged pair accuracy
+    is its exact ranking (every value 0.5 or above: 1 on mixed groups, 0.5 on uniform ones)."""
+    import json
+
+    out = _run(
+        "learning.py",
+        "--methods",
+        "rloo,prime_rloo_oracle",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--heldout",
+        "16",
+        "--workers",
+        "1",
+        "--no-offline-prm",
+        "--json",
+        str(tmp_path / "l.json"),
+        timeout=1200,
+    )
+    assert "Task: 4x1 (4 operands of 1 digit, 3 dependent steps)" in out
+    result = json.loads((tmp_path / "l.json").read_text())
+    assert result["task"]["difficulty"] == "4x1" and result["settings"]["eval_every"] == 1
+    oracle, rloo = result["methods"]["prime_rloo_oracle"], result["methods"]["rloo"]
+    assert oracle["seeds"] == rloo["seeds"] == [0, 1] and oracle["steps"] == [0, 1, 2]
+    assert rloo["prm_pair_accuracy"] is None and len(oracle["prm_pair_accuracy"]) == 2
+    assert all(len(p) == 2 and all(a >= 0.5 for a in p) for p in oracle["prm_pair_accuracy"])
+    for secs in oracle["train_seconds"] + rloo["train_seconds"]:
+        assert len(secs) == 3 and secs[0] < secs[1] < secs[2]
+    assert any(c[0].startswith("(headroom)") for c in result["claims"])
