@@ -120,7 +120,17 @@ class ModelOptimizer:
     # Creation
     # ------------------------------------------------------------------------------------------------------
     def _local_batch(self) -> int:
-        return self.args.per_device_train_batch_size * self.args.steps_per_generation
+        """Rows of one generation round on this process: TRL's generation batch share, or with
+        ``oversample_factor > 1`` the oversampled one (every row is scored before the filter's selection)."""
+        a = self.args
+        rows = a.per_device_train_batch_size * a.steps_per_generation
+        factor = getattr(a, "oversample_factor", 1.0)
+        if factor == 1.0:
+            return rows
+        from trl_prime.prime.oversample import oversampled_groups
+
+        K, n = a.num_generations, self.accelerator.num_processes
+        return oversampled_groups(a.generation_batch_size // K, factor, K, n) * K // n
 
     def _num_micro(self) -> int:
         """Backward passes per optimizer step (one per micro-batch of the local rows)."""
