@@ -25,7 +25,10 @@ learning rate (``--lr``, constant schedule, AdamW) and step budget:
   (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
   ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
   ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
-  ``--prm-lr``);
+  ``--prm-lr``), ``prime_rloo_stabilised`` (the same ratio with the released code's stabilisers: advantages
+  whitened, process rewards ``batch_norm``) and ``prime_rloo_released`` (exactly the advantage and PRM options of
+  ``recipes/configs/prime_qwen7b.yaml``: reference baseline, coefficients 5/5, double update, last token dropped,
+  whitening, ``batch_norm``, PRM clip 10, at the paper's ratio);
 - PRIME Table 4's PPO rows: ``ppo`` (``prime_estimator="ppo"``, a learned value model copied from the warm start,
   GAE with ``gamma = lam = 1``, ``process_coef=0``) vs ``prime_ppo`` (the same with PRIME's process rewards), and
   ``prime_as_value`` (no learned critic: the implicit PRM's prefix value is the baseline of the outcome reward,
@@ -108,6 +111,28 @@ METHODS = {
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
+    # the released code's stabilisers at the paper's ratio: advantages whitened, process rewards batch-normalised
+    "prime_rloo_stabilised": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prm_lr_over_lr": 2.0, "whiten_advantages": True, "process_reward_norm": "batch_norm"},
+    ),
+    # exactly the advantage and PRM options of recipes/configs/prime_qwen7b.yaml (the released recipe)
+    "prime_rloo_released": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {
+            "prm_lr_over_lr": 2.0,
+            "prm_update": "double",
+            "prm_max_grad_norm": 10.0,
+            "prime_baseline": "reference",
+            "process_reward_norm": "batch_norm",
+            "process_coef": 5.0,
+            "outcome_coef": 5.0,
+            "whiten_advantages": True,
+            "include_last_token": False,
+        },
+    ),
     # the headroom of process rewards: PRIME-RLOO with the implicit PRM's token rewards replaced by exact per-step
     # correctness (learning_task.oracle_step_rewards: -1 at the first wrong step); the PRM is not trained
     "prime_rloo_oracle": ("learning_task.OracleRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_learning_rate": 0.0}),
