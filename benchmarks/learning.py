@@ -21,7 +21,8 @@ learning rate (``--lr``, constant schedule, AdamW) and step budget:
 - ``prof_grpo``: PROF (keep 2 of 4 completions per prompt, ranked by the online implicit PRM) on GRPO advantages
   (``PrimeGRPOTrainer``, ``prof_mode="both"``, ``prof_prm="implicit"``, ``process_coef=0``);
 - ablations: ``prime_rloo_frozen`` (the PRM is the offline implicit PRM of this task, trained with CE on outcome-
-  labelled rollouts of the warm start, and never updated: ``prm_learning_rate=0``), ``prime_rloo_double``
+  labelled rollouts of the warm start, and never updated: ``prm_learning_rate=0``), ``prime_rloo_warm_prm`` (that
+  offline PRM as the starting point of the online PRM, updated at ``--prm-lr``), ``prime_rloo_double``
   (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
   ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
   ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
@@ -105,6 +106,12 @@ METHODS = {
         "trl_prime.PrimeRLOOTrainer",
         "trl_prime.PrimeRLOOConfig",
         {"prm_learning_rate": 0.0, "prm_model": "<offline>"},
+    ),
+    # the offline implicit PRM as the online PRM's starting point (updated online at --prm-lr, unlike _frozen)
+    "prime_rloo_warm_prm": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prm_model": "<offline>"},
     ),
     "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
     "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),

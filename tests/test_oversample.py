@@ -176,3 +176,48 @@ def test_grpo_oversampling_with_accumulation_steps_per_generation_and_iterations
     assert torch.equal(seen[2]["prompt_ids"], seen[0]["prompt_ids"]) or torch.equal(
         seen[2]["prompt_ids"], seen[1]["prompt_ids"]
     )
+
+
+def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path):
+    """A run with oversample_factor=2 stopped at step 2 and resumed from its checkpoint ends with the same policy,
+    PRM and per-step metrics (kept groups included) as the uninterrupted run."""
+    from transformers import TrainerCallback
+
+    def make(out, callbacks=None):
+        args = _args(
+            PrimeRLOOConfig,
+            tmp_path,
+            output_dir=str(out),
+            oversample_factor=2.0,
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+        )
+        return PrimeRLOOTrainer(
+            model=tiny_model_path,
+            reward_funcs=odd_prompts_pass,
+            args=args,
+            train_dataset=tiny_prompt_dataset(32),
+            callbacks=callbacks,
+        )
+
+    full = make(tmp_path / "full")
+    full.train()
+
+    class StopAt2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                control.should_training_stop = True
+
+    make(tmp_path / "resumed", callbacks=[StopAt2()]).train()
+    second = make(tmp_path / "resumed")
+    second.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-2"))
+    logs = {h["step"]: h for h in full.state.log_history if "filter/kept_groups" in h}
+    resumed = {h["step"]: h for h in second.state.log_history if "filter/kept_groups" in h}
+    for step in (3, 4):
+        for k in ("filter/kept_groups", "filter/kept_fraction", "prm/loss", "loss", "reward"):
+            assert resumed[step][k] == pytest.approx(logs[step][k], rel=1e-5, abs=1e-7), (step, k)
+    for a, b in zip(full.model.parameters(), second.model.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(full.prm_model.parameters(), second.prm_model.parameters()):
+        assert torch.equal(a, b)
