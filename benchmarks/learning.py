@@ -88,7 +88,7 @@ METHODS = {
     "prime_grpo_process_std": (
         "trl_prime.PrimeGRPOTrainer",
         "trl_prime.PrimeGRPOConfig",
-        {"grpo_process_scale": "process_std"},
+        {"grpo_process_scale": "process_std", "grpo_process_form": "response"},
     ),
     "reinforce": (
         "trl_prime.PrimeRLOOTrainer",

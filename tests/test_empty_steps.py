@@ -75,10 +75,13 @@ class SnapshotAtStep1(TrainerCallback):
     def __init__(self):
         self.trainer = None
         self.after_step1 = None
+        self.after_step2 = None
 
     def on_step_end(self, args, state, control, **kw):
         if state.global_step == 1:
             self.after_step1 = _state(self.trainer)
+        if state.global_step == 2:
+            self.after_step2 = _state(self.trainer)
 
 
 def _train(cls, cfg_cls, model, tmp_path, reward, **kw):
@@ -121,7 +124,8 @@ def test_all_filtered_step_moves_nothing(tiny_model_path, tmp_path, cls, cfg_cls
 def test_policy_step_skipped_after_the_prm_backward_leaves_the_prm_unmoved(tiny_model_path, tmp_path, monkeypatch):
     """Non-finite advantages are found after the PRM's backward (its rewards feed them): the policy step is
     skipped, and the PRM's step, held for it, is dropped: PRM weights, AdamW state and schedule stay as after step
-    1 (they moved at step 1). Counted in guard/skipped_steps and guard/held_steps_dropped."""
+    1 (they moved at step 1). Counted in guard/skipped_steps and guard/held_steps_dropped. Step 3 then has every
+    group filtered: an empty step right after a skipped one moves nothing either."""
     import trl_prime.prime.trainer as prime_trainer
 
     real = prime_trainer.F.prime_advantages
@@ -137,13 +141,58 @@ def test_policy_step_skipped_after_the_prm_backward_leaves_the_prm_unmoved(tiny_
 
     monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned_on_second_round)
 
-    def alternating(completions, prompts, **kwargs):
+    rounds = []
+
+    def alternating_then_all_right(completions, prompts, **kwargs):
+        rounds.append(1)
+        if len(rounds) == 3:
+            return [1.0] * len(prompts)  # accuracy 1: every group filtered
         return [float(j % 2 == 0) for j in range(len(prompts))]
 
-    trainer, snap = _train(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, alternating)
+    trainer, snap = _train(
+        PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, alternating_then_all_right, max_steps=3
+    )
     after = _state(trainer)
     assert snap.after_step1["prm_updates"] == 1
-    _assert_same(snap.after_step1, after)
+    _assert_same(snap.after_step1, snap.after_step2)  # the skipped step
+    _assert_same(snap.after_step2, after)  # the empty step after it
     logs = {h["step"]: h for h in trainer.state.log_history if "prm/loss" in h}
     assert logs[2]["guard/skipped_steps"] == 1.0 and logs[2]["guard/held_steps_dropped"] >= 1.0
     assert "guard/held_steps_dropped" not in logs[1]
+    assert logs[3]["guard/empty_steps"] == 1.0 and "guard/empty_steps" not in logs[2]
+
+
+def test_held_peft_prm_gradients_stay_out_of_the_policys_clipping(tiny_model_path, tmp_path):
+    """With LoRA the PRM is adapter "prm" on the policy's model. While its step is held for the policy's, its
+    gradients are off its parameters: the policy's gradient clipping (and grad_norm) sees the policy's only; the PRM
+    still trains."""
+    from peft import LoraConfig
+
+    from trl_prime.modeling import adapter_parameters
+
+    seen = []
+
+    class AtPolicyStep(TrainerCallback):
+        trainer = None
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            prm = [p for _, p in adapter_parameters(self.trainer.model, "prm")]
+            seen.append((len(prm), sum(p.grad is not None for p in prm), self.trainer.prm_optim.pending))
+
+    cb = AtPolicyStep()
+    trainer = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=lambda completions, prompts, **kw: [float(j % 2 == 0) for j in range(len(prompts))],
+        args=_args(PrimeRLOOConfig, tmp_path, max_steps=1),
+        train_dataset=tiny_prompt_dataset(16),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        callbacks=[cb],
+    )
+    cb.trainer = trainer
+    before = [p.detach().clone() for _, p in adapter_parameters(trainer.model, "prm")]
+    trainer.train()
+    n_prm, with_grad, pending = seen[0]
+    assert n_prm > 0 and with_grad == 0 and pending  # held, its gradients stashed
+    after = [p.detach() for _, p in adapter_parameters(trainer.model, "prm")]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))  # and applied with the policy's step
+    assert trainer.prm_optim.num_updates == 1 and not trainer.prm_optim.pending

@@ -122,17 +122,33 @@ def test_rloo_trains_a_full_batch_of_groups_that_pass(tiny_model_path, tmp_path)
     """8 rows per step (2 groups), factor 2: 4 prompts are generated per step, the first 2 odd-numbered ones train;
     the batch the loss sees has 8 rows, exactly those groups' rows weighted."""
     args = _args(PrimeRLOOConfig, tmp_path, oversample_factor=2.0, max_steps=4)
+    from trl_prime.callbacks import PrimeCallback
+
+    class Generated(PrimeCallback):
+        def __init__(self):
+            self.prompts = []
+
+        def on_rollouts_scored(self, args, state, control, **kw):
+            self.prompts.append(list(kw["prompts"]))
+
+    generated = Generated()
     trainer = PrimeRLOOTrainer(
         model=tiny_model_path,
         reward_funcs=odd_prompts_pass,
         args=args,
         train_dataset=tiny_prompt_dataset(32),
+        callbacks=[generated],
     )
     seen = _capture_inputs(trainer)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "filter/kept_groups" in h]
-    assert len(logs) == 4 and len(seen) == 4
-    for h, inputs in zip(logs, seen):
+    assert len(logs) == 4 and len(seen) == 4 and len(generated.prompts) == 4
+    for h, inputs, prompts in zip(logs, seen, generated.prompts):
+        assert len(prompts) == 16  # 4 groups generated
+        # the first two odd-numbered groups in the sampler's order are the ones that train
+        order = [_number(p) for p in prompts[::K]]
+        first_odd = [n for n in order if n % 2][:2]
+        assert sorted(set(_kept_prompt_numbers(trainer, inputs))) == sorted(set(first_odd))
         assert inputs["prompt_ids"].size(0) == 8  # compacted to one generation batch
         passed = round(h["filter/kept_fraction"] * 4)  # of the 4 generated groups
         assert h["filter/kept_groups"] == min(2, passed)

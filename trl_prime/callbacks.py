@@ -39,13 +39,18 @@ class PrimeCallback(TrainerCallback):
         """
 
     def on_prm_step(self, args, state, control, **kwargs):
-        """After an implicit-PRM optimizer step (only when at least one row was kept).
+        """After an implicit-PRM update is judged (only when at least one row was kept and the loss and gradient norm
+        are finite).
+
+        With ``prm_update="single"`` (no DeepSpeed) the optimizer step itself is held until the policy's optimizer
+        step: ``prm_model`` then still holds the weights of before it, and the step is dropped if the policy's step
+        is skipped (``guard/held_steps_dropped``). With ``"double"`` or DeepSpeed it has been applied.
 
         Keyword arguments:
             loss: float, the global PRM loss (``prm/loss``).
             grad_norm: float, the PRM gradient norm before clipping.
-            learning_rate: float, the PRM learning rate after the scheduler step.
-            num_updates: int, PRM updates so far.
+            learning_rate: float, the PRM learning rate this step uses (under DeepSpeed: after its scheduler step).
+            num_updates: int, PRM updates so far, this one included.
             labels: ``(B_local,)`` outcome labels the loss used on this process (NaN = weight 0: filtered,
                 unscorable or empty).
             row_weights: ``(B_local,)`` each row's weight in the global mean loss (0 for filtered rows; exact for

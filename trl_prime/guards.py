@@ -703,7 +703,8 @@ class GuardsMixin:
         def guarded_step(*args, **kwargs):
             reason = self._guard_step_problem(opt)
             self._guard_step_pending = False  # the next generation batch is judged afresh
-            empty = reason is None and self._guard_step_is_empty()
+            no_tokens = self._guard_step_is_empty()  # every step: the count restarts after a skipped step too
+            empty = reason is None and no_tokens
             if reason is not None or empty:
                 opt.zero_grad(set_to_none=True)
                 if hasattr(opt, "_is_overflow"):

@@ -282,7 +282,8 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "filter and train on the first generation_batch_size / num_generations groups that pass (in the "
             "sampler's order), as PRIME's released recipe does (data.oversample_factor=4): every step then trains a "
             "full batch unless too few groups pass (then the rows that passed, logged as filter/kept_groups). The "
-            "extra prompts cost generation and scoring time. Finite, >= 1; 1 = no oversampling. Not with an "
+            "extra prompts cost generation and scoring time (set prm_score_filtered_rows=False so that the rows not "
+            "selected get no PRM / reference forward). Finite, >= 1; 1 = no oversampling. Not with an "
             "IterableDataset or multimodal inputs."
         },
     )

@@ -116,7 +116,8 @@ def compact_generation_batch(
     accelerator, output: dict, rows: torch.Tensor, *, pad_token_id: int, num_rows_local: int
 ) -> dict:
     """TRL's generation-batch dict ``output`` (this process's ``B_o_local`` rows) reduced to the global ``rows``
-    (:func:`compaction_rows`), this process's share of them (``num_rows_local`` rows, in process order).
+    (:func:`compaction_rows`), this process's share of them: ``rows[process_index::num_processes]``
+    (``num_rows_local`` rows), so the selected rows, first in ``rows``, are dealt out to the processes in turn.
 
     Every row-aligned tensor (first dimension ``B_o_local``) is gathered over processes (padded on dim 1: prompts on
     the left with ``pad_token_id`` / 0, the rest on the right with 0 or ``pad_token_id`` for ``completion_ids``),
@@ -137,8 +138,10 @@ def compact_generation_batch(
             f"`oversample_factor` > 1 cannot regroup the generation batch's {bad} row by row (multimodal inputs are "
             "not row-aligned). Set `oversample_factor`=1 for this model."
         )
-    start = accelerator.process_index * num_rows_local
-    mine = rows[start : start + num_rows_local]
+    # every process takes every n-th row of `rows`: the selected rows (first in `rows`) are dealt out in turn, so
+    # each process trains its share of them instead of process 0 taking them all
+    n = accelerator.num_processes
+    mine = rows[accelerator.process_index :: n][:num_rows_local]
     out = {}
     for k, v in output.items():
         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.size(0) == B:

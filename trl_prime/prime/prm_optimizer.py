@@ -237,7 +237,14 @@ class ModelOptimizer:
             norm = self._judged_norm(loss_finite)
             if norm is not None:
                 self.pending = True
-                if not defer:
+                if defer:
+                    # off the parameters while held: a PEFT PRM / critic is an adapter of the policy's model, whose
+                    # gradient clipping and norm would otherwise include these gradients
+                    params = self.holder.trainable_parameters()
+                    self._held_grads = [(p, p.grad) for p in params]
+                    for p in params:
+                        p.grad = None
+                else:
                     self.apply_pending()
                 return norm
         if norm is not None:
@@ -249,6 +256,9 @@ class ModelOptimizer:
         if not self.pending:
             return
         self.pending = False
+        for p, g in getattr(self, "_held_grads", None) or []:
+            p.grad = g
+        self._held_grads = None
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -258,6 +268,7 @@ class ModelOptimizer:
         """Drop the held step (if any): gradients cleared; weights, moments and schedule unchanged."""
         if self.pending:
             self.pending = False
+            self._held_grads = None
             self.optimizer.zero_grad(set_to_none=True)
 
     def discard(self, loss_finite: bool = True) -> None:

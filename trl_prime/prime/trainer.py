@@ -1233,12 +1233,14 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if bool(bad.any()):
             self.prm_optim.discard(loss_finite=math.isfinite(loss_value))
             return prm_logps, checked
+        lr = self.prm_optim.learning_rate  # the rate this step uses (before its scheduler advances)
         grad_norm = self.prm_optim.step(loss_finite=math.isfinite(loss_value), defer=self._defers_model_steps())
         if grad_norm is None:  # non-finite PRM loss or gradient norm: step skipped (weights unchanged), batch poisoned
             # every row's log-probs and token rewards passed the check above: no row to blame
             self._guard_poison_batch("train", "non-finite PRM loss/gradient norm")
             return prm_logps, checked
-        lr = self.prm_optim.learning_rate
+        if self.prm_optim.engine is not None:  # the engine stepped (and scheduled) inside backward
+            lr = self.prm_optim.learning_rate
         if a.prm_update == "double":
             prm_logps = rescore()
         return prm_logps, {
