@@ -852,14 +852,7 @@ def _seccomp_install(prepared=None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Mount namespace (built by init, pid 1 of the sandbox's pid namespace)
-# ----------------------------------------------------------------------------------------------
-# (directory, depth): a directory holding a path the interpreter needs is not hidden itself; instead its
-# entries are (down to ``depth`` levels), except the ones on the way to the needed paths.
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory cgroup events (read by the harness through descriptors the bootstrap opened)
+# Memory cgroup events (read by the harness through a descriptor the parent opened)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -1216,7 +1209,7 @@ def _readable_by_others(paths) -> bool:
 
 
 # ==============================================================================================
-# Child side: bootstrap -> init -> harness -> case (and judge) processes. Runs in a fresh interpreter.
+# Child side: bootstrap (init) -> harness -> case (and judge) processes. Runs in a fresh interpreter.
 # ==============================================================================================
 
 
@@ -2668,9 +2661,6 @@ def _jail_problem(bwrap: str | None, python: str) -> str | None:
 def _fallback_readable(python: str) -> list[str]:
     """Without the jail, Landlock's read rule (``landlock_read``): what the jail would show, and /dev."""
     return [*_interpreter_paths(python), *_SYSTEM_DIRS, *_ETC_FILES, "/dev"]
-
-
-# environment variables naming cache / credential directories hidden from the program (hide_paths)
 
 
 @dataclass(frozen=True)
