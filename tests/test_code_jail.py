@@ -150,3 +150,14 @@ def test_require_jail_refuses_where_bwrap_cannot_start(tmp_path):
         warnings.simplefilter("ignore", RuntimeWarning)
         run = run_program("print(2)", mode="stdin", inputs=[""], config=SandboxConfig(bwrap=str(tmp_path / "x")))
     assert run.ok and run.cases[0].stdout == "2\n" and "jail" not in run.layers
+
+
+def test_an_installed_trl_prime_is_hidden_in_the_jail(monkeypatch):
+    """Installed into the interpreter's prefix (not editable), trl_prime's own folder is covered by an empty tmpfs."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(sbx.__file__)))
+    monkeypatch.setattr(sbx, "_interpreter_paths", lambda python: [os.path.dirname(package)])
+    argv = sbx._jail_argv("bwrap", sys.executable, SandboxConfig())
+    i = argv.index("--tmpfs", argv.index("--ro-bind", argv.index("--ro-bind-try")))
+    assert argv[i : i + 4] == ["--tmpfs", package, "--remount-ro", package]
+    monkeypatch.setattr(sbx, "_interpreter_paths", lambda python: ["/opt/elsewhere"])
+    assert package not in sbx._jail_argv("bwrap", sys.executable, SandboxConfig())

@@ -293,15 +293,15 @@ def test_worker_crashing_twice_gives_error_not_zero():
     killed: list[int] = []
 
     def kill_busy_workers():  # kill whichever worker is spinning on the item, twice
-        seen: dict[int, int] = {}
+        first: dict[int, int] = {}  # pid -> its CPU ticks when first seen (an idle worker stays there)
         while not stop.is_set() and len(killed) < 2:
             for pid in mv._worker_pids():
                 ticks = _cpu_ticks(pid)
-                if pid not in killed and pid in seen and ticks - seen[pid] >= 4:  # busy: >= 40 ms of CPU in 0.2 s
+                first.setdefault(pid, ticks)
+                if pid not in killed and ticks - first[pid] >= 30:  # busy: 0.3 s of CPU since first seen
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
-                seen[pid] = ticks
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     killer = threading.Thread(target=kill_busy_workers)
     killer.start()

@@ -112,12 +112,13 @@ import re
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Sequence as _SequenceABC
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as futures_wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from decimal import Decimal
 from multiprocessing import context as mp_context
@@ -146,9 +147,7 @@ _EXTRACTIONS = ("boxed", "boxed_or_answer_phrase")
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_LIMIT_MB = 1024
 DEFAULT_REL_TOL = 1e-4  # numbers that math-verify calls equal must also agree to this relative tolerance
-_STARTUP_TIMEOUT = 60.0  # a worker must import math-verify within this many seconds
-_MAX_STARTUP_FAILURES = 3  # per call; then the remaining items get reason "error"
-_MAX_CHUNK = 16  # answers sent to a worker at once (same gold)
+_STARTUP_TIMEOUT = 60.0  # beyond its deadline, a task's result is given up on after this (a worker starting)
 _CACHE_SIZE = 65536
 _CACHE_MAX_CHARS = 2000  # only memoise pairs shorter than this
 _PARSED_MAX_CHARS = 200
@@ -875,6 +874,9 @@ def _acquire_pool(num_workers: int) -> _Pool:
         pool = _POOL
         if pool is not None and pool.pid != os.getpid():  # inherited through fork: not ours to use or stop
             pool = _POOL = None
+        if pool is not None and not pool.pool.active:  # pebble gave up on it (e.g. a worker died while idle)
+            pool.pool.stop()
+            pool = _POOL = None
         if pool is not None and pool.size != num_workers and pool.users == 0:
             pool.stop()
             pool = _POOL = None
@@ -889,6 +891,13 @@ def _release_pool(pool: _Pool) -> None:
         pool.users -= 1
 
 
+def _swap_pool(broken: _Pool, num_workers: int) -> _Pool:
+    """A working pool in place of ``broken`` (which pebble stopped): the one another thread made already, or new."""
+    _release_pool(broken)
+    broken.pool.stop()
+    return _acquire_pool(num_workers)
+
+
 def _run_batch(
     todo: dict[str, list[str]],
     timeout: float,
@@ -900,17 +909,38 @@ def _run_batch(
     """Verify ``todo`` (gold -> distinct answers; golds of unknown parseability are parsed first) on the pool.
 
     Every step is one pebble task with a hard deadline (the worker is killed and replaced past it); tasks of all
-    calling threads share the workers, so one call's slow answer holds one worker, not the others' calls.
+    calling threads share the workers, so one call's slow answer holds one worker, not the others' calls. A call
+    keeps at most ``num_workers`` tasks in the pool's queue (the rest wait in its own backlog), so calls running at
+    the same time take turns on the workers instead of a large batch holding back a small one.
     """
     try:
-        pool = _acquire_pool(num_workers)
+        cur = [_acquire_pool(num_workers)]  # the pool in use (replaced should pebble give up on it)
     except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
         out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
         return
     pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
-    grace = _STARTUP_TIMEOUT + timeout  # a task's result is given up on past this (worker start + its deadline)
+    backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
 
     def submit(kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
+        if attempt == 1:
+            backlog.append((kind, gold, answer, 1))
+        else:  # a retry of a step whose worker died goes first
+            backlog.appendleft((kind, gold, answer, attempt))
+
+    def flush() -> None:
+        while backlog and len(pending) < num_workers:
+            schedule(*backlog.popleft())
+
+    def schedule(kind: str, gold: str, answer: str | None, attempt: int) -> None:
+        # a result is given up on past its deadline + a worker's start + one deadline per call sharing the pool
+        if not cur[0].pool.active:
+            try:
+                cur[0] = _swap_pool(cur[0], num_workers)
+            except Exception as e:  # noqa: BLE001
+                out.fail_all({gold: [] if answer is None else [answer]}, f"math worker pool unavailable: {e}")
+                return
+        pool = cur[0]
+        grace = _STARTUP_TIMEOUT + timeout * max(1, pool.users)
         if kind == "g":
             args, limit = (gold, timeout, memory_limit_mb), timeout
         else:
@@ -933,6 +963,7 @@ def _run_batch(
                     submit("a", gold, a)
             else:
                 submit("g", gold, None)
+        flush()
         while pending:
             done, _ = futures_wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
             now = time.monotonic()
@@ -943,10 +974,11 @@ def _run_batch(
             for fut in done:
                 kind, gold, answer, attempt, _ = pending.pop(fut)
                 _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit)
+            flush()
     finally:
         for fut in pending:
             fut.cancel()
-        _release_pool(pool)
+        _release_pool(cur[0])
 
 
 def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit) -> None:
@@ -959,11 +991,12 @@ def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, o
         else:
             out.answer(gold, answer, "timeout", None, f"parse/verify exceeded {timeout:g}s")
         return
-    except pebble.ProcessExpired as e:  # the worker died: retry the step once elsewhere
+    except (pebble.ProcessExpired, BrokenProcessPool) as e:  # the worker (or pebble) died: retry once elsewhere
         if attempt < 2:
             submit(kind, gold, answer, attempt + 1)
             return
-        detail = f"math worker {e.pid} died (exit code {e.exitcode}) while "
+        who = f"math worker {e.pid} died (exit code {e.exitcode})" if hasattr(e, "pid") else f"the pool broke ({e})"
+        detail = f"{who} while "
         if kind == "g":
             out.gold_failed(gold, "error", detail + "parsing the gold answer, twice")
         else:

@@ -2629,8 +2629,12 @@ def _jail_argv(bwrap: str, python: str, cfg: SandboxConfig) -> list[str]:
             argv += ["--ro-bind", d, d]
     for f in _ETC_FILES:
         argv += ["--ro-bind-try", f, f]
-    for p in _interpreter_paths(python):
+    shown = _interpreter_paths(python)
+    for p in shown:
         argv += ["--ro-bind", p, p]
+    package = os.path.dirname(os.path.dirname(_SCRIPT))  # trl_prime itself, when installed in a shown prefix
+    if any(package.startswith(p + "/") for p in shown):
+        argv += ["--tmpfs", package, "--remount-ro", package]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
     argv += ["--remount-ro", "/", "--chdir", _JAIL_WORK, "--"]
     return argv
