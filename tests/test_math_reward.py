@@ -329,6 +329,31 @@ def test_pool_that_cannot_start_gives_error(monkeypatch):
     _check(r, 1.0, "correct")
 
 
+def test_a_forked_child_gets_its_own_pool():
+    """After fork (a dataloader worker, a launcher): the child's calls start the child's own pool and forkserver;
+    the parent's pool goes on serving the parent."""
+    n = _fresh_int()
+    _check(mv.verify_math([f"\\boxed{{{n}}}"], [str(n)])[0], 1.0, "correct")
+    parent_pids = mv._worker_pids()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            rs = mv.verify_math([f"\\boxed{{{n + 1}}}", "\\boxed{3}"], [str(n + 1), "4"])
+            mine = mv._worker_pids()
+            os.write(w, repr([(x.reward, x.reason) for x in rs] + [bool(mine), set(mine) & set(parent_pids)]).encode())
+            mv.shutdown_math_workers()
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = f.read()
+    os.waitpid(pid, 0)
+    assert child == repr([(1.0, "correct"), (0.0, "wrong"), True, set()]), child
+    _check(mv.verify_math([f"\\boxed{{{n + 2}}}"], [str(n + 2)])[0], 1.0, "correct")
+    assert set(mv._worker_pids()) & set(parent_pids)  # the parent's workers, untouched by the child
+
+
 # ------------------------------------------------------------------------------------------------ TRL reward API
 
 

@@ -793,12 +793,22 @@ class _NoMainPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             mp_context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        self.sentinel, w = _FORKSERVER[0].connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
+
+
+def _new_forkserver() -> forkserver.ForkServer:
+    """This module's own forkserver (not multiprocessing's global one): it preloads and warms the judge."""
+    server = forkserver.ForkServer()
+    server.set_forkserver_preload(["trl_prime.rewards._math_worker"])
+    return server
+
+
+_FORKSERVER = [_new_forkserver()]  # started on first use; a new one in a forked child
 
 
 class _WorkerContext(mp_context.ForkServerContext):
@@ -812,7 +822,6 @@ def _new_pool(num_workers: int) -> pebble.ProcessPool:
     """``num_workers`` processes forked from the forkserver (a clean process: no threads, no CUDA of the caller's),
     which has this module and math-verify imported already, so a replaced worker is ready in well under a second."""
     ctx = _WorkerContext()
-    ctx.set_forkserver_preload(["trl_prime.rewards._math_worker"])  # effective when the forkserver starts
     # a timed-out task's worker gets SIGTERM and then SIGKILL after term_timeout; a worker stuck in C code (a huge
     # integer power) ignores SIGTERM, and pebble's manager thread would wait 3 s for it, holding every result
     pebble.common.CONSTS.term_timeout = min(pebble.common.CONSTS.term_timeout, 0.1)
@@ -874,7 +883,11 @@ def _acquire_pool(num_workers: int) -> _Pool:
         pool = _POOL
         if pool is not None and pool.pid != os.getpid():  # inherited through fork: not ours to use or stop
             pool = _POOL = None
-        if pool is not None and not pool.pool.active:  # pebble gave up on it (e.g. a worker died while idle)
+        try:
+            alive = pool is None or pool.pool.active
+        except Exception:  # noqa: BLE001 - its workers cannot start
+            alive = False
+        if not alive:  # pebble gave up on it (e.g. a worker died while idle)
             pool.pool.stop()
             pool = _POOL = None
         if pool is not None and pool.size != num_workers and pool.users == 0:
@@ -933,12 +946,13 @@ def _run_batch(
 
     def schedule(kind: str, gold: str, answer: str | None, attempt: int) -> None:
         # a result is given up on past its deadline + a worker's start + one deadline per call sharing the pool
-        if not cur[0].pool.active:
-            try:
+        try:
+            if not cur[0].pool.active:  # (pebble starts its workers here)
                 cur[0] = _swap_pool(cur[0], num_workers)
-            except Exception as e:  # noqa: BLE001
-                out.fail_all({gold: [] if answer is None else [answer]}, f"math worker pool unavailable: {e}")
-                return
+        except Exception as e:  # noqa: BLE001 - the workers cannot start: an infrastructure failure
+            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
+            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            return
         pool = cur[0]
         grace = _STARTUP_TIMEOUT + timeout * max(1, pool.users)
         if kind == "g":
@@ -1120,6 +1134,7 @@ def _after_fork_in_child() -> None:
     _LOCK = threading.Lock()
     _CLOSING = False
     _POOL = None  # the parent's pool (its threads did not survive the fork): not ours to use or stop
+    _FORKSERVER[0] = _new_forkserver()  # the parent's forkserver answers the parent only
 
 
 def _at_exit() -> None:
