@@ -20,8 +20,8 @@ Adding a verifier is one call::
     register_verifier(Verifier("sql", "my_pkg.sql:sql_reward", gold_column="expected_rows",
                                failure_metric="sql/db_error"))
 
-after which :func:`trl_prime.data.route_of`, :data:`trl_prime.data.outcome_reward`, ``trl-prime eval`` (reason
-counts per route), ``--reward sql`` of the training scripts and the failure-rate guard all know it.
+after which :func:`trl_prime.data.route_of`, :data:`trl_prime.data.outcome_reward` (``--reward outcome`` of the
+training scripts), ``trl-prime eval`` (reason counts per route) and the failure-rate guard all know it.
 """
 
 from __future__ import annotations
