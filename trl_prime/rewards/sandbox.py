@@ -3127,6 +3127,34 @@ def _check_stdin_inputs(inputs) -> None:
             ) from None
 
 
+def _make_job(cfg: SandboxConfig, python: str, jail_problem, fds: dict, where: dict, **run) -> dict:
+    """What the bootstrap and harness are told (stdlib types only: it crosses as marshal data)."""
+    jail = jail_problem is None
+    return {
+        **fds,
+        **where,
+        **run,
+        "parent_pid": os.getpid(),
+        "host_uid": os.geteuid(),
+        "jail": jail,
+        "notes": [] if jail else [f"jail unavailable: {jail_problem}"],
+        "readable": [] if jail else _fallback_readable(python),
+        "disable": list(cfg.disable),
+        "require": list(cfg.require),
+        "shm_dir": "/dev/shm" if jail else None,
+        "n_cases": len(run["caps"]),
+        "timeout": float(cfg.timeout),
+        "total_timeout": float(cfg.total_timeout),
+        "cpu_seconds": int(cfg.timeout) + 2,
+        "memory_bytes": cfg.memory_mb << 20,
+        "disk_bytes": cfg.disk_mb << 20,
+        "max_files": cfg.max_files,
+        "stack_bytes": cfg.stack_mb << 20,
+        "max_open_files": cfg.max_open_files,
+        "max_processes": cfg.max_processes,
+    }
+
+
 def run_program(
     program: str,
     *,
@@ -3218,44 +3246,12 @@ def run_program(
             os.write(nonce_w, nonce.encode())
             os.close(nonce_w)
             check_fd = _secret_fd(marshal.dumps({"check": check, "prelude": check_prelude or None}))
-        cpu_seconds = int(cfg.timeout) + 2
         probe_key = (python, cfg.disable, cfg.tmp_root, os.geteuid(), jail)
         cgroups = ([("cgroup_pids", cg)] if cg else []) + ([("cgroup_memory", memcg[0])] if memcg else [])
-        job = {
-            "parent_pid": os.getpid(),
-            "host_uid": os.geteuid(),
-            "jail": jail,
-            "notes": [] if jail else [f"jail unavailable: {jail_problem}"],
-            "readable": [] if jail else _fallback_readable(python),
-            "result_fd": w,
-            "nonce_fd": nonce_r,
-            "check_fd": check_fd,
-            "oom_fd": oom_fd,
-            "cgroups": cgroups,
-            "memcg": memcg,
-            "disable": list(cfg.disable),
-            "require": list(cfg.require),
-            "work_dir": work,
-            "shm_dir": "/dev/shm" if jail else None,
-            "io_dir": io_dir,
-            "mode": mode,
-            "program": program,
-            "inputs": inputs,
-            "fn_name": fn_name,
-            "entry_point": entry_point,
-            "n_cases": n,
-            "caps": caps,
-            "timeout": float(cfg.timeout),
-            "total_timeout": float(cfg.total_timeout),
-            "cpu_seconds": cpu_seconds,
-            "memory_bytes": cfg.memory_mb << 20,
-            "disk_bytes": cfg.disk_mb << 20,
-            "max_files": cfg.max_files,
-            "stack_bytes": cfg.stack_mb << 20,
-            "max_open_files": cfg.max_open_files,
-            "max_processes": cfg.max_processes,
-            "probe": _PROBE_CACHE.get(probe_key),
-        }
+        fds = {"result_fd": w, "nonce_fd": nonce_r, "check_fd": check_fd, "oom_fd": oom_fd}
+        where = {"work_dir": work, "io_dir": io_dir, "cgroups": cgroups, "memcg": memcg}
+        job = _make_job(cfg, python, jail_problem, fds, where, program=program, mode=mode, inputs=inputs, caps=caps)
+        job.update(fn_name=fn_name, entry_point=entry_point, probe=_PROBE_CACHE.get(probe_key))
         job_fd = _secret_fd(marshal.dumps(job))
         harness_fd = _harness_fd()
         errf = tempfile.TemporaryFile()
@@ -3309,33 +3305,7 @@ def run_program(
         # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
         # process group and the cgroups are empty, so its pid (= the group id) cannot be reused meanwhile.
         os.close(r)
-        if not finished or timed_out or overflow or not _wait_exit_nowait(proc.pid, 5.0):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            _wait_exit_nowait(proc.pid, 5.0)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        limit_hit = mem_hit = False
-        mem_peak = None
-        if cg:
-            limit_hit = _cgroup_limit_hit(cg)
-            _cgroup_kill_all(cg)
-        if memcg:
-            _cgroup_kill_all(memcg[0])
-            mem_hit, mem_peak = _memory_cgroup_stats(memcg)
-        try:
-            rc = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        if cg:
-            _cgroup_remove(cg)
-        if memcg:
-            _cgroup_remove(memcg[0])
+        rc, limit_hit, mem_hit, mem_peak = _teardown(proc, cg, memcg, not finished or timed_out or overflow)
         errf.seek(0)
         stderr_text = errf.read()[-4000:].decode("utf-8", "replace")
         errf.close()
@@ -3362,6 +3332,41 @@ def run_program(
     if run.ok and run.layers:  # a failed run executed no candidate code
         _maybe_warn(run.layers, run.notes)
     return run
+
+
+def _teardown(proc: subprocess.Popen, cg: str | None, memcg, kill: bool) -> tuple:
+    """Kill whatever is left of a sandbox (at once with ``kill``, else after 5 s), read and remove its cgroups.
+
+    Returns ``(exit status, pids limit hit, memory limit hit, memory peak)``.
+    """
+    if kill or not _wait_exit_nowait(proc.pid, 5.0):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _wait_exit_nowait(proc.pid, 5.0)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    limit_hit = mem_hit = False
+    mem_peak = None
+    if cg:
+        limit_hit = _cgroup_limit_hit(cg)
+        _cgroup_kill_all(cg)
+    if memcg:
+        _cgroup_kill_all(memcg[0])
+        mem_hit, mem_peak = _memory_cgroup_stats(memcg)
+    try:
+        rc = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if cg:
+        _cgroup_remove(cg)
+    if memcg:
+        _cgroup_remove(memcg[0])
+    return rc, limit_hit, mem_hit, mem_peak
 
 
 _SILENT = "harness silent"
@@ -3499,7 +3504,7 @@ def sandbox_layers(config: SandboxConfig | None = None) -> tuple[str, ...]:
     is not included.
     """
     cfg = config or SandboxConfig()
-    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb)
+    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb, cfg.bwrap)
     if key not in _LAYER_CACHE:
         run = run_program("pass", mode="stdin", inputs=[""], config=dataclasses.replace(cfg, require=()))
         _LAYER_CACHE[key] = run.layers if run.ok else ()
