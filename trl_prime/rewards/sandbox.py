@@ -2679,7 +2679,8 @@ class SandboxConfig:
         sandbox_memory_mb: memory limit of the whole sandbox (memory cgroup: every process of it plus
             its tmpfs files), MiB; default ``memory_mb + 256`` (0 when ``memory_mb`` is 0); 0 disables.
         disk_mb: size of the work dir's tmpfs (its disk quota), MiB.
-        max_files: inodes (files + directories) allowed in the work dir.
+        max_files: files + directories allowed in the work dir (the fallback's ``disk_guard``; in the jail, the
+            tmpfs size and the memory cgroup bound them).
         output_limit: bytes of stdout (and of a returned value's JSON) kept per test case; a program
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
             verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
