@@ -92,9 +92,9 @@ itself was running. Two checks tell it from an infrastructure failure (``Sandbox
 
 A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
 not of the harness (its limit still runs out while the harness watches); stopping the harness is refused
-by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's init, which resumes a
+by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's bootstrap, which resumes a
 stopped harness and which, as pid 1 of the pid namespace, ignores SIGSTOP sent from inside. Only with
-neither ``pidns`` nor ``landlock_signal`` could a program stop init and harness and so turn its 0 into an
+neither ``pidns`` nor ``landlock_signal`` could a program stop bootstrap and harness and so turn its 0 into an
 unscored ``None``. Stopping only the case process from outside is indistinguishable from a self-stop and
 stays the program's ``timeout``. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code`
 gives every completion an outer deadline, for a backend that hangs in ways no limit here catches.
@@ -2685,8 +2685,8 @@ class SandboxConfig:
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
             verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
             answer always fits. RLIMIT_FSIZE also caps every file the program writes.
-        max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; the bootstrap,
-            init, harness and, in ``check`` mode, the judge count too).
+        max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; bwrap, the bootstrap,
+            the harness and, in ``check`` mode, the judge count too).
         max_open_files: RLIMIT_NOFILE.
         stack_mb: RLIMIT_STACK for the case process (deep recursion in competitive code).
         python_executable: interpreter of the sandbox (default: ``sys.executable``); it must have
@@ -2738,7 +2738,7 @@ class SandboxConfig:
                 f"SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got {self.sandbox_memory_mb!r}"
             )
         if self.max_processes < 5:
-            raise ValueError("SandboxConfig.max_processes must be >= 5 (bootstrap, init, harness and judge count)")
+            raise ValueError("SandboxConfig.max_processes must be >= 5 (bwrap, bootstrap, harness and judge count)")
         object.__setattr__(self, "require", tuple(self.require))
         object.__setattr__(self, "disable", tuple(self.disable))
         unknown = [r for r in self.require if r not in LAYERS]
