@@ -7,7 +7,7 @@ size of a training step. Every ``(gold, answer)`` pair is distinct, so the verif
 never helps. The pool is started before timing (it is started once per training run); ``cold`` reports the first
 batch including pool start-up separately.
 
-Code: ``trl_prime.rewards.verify_code`` (one sandboxed subprocess per program: namespaces, Landlock, resource limits,
+Code: ``trl_prime.rewards.verify_code`` (one sandbox per program: the bubblewrap jail, Landlock, resource limits,
 wall-clock timeout per case) on simple stdin/stdout programs with two test cases each (correct and wrong ones).
 
 Examples::

@@ -6,7 +6,6 @@ import asyncio
 import os
 import random
 import signal
-import sys
 import threading
 import time
 
@@ -202,6 +201,38 @@ def test_timeout_holds_inside_an_event_loop():
     assert elapsed < 3.0, elapsed
 
 
+def test_threads_share_the_pool_and_a_poisoned_batch_holds_one_worker_only():
+    """Threads call at once (issue 28: a clean batch used to wait up to 26 s behind other threads' timeouts). One
+    batch holds a power tower that runs into its 6 s deadline; four clean batches started after it on the same two
+    workers finish in well under that deadline (half of it), not behind it, and the poisoned batch still gets its
+    timeout (and its clean answers)."""
+    timeout, out = 6.0, {}
+
+    def call(key, poisoned):
+        n = [_fresh_int() for _ in range(3)]
+        comps, golds = [f"\\boxed{{{x}}}" for x in n], [str(x) for x in n]
+        if poisoned:
+            comps, golds = [TOWER, *comps], ["1", *golds]
+        t0 = time.monotonic()
+        rs = mv.verify_math(comps, golds, timeout=timeout, num_workers=2)
+        out[key] = ([(r.reward, r.reason) for r in rs], time.monotonic() - t0)
+
+    poisoned = threading.Thread(target=call, args=("poisoned", True))
+    poisoned.start()
+    time.sleep(0.5)  # the tower is on a worker
+    clean = [threading.Thread(target=call, args=(i, False)) for i in range(4)]
+    for t in clean:
+        t.start()
+    for t in [poisoned, *clean]:
+        t.join(60)
+    reasons, took = out["poisoned"]
+    assert reasons == [(0.0, "timeout")] + [(1.0, "correct")] * 3 and took >= timeout, out["poisoned"]
+    for i in range(4):
+        reasons, took = out[i]
+        assert reasons == [(1.0, "correct")] * 3, out[i]
+        assert took < timeout / 2, (i, took)  # served next to the poisoned call, not after it
+
+
 # ------------------------------------------------------------------------------------------------ pool health
 
 
@@ -248,17 +279,26 @@ def test_killed_worker_is_replaced():
     assert pids[0] not in mv._worker_pids()
 
 
+def _cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def test_worker_crashing_twice_gives_error_not_zero():
     stop = threading.Event()
     killed: list[int] = []
 
-    def kill_busy_workers():  # kill whichever worker holds the item, twice
+    def kill_busy_workers():  # kill whichever worker is spinning on the item, twice
+        first: dict[int, int] = {}  # pid -> its CPU ticks when first seen (an idle worker stays there)
         while not stop.is_set() and len(killed) < 2:
-            pool = mv._POOL
-            workers = list(pool.workers) if pool else []
-            busy = [w.proc.pid for w in workers if w.chunk is not None and w.chunk.pos >= 0]  # verifying it
-            for pid in busy:
-                if pid not in killed:
+            for pid in mv._worker_pids():
+                ticks = _cpu_ticks(pid)
+                first.setdefault(pid, ticks)
+                if pid not in killed and ticks - first[pid] >= 30:  # busy: 0.3 s of CPU since first seen
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
             time.sleep(0.05)
@@ -272,20 +312,46 @@ def test_worker_crashing_twice_gives_error_not_zero():
         killer.join()
     assert len(killed) == 2
     _check(result, None, "error")
+    assert "died" in result.detail and "twice" in result.detail, result.detail
 
 
 def test_pool_that_cannot_start_gives_error(monkeypatch):
     mv.shutdown_math_workers()
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(mv, "_MATH_MODULE", "no_such_math_verify")  # the workers cannot import their judge
     n = _fresh_int()
     results = mv.verify_math([f"\\boxed{{{n}}}", "no box"], [str(n), str(n)])
     for r in results:
         _check(r, None, "error")
-    assert "cannot start" in results[0].detail
+    assert "cannot start" in results[0].detail and "no_such_math_verify" in results[0].detail
     monkeypatch.undo()
     mv.shutdown_math_workers()
     (r,) = mv.verify_math([f"\\boxed{{{n}}}"], [str(n)])  # a later call starts a healthy pool
     _check(r, 1.0, "correct")
+
+
+def test_a_forked_child_gets_its_own_pool():
+    """After fork (a dataloader worker, a launcher): the child's calls start the child's own pool and forkserver;
+    the parent's pool goes on serving the parent."""
+    n = _fresh_int()
+    _check(mv.verify_math([f"\\boxed{{{n}}}"], [str(n)])[0], 1.0, "correct")
+    parent_pids = mv._worker_pids()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            rs = mv.verify_math([f"\\boxed{{{n + 1}}}", "\\boxed{3}"], [str(n + 1), "4"])
+            mine = mv._worker_pids()
+            os.write(w, repr([(x.reward, x.reason) for x in rs] + [bool(mine), set(mine) & set(parent_pids)]).encode())
+            mv.shutdown_math_workers()
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = f.read()
+    os.waitpid(pid, 0)
+    assert child == repr([(1.0, "correct"), (0.0, "wrong"), True, set()]), child
+    _check(mv.verify_math([f"\\boxed{{{n + 2}}}"], [str(n + 2)])[0], 1.0, "correct")
+    assert set(mv._worker_pids()) & set(parent_pids)  # the parent's workers, untouched by the child
 
 
 # ------------------------------------------------------------------------------------------------ TRL reward API

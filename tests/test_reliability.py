@@ -494,7 +494,7 @@ def test_verifier_infrastructure_failures_fail_the_step_above_the_rate(tiny_mode
     from trl_prime.rewards import math_verifier as mv
 
     mv.shutdown_math_workers()
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(mv, "_MATH_MODULE", "no_such_math_verify")  # the workers cannot import their judge
     for cache in ("_ANSWER_CACHE", "_GOLD_CACHE", "_GOLD_TIMEOUTS"):  # verdicts cached by earlier tests need no pool
         monkeypatch.setattr(mv, cache, type(getattr(mv, cache))())
     try:

@@ -155,54 +155,26 @@ def __getattr__(name):
 
 # ====================================================================================================== routing
 
-#: data sources of Eurus-2-RL-Data (and a few common ones) whose ability is known
-_MATH_SOURCES = {
-    "numina_aops_forum",
-    "numina_synthetic_math",
-    "numina_amc_aime",
-    "numina_synthetic_amc",
-    "numina_cn_k12",
-    "numina_olympiads",
-    "openai/gsm8k",
-    "gsm8k",
-    "lighteval/math",
-    "digitallearninggmbh/math-lighteval",
-    "huggingfaceh4/math-500",
-    "math",
-    "math_dapo",
-}
-_MATH_PREFIXES = ("numina_", "reasoning_gym/")
-_CODE_SOURCES = {
-    "taco",
-    "apps",
-    "codecontests",
-    "codeforces",
-    "leetcode",
-    "humaneval",
-    "openai_humaneval",
-    "mbpp",
-    "livecodebench",
-    "code",
-}
-_ABILITIES = ("math", "code")
-
 
 def route_of(ability: Any = None, data_source: Any = None) -> str | None:
-    """Which verifier scores a row: ``"math"``, ``"code"`` or ``None`` (unknown).
+    """Which verifier scores a row: a registered ability (``"math"``, ``"code"``, ...) or ``None`` (unknown).
 
-    ``ability`` decides when it is ``"math"`` or ``"code"`` (case-insensitive); otherwise ``data_source`` does:
+    ``ability`` decides when it names a verifier of :mod:`trl_prime.rewards.registry` (case-insensitive);
+    otherwise ``data_source`` does (each verifier's ``sources``):
     the Eurus-2-RL-Data sources (``numina_*`` are math; ``taco``, ``apps``, ``codecontests``, ``codeforces``
     are code), ``gsm8k`` / MATH variants, ``reasoning_gym/*`` (math), and ``humaneval`` / ``mbpp`` /
     ``livecodebench`` / ``leetcode`` (code).
     """
-    if isinstance(ability, str) and ability.strip().lower() in _ABILITIES:
+    from trl_prime.rewards.registry import verifiers
+
+    registered = verifiers()
+    if isinstance(ability, str) and ability.strip().lower() in {v.ability for v in registered}:
         return ability.strip().lower()
     if isinstance(data_source, str):
         s = data_source.strip().lower()
-        if s in _MATH_SOURCES or s.startswith(_MATH_PREFIXES):
-            return "math"
-        if s in _CODE_SOURCES:
-            return "code"
+        for v in registered:
+            if v.claims_source(s):
+                return v.ability
     return None
 
 
@@ -211,36 +183,42 @@ def make_routed_reward(
     code_fn: Callable[..., list] | None = None,
     *,
     name: str = "outcome_reward",
+    reward_fns: Mapping[str, Callable[..., list]] | None = None,
 ) -> Callable[..., list[float | None]]:
-    """A TRL reward function that scores each row with the math or the code verifier, by its route.
+    """A TRL reward function that scores each row with the verifier of its route.
+
+    The routes and their gold columns come from :mod:`trl_prime.rewards.registry` (``math``: ``solution``,
+    ``code``: ``tests``, and any verifier registered there), read at each call.
 
     Args:
         math_fn: reward function for math rows, called as ``math_fn(completions, solution=[...])``
-            (default :func:`trl_prime.rewards.math_reward`).
+            (default: the registry's, :func:`trl_prime.rewards.math_reward`).
         code_fn: reward function for code rows, called as ``code_fn(completions, tests=[...])``
-            (default :func:`trl_prime.rewards.code_reward`).
+            (default: the registry's, :func:`trl_prime.rewards.code_reward`).
         name: the function's ``__name__`` (TRL logs ``rewards/<name>/mean``).
+        reward_fns: ability -> reward function, overriding the registry's for any route.
 
     Returns:
-        ``reward(completions, *, ability=None, data_source=None, solution=None, tests=None, **kwargs)``
-        returning one ``float | None`` per completion. Each row is routed with :func:`route_of`; rows routed
-        nowhere get ``None`` (NaN in TRL: excluded from means and baselines) and are counted. After each call,
-        ``reward.last_counts == {"math": m, "code": c, "unrouted": u}``; when TRL passes ``log_metric``, the
-        three counts are logged as ``route/<key>`` and the verifiers log their own reason counts.
+        ``reward(completions, *, ability=None, data_source=None, <gold columns>=None, **kwargs)`` returning one
+        ``float | None`` per completion. Each row is routed with :func:`route_of`; rows routed nowhere get
+        ``None`` (NaN in TRL: excluded from means and baselines) and are counted. After each call,
+        ``reward.last_counts == {"math": m, "code": c, ..., "unrouted": u}``; when TRL passes ``log_metric``, the
+        counts are logged as ``route/<key>`` and the verifiers log their own reason counts.
 
     Raises:
-        ValueError: (when called) there are math rows but no ``solution`` column, or code rows but no
-            ``tests`` column, or a column's length differs from ``completions``.
+        ValueError: (when called) rows are routed to a verifier whose gold column is missing, or a column's
+            length differs from ``completions``.
     """
+    from trl_prime.rewards.registry import verifiers
 
-    def reward(completions, ability=None, data_source=None, solution=None, tests=None, **kwargs):
+    overrides = {"math": math_fn, "code": code_fn, **(reward_fns or {})}
+
+    def reward(completions, ability=None, data_source=None, **kwargs):
         n = len(completions)
-        for col, values in (
-            ("ability", ability),
-            ("data_source", data_source),
-            ("solution", solution),
-            ("tests", tests),
-        ):
+        registered = verifiers()
+        columns = {"ability": ability, "data_source": data_source}
+        columns.update({v.gold_column: kwargs.pop(v.gold_column, None) for v in registered})
+        for col, values in columns.items():
             if values is not None and len(values) != n:
                 raise ValueError(f"{reward.__name__}: column {col!r} has {len(values)} values for {n} completions")
         routes = [
@@ -249,41 +227,36 @@ def make_routed_reward(
         ]
         out: list[float | None] = [None] * n
         extra = {"log_metric": kwargs["log_metric"]} if callable(kwargs.get("log_metric")) else {}
-        counts = {"math": 0, "code": 0, "unrouted": 0}
-        for route, column, values in (("math", "solution", solution), ("code", "tests", tests)):
-            idx = [i for i, r in enumerate(routes) if r == route]
-            counts[route] = len(idx)
+        counts = {v.ability: 0 for v in registered}
+        for v in registered:
+            idx = [i for i, r in enumerate(routes) if r == v.ability]
+            counts[v.ability] = len(idx)
             if not idx:
                 continue
+            values = columns[v.gold_column]
             if values is None:
                 raise ValueError(
-                    f"{reward.__name__}: {len(idx)} rows are routed to the {route} verifier but the dataset has no "
-                    f"{column!r} column; load the data with trl_prime.data.load_prompt_dataset, or add the column"
+                    f"{reward.__name__}: {len(idx)} rows are routed to the {v.ability} verifier but the dataset has "
+                    f"no {v.gold_column!r} column; load the data with trl_prime.data.load_prompt_dataset, or add the "
+                    "column"
                 )
-            if route == "math":
-                fn = math_fn
-                if fn is None:
-                    from trl_prime.rewards import math_reward as fn
-                scores = fn([completions[i] for i in idx], solution=[values[i] for i in idx], **extra)
-            else:
-                fn = code_fn
-                if fn is None:
-                    from trl_prime.rewards import code_reward as fn
-                scores = fn([completions[i] for i in idx], tests=[values[i] for i in idx], **extra)
+            fn = overrides.get(v.ability) or v.reward_fn()
+            scores = fn([completions[i] for i in idx], **{v.gold_column: [values[i] for i in idx]}, **extra)
             for i, s in zip(idx, scores):
                 out[i] = s
-        counts["unrouted"] = n - counts["math"] - counts["code"]
+        counts["unrouted"] = n - sum(counts.values())
         if counts["unrouted"]:
             first = next(i for i, r in enumerate(routes) if r is None)
             logger.warning(
                 "%s: %d of %d rows have no route (ability %r, data_source %r for row %d); they get reward None. "
-                "Set the 'ability' column to 'math' or 'code'.",
+                "Set the 'ability' column to one of %s.",
                 reward.__name__,
                 counts["unrouted"],
                 n,
                 ability[first] if ability is not None else None,
                 data_source[first] if data_source is not None else None,
                 first,
+                [v.ability for v in registered],
             )
         reward.last_counts = counts
         if extra:
@@ -292,11 +265,11 @@ def make_routed_reward(
         return out
 
     reward.__name__ = reward.__qualname__ = name
-    reward.last_counts = {"math": 0, "code": 0, "unrouted": 0}
+    reward.last_counts = {**{v.ability: 0 for v in verifiers()}, "unrouted": 0}
     return reward
 
 
-#: the default routed reward: ``math_reward`` for math rows, ``code_reward`` for code rows, None otherwise
+#: the default routed reward: each row scored by its registered verifier (``math_reward``, ``code_reward``), else None
 outcome_reward = make_routed_reward()
 
 

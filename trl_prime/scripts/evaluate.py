@@ -296,7 +296,7 @@ def evaluate_dataset(
 ) -> tuple[dict, list[dict]]:
     """Generate, score and summarise one dataset; returns (its JSON entry, its completion records)."""
     from trl_prime.data import METADATA_COLUMNS, make_routed_reward
-    from trl_prime.rewards import code_reward, math_reward
+    from trl_prime.rewards.registry import verifiers
 
     n = args.num_samples
     texts = [render_prompt(tokenizer, _messages(p, args.system_prompt)) for p in dataset["prompt"]]
@@ -315,9 +315,8 @@ def evaluate_dataset(
 
     reward_fn = make_routed_reward()
     t0 = time.perf_counter()
-    flat_rewards = reward_fn(
-        flat, ability=rep("ability"), data_source=rep("data_source"), solution=rep("solution"), tests=rep("tests")
-    )
+    golds = {v.gold_column: rep(v.gold_column) for v in verifiers() if v.gold_column in dataset.column_names}
+    flat_rewards = reward_fn(flat, ability=rep("ability"), data_source=rep("data_source"), **golds)
     score_s = time.perf_counter() - t0
     routes = dict(reward_fn.last_counts)
     rewards = [flat_rewards[i * n : (i + 1) * n] for i in range(len(texts))]
@@ -325,10 +324,9 @@ def evaluate_dataset(
     entry = dict(dataset_metrics(rewards, ks, threshold=args.success_threshold))
     entry["split"] = args.dataset_split
     entry["routes"] = routes
-    if routes["math"]:
-        entry["math_reasons"] = dict(math_reward.last_counts)
-    if routes["code"]:
-        entry["code_reasons"] = dict(code_reward.last_counts)
+    for v in verifiers():  # each route's reason counts, e.g. "math_reasons"
+        if routes.get(v.ability):
+            entry[f"{v.ability}_reasons"] = dict(v.reward_fn().last_counts)
     sources = sorted(set(dataset["data_source"]))
     if len(sources) > 1:
         entry["by_data_source"] = grouped_metrics(rewards, dataset["data_source"], ks, args.success_threshold)

@@ -211,14 +211,14 @@ def load_train_dataset(script_args: RLScriptArguments):
 
 
 def reward_functions(script_args: RLScriptArguments) -> list:
-    """``[outcome_reward]`` (math or code verifier by row) or ``[math_reward]``."""
+    """``[outcome_reward]`` (each row's verifier) or ``[<the registered verifier of that name>]`` (e.g. math)."""
     if script_args.reward == "outcome":
         from trl_prime.data import outcome_reward
 
         return [outcome_reward]
-    from trl_prime.rewards import math_reward
+    from trl_prime.rewards.registry import get_verifier
 
-    return [math_reward]
+    return [get_verifier(script_args.reward).reward_fn()]
 
 
 def build(script_args: RLScriptArguments, training_args, model_args):
