@@ -500,7 +500,8 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
     except Exception as error:  # inside a training process: what could only fail there, as one line
         if args.command not in TRAINING_COMMANDS or launch_training or os.environ.get(TRACEBACK_ENV):
             raise
-        parser.exit(2, f"{parser.prog} {args.command}: error: {one_line(error)}\n")
+        # on a line of its own: a progress bar may have left the cursor after its last "\r"
+        parser.exit(2, f"\n{parser.prog} {args.command}: error: {one_line(error)}\n")
     return 0
 
 
