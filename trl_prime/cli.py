@@ -39,7 +39,9 @@ file runs it in this process without accelerate. ``python -m trl_prime`` is the 
 Mistakes on the command line exit with status 2 and a ``trl-prime <command>: error: ...`` line naming the flag and
 its fix (:class:`CommandLineError`): an unknown argument before the command, arguments without a command, a
 ``--config`` file that does not exist, a ``--trainer`` (or the YAML's ``trainer``) the command does not train with, an
-``--accelerate_config`` that names no config.
+``--accelerate_config`` that names no config. Before launching a training command, this process builds its configs
+and checks the run (:func:`check_before_launch`); what fails only in a launched process ends there as one such line
+and status 2 as well (:func:`one_line`; ``TRL_PRIME_TRACEBACK=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -473,7 +475,9 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
     Raises:
         SystemExit: status 2 with usage and ``error: ...`` for an unknown argument before the command, arguments
             without a command, or a :class:`CommandLineError` of the command (``trl-prime <command>: error: ...``);
-            status 0 after ``--help`` / ``--version``.
+            status 2 with one ``trl-prime <command>: error: ...`` line for any error of a training command run in
+            this process (a launched one: :func:`one_line`; ``TRL_PRIME_TRACEBACK=1`` raises it instead); the
+            launched processes' status when they fail (:func:`launch`); status 0 after ``--help`` / ``--version``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()

@@ -492,7 +492,11 @@ def finish(trainer, training_args, dataset_name: str | None = None, prm_folder: 
     prm = f" (the implicit PRM in {os.path.join(out, prm_folder)})" if prm_folder else ""
     trainer.accelerator.print(f"Model saved to {out}{prm}.")
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
+        import inspect
+
+        # TRL's trainers name the dataset in the model card; transformers' Trainer (ImplicitPRMTrainer) has no such field
+        card = inspect.signature(trainer.create_model_card).parameters
+        trainer.push_to_hub(**({"dataset_name": dataset_name} if "dataset_name" in card else {}))
         url = f"https://huggingface.co/{trainer.hub_model_id}"
         prm = f" (the implicit PRM in its {prm_folder}/ folder)" if prm_folder else ""
         trainer.accelerator.print(f"Model pushed to the Hub in {url}{prm}.")
