@@ -251,6 +251,12 @@ REFUSED = {
         "think_format_reward, get_soft_overlong_punishment, outcome_reward, math_reward, code_reward) nor a dotted "
         "import path such as my_rewards.strict_format.",
     ),
+    "reward_weights_count": (
+        "prime",
+        ["--reward_funcs", "think_format_reward", "--reward_weights", "1.0"],
+        "`reward_weights` has 1 values for 2 reward functions (in order: trl-prime's verifier `reward`='math' unless "
+        "'none', the reward model, then reward_funcs).",
+    ),
     "row_over_max_row_bytes": (
         "prime",
         lambda t: ["--max_row_bytes", "100", "--dataset_name", _data(t, "long.jsonl", b'{"prompt": "' + b"x" * 200)],

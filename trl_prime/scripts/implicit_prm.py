@@ -36,6 +36,7 @@ from trl_prime.scripts.utils import (
     check_learning_rates,
     check_model,
     check_output_dir,
+    end,
     finish,
     parse_script_args,
     resume_checkpoint,
@@ -265,13 +266,14 @@ def parse_args(argv=None, default_config: str | None = None):
 
 
 def run(argv=None, default_config: str | None = None):
-    """The command line: :func:`parse_args`, then :func:`main`."""
+    """The command line: :func:`parse_args`, :func:`main`, then end the trainer
+    (:func:`trl_prime.scripts.utils.end`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)
-    return main(*parsed)
+    return end(main(*parsed))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from trl_prime.scripts.utils import check_run, parse_rl_args, rl_parser, train
+from trl_prime.scripts.utils import check_run, end, parse_rl_args, rl_parser, train
 
 
 #: ``make_parser(argv, default_trainer=None)``: the command's ``trl.TrlParser`` (for the trainer ``argv`` names)
@@ -78,12 +78,13 @@ def main(script_args, training_args, model_args, require_peft: bool = False):
 
 
 def run(argv=None, default_config: str | None = None, default_trainer: str | None = None, require_peft: bool = False):
-    """The command line: parse ``argv`` (default ``sys.argv[1:]``), then :func:`main`."""
+    """The command line: parse ``argv`` (default ``sys.argv[1:]``), :func:`main`, then end the trainer
+    (:func:`trl_prime.scripts.utils.end`)."""
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config, default_trainer)
-    return main(*parsed, require_peft=require_peft)
+    return end(main(*parsed, require_peft=require_peft))
 
 
 if (

@@ -237,12 +237,13 @@ def parse_rl_args(command: str, argv=None, default_config: str | None = None, de
 
 
 def run_rl(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
-    """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), then :func:`train`. Returns the trainer."""
+    """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), :func:`train`, then :func:`end`. Returns the
+    trainer."""
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_rl_args(command, argv, default_config, default_trainer)
-    return train(*parsed)
+    return end(train(*parsed))
 
 
 def rl_command(command: str):
@@ -480,8 +481,9 @@ def resume_checkpoint(training_args) -> str | None:
 
 
 def finish(trainer, training_args, dataset_name: str | None = None, prm_folder: str | None = None) -> None:
-    """End a run as TRL's scripts do: train (resuming from :func:`resume_checkpoint`), save to ``output_dir``, print
-    where, ``push_to_hub`` when set, then ``trainer.end()`` (the trackers finished, the process group destroyed).
+    """Run as TRL's scripts do: train (resuming from :func:`resume_checkpoint`), save to ``output_dir``, print where,
+    ``push_to_hub`` when set. The command line then ends the trainer (:func:`end`); a caller of ``main`` / ``train``
+    gets it still usable (its process group too).
 
     ``prm_folder``: the folder of ``output_dir`` the trainer also saves the implicit PRM in (the PRIME trainers:
     ``"prm"``), named in the printed lines; ``push_to_hub`` uploads it as that folder of the same Hub repository.
@@ -500,14 +502,20 @@ def finish(trainer, training_args, dataset_name: str | None = None, prm_folder: 
         url = f"https://huggingface.co/{trainer.hub_model_id}"
         prm = f" (the implicit PRM in its {prm_folder}/ folder)" if prm_folder else ""
         trainer.accelerator.print(f"Model pushed to the Hub in {url}{prm}.")
-    trainer.end()
+
+
+def end(trainer):
+    """``trainer.end()`` (the trackers finished, the distributed process group destroyed), as TRL's scripts end;
+    returns the trainer (None passes through)."""
+    if trainer is not None:
+        trainer.end()
+    return trainer
 
 
 def train(script_args: RLScriptArguments, training_args, model_args):
     """Train with ``script_args.trainer``'s class (resuming from ``resume_from_checkpoint``), save the policy to
-    ``output_dir`` (the PRIME trainers also save the implicit PRM to ``output_dir/prm``), push to the Hub when
-    ``push_to_hub`` is set (the PRM as the repository's ``prm/`` folder) and end the trainer (:func:`finish`).
-    Returns the trainer."""
+    ``output_dir`` (the PRIME trainers also save the implicit PRM to ``output_dir/prm``) and push to the Hub when
+    ``push_to_hub`` is set (the PRM as the repository's ``prm/`` folder): :func:`finish`. Returns the trainer."""
     import trl_prime
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
