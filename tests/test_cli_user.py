@@ -364,9 +364,11 @@ def test_error_inside_the_launched_process_is_one_line(tiny_model_path, tmp_path
 
 # ------------------------------------------------------------------------------------ 5, 6: a TRL YAML, pushed
 def _tiny_reward_model(model_path: str, folder: Path) -> str:
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    torch.manual_seed(0)  # the score head is new: the same one on every run
     model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(folder)
@@ -378,7 +380,8 @@ def _tiny_reward_model(model_path: str, folder: Path) -> str:
 def test_a_trl_grpo_yaml_runs_and_pushes(tiny_model_path, tmp_path):
     """A ``trl grpo`` YAML (TRL's keys only: a ``datasets:`` mixture of a JSON file with ``test_split_size``,
     ``reward_funcs`` by TRL name and dotted path, ``reward_weights``, ``reward_model_name_or_path``, evaluation every
-    step, ``push_to_hub``) plus the one PRIME key ``trainer: prime_grpo`` trains through ``trl-prime prime``; each
+    step, ``push_to_hub``) plus PRIME's keys ``trainer: prime_grpo`` and ``prm_label: sigmoid`` (a reward model's
+    score is no 0/1 label) trains through ``trl-prime prime``; each
     reward is logged, the test split is evaluated, and the Hub double records the upload of the policy with the
     implicit PRM as its ``prm/`` folder."""
     (tmp_path / "my_rewards.py").write_text(
@@ -389,8 +392,9 @@ def test_a_trl_grpo_yaml_runs_and_pushes(tiny_model_path, tmp_path):
     reward_model = _tiny_reward_model(tiny_model_path, tmp_path / "tiny_rm")
     config = tmp_path / "grpo.yaml"
     config.write_text(
-        f"""# a trl grpo config; `trainer` is the one line trl-prime adds
+        f"""# a trl grpo config; `trainer` and `prm_label` are the lines trl-prime adds
 trainer: prime_grpo
+prm_label: sigmoid   # the PRM's labels in [0, 1] from the weighted sum (a reward model's score is unbounded)
 model_name_or_path: {tiny_model_path}
 dtype: float32
 datasets:
