@@ -93,7 +93,7 @@ class ImplicitPRMScriptArguments:
         from trl_prime.functional import check_choice
 
         check_choice(self.prm_prompt, PRM_PROMPTS, "prm_prompt")
-        check_choice(self.reward, REWARDS[:2], "reward")  # "outcome" or "math"
+        check_choice(self.reward, REWARDS, "reward")
 
 
 def load_problems(script_args: ImplicitPRMScriptArguments):

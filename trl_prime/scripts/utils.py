@@ -36,9 +36,11 @@ COMMAND_TRAINERS = {
     "prl": ("prl_grpo",),
     "prof": ("prof_grpo", "prime_grpo"),
 }
-#: ``reward`` of the RL scripts: ``"outcome"`` routes each row to the math or code verifier by its ``ability``,
-#: ``"math"`` scores every row with the math verifier, ``"none"``: only ``reward_funcs`` / the reward model
-REWARDS = ("outcome", "math", "none")
+#: ``reward`` of the scripts: ``"outcome"`` routes each row to the math or code verifier by its ``ability``,
+#: ``"math"`` scores every row with the math verifier
+REWARDS = ("outcome", "math")
+#: ``reward`` of the RL scripts: :data:`REWARDS`, or ``"none"``: only ``reward_funcs`` / the reward model
+RL_REWARDS = (*REWARDS, "none")
 #: ``prm_prompt`` of ``trl-prime implicit-prm`` / ``best-of-n``, the prompt the implicit PRM sees: the whole prompt,
 #: its last turn (:func:`trl_prime.implicit_prm.data.last_turn_prompt`) or the last user message as plain text
 #: (:func:`~trl_prime.implicit_prm.data.question_prompt`)
@@ -136,7 +138,7 @@ class RLScriptArguments(_mixture_base()):
         if isinstance(self.reward_funcs, str):
             self.reward_funcs = [self.reward_funcs]
         if self.reward is not None:
-            check_choice(self.reward, REWARDS, "reward")
+            check_choice(self.reward, RL_REWARDS, "reward")
         if self.trainer is not None and self.trainer not in TRAINERS:
             raise ValueError(f"`trainer`={self.trainer!r}: choose one of {list(TRAINERS)}.")
         if self.streaming:
