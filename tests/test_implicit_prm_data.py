@@ -433,15 +433,16 @@ def test_script_options_are_checked_against_one_tuple_each():
     from trl_prime import functional as F
     from trl_prime.scripts import best_of_n as ebn
     from trl_prime.scripts import implicit_prm as recipe
-    from trl_prime.scripts.utils import PRM_PROMPTS, REWARDS, RLScriptArguments
+    from trl_prime.scripts.utils import PRM_PROMPTS, REWARDS, RL_REWARDS, RLScriptArguments
 
     assert PRM_PROMPTS == ("full", "last_turn", "question") and REWARDS == ("outcome", "math")
+    assert RL_REWARDS == ("outcome", "math", "none")  # the RL scripts: or only reward_funcs / a reward model
     assert F.STEP_AGGREGATIONS == ("min", "mean", "sum", "last")
     with pytest.raises(ValueError, match=r"prm_prompt='turn' is not supported; choose one of 'full', 'last_turn', "):
         recipe.ImplicitPRMScriptArguments(prm_prompt="turn")
     with pytest.raises(ValueError, match=r"reward='code' is not supported; choose one of 'outcome', 'math'\."):
         recipe.ImplicitPRMScriptArguments(reward="code")
-    with pytest.raises(ValueError, match=r"reward='code' is not supported; choose one of 'outcome', 'math'\."):
+    with pytest.raises(ValueError, match=r"reward='code' is not supported; choose one of 'outcome', 'math', 'none'\."):
         RLScriptArguments(reward="code")
     ebn.BestOfNArguments(aggregations=list(F.STEP_AGGREGATIONS), prm_prompt="question").validate()
     with pytest.raises(ValueError, match=r"--aggregations='max' is not supported; choose one of 'min', 'mean'"):

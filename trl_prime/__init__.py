@@ -9,8 +9,12 @@ Heavy submodules (trainers, models) are imported lazily, so ``import trl_prime.f
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from trl_prime import _noise
+
 
 __version__ = "0.1.0.dev0"
+
+_noise.silence()  # third-party messages a user cannot act on (trl_prime/_noise.py), once, here
 
 # public name -> submodule that defines it
 _LAZY = {

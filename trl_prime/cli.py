@@ -39,7 +39,9 @@ file runs it in this process without accelerate. ``python -m trl_prime`` is the 
 Mistakes on the command line exit with status 2 and a ``trl-prime <command>: error: ...`` line naming the flag and
 its fix (:class:`CommandLineError`): an unknown argument before the command, arguments without a command, a
 ``--config`` file that does not exist, a ``--trainer`` (or the YAML's ``trainer``) the command does not train with, an
-``--accelerate_config`` that names no config.
+``--accelerate_config`` that names no config. Before launching a training command, this process builds its configs
+and checks the run (:func:`check_before_launch`); what fails only in a launched process ends there as one such line
+and status 2 as well (:func:`one_line`; ``TRL_PRIME_TRACEBACK=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -225,9 +227,7 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     YAML, goes to accelerate (``--accelerate_config`` resolved by :func:`resolve_accelerate_config`); the processes
     run ``python -m trl_prime.scripts.<module>`` with the rest of ``argv``, in its order.
 
-    Unlike TRL, this process does not build the configs: their checks depend on the number of processes (TRL's
-    ``GRPOConfig`` checks ``per_device_train_batch_size * num_processes`` against ``num_generations``), which only
-    the launched processes know; they build and check them.
+    The configs are built, and the run checked, by :func:`launch` (:func:`check_before_launch`).
 
     Raises:
         SystemExit: ``--help`` (after printing the command's flags) or a flag value the command's parser rejects.
@@ -252,6 +252,59 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     _check_model_path(command, namespace)
     _check_method_options(command, dataclass_types, namespace)
     return [*launch_args, "-m", module, *subtract_subsequence(argv, cli_remaining)]
+
+
+def launched_processes(launch_args: list[str], module: str) -> int:
+    """How many processes ``accelerate launch <launch_args> -m <module>`` starts (its own reading of the flags and of
+    its config file: ``accelerate.commands.launch._validate_launch_command``, warnings silenced: the launch prints
+    them)."""
+    import logging
+    import warnings
+
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args([*launch_args, "-m", module])
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = _validate_launch_command(args)[0]
+    except (ValueError, OSError) as error:
+        raise CommandLineError(f"accelerate launch refuses the launch flags: {error}") from error
+    finally:
+        logging.disable(logging.NOTSET)
+    return max(int(args.num_processes or 1), 1)
+
+
+@contextlib.contextmanager
+def _world_size(num_processes: int):
+    """``TrainingArguments.world_size`` is ``num_processes`` inside (the configs built before the launch check their
+    batch sizes for the processes accelerate will start)."""
+    from unittest import mock
+
+    from transformers import TrainingArguments
+
+    with mock.patch.object(TrainingArguments, "world_size", property(lambda self: num_processes)):
+        yield
+
+
+def check_before_launch(command: str, script_argv: list[str], num_processes: int) -> None:
+    """Build the configs of ``trl-prime <command> <script_argv>`` in this process, as ``num_processes`` processes
+    will (TRL's and transformers' own checks: bf16 without a GPU, ``num_generations`` < 2 for GRPO, batch sizes),
+    then run the command's ``check`` (:func:`trl_prime.scripts.utils.check_run`: model, data, rewards, output folder,
+    checkpoint to resume from, learning rates, Hub access), so that none of it fails after the launch.
+
+    Raises:
+        CommandLineError: the config's or the check's message (it names the field and the fix).
+    """
+    import warnings
+
+    module = importlib.import_module(f"trl_prime.scripts.{COMMANDS[command][0]}")
+    with command_line_errors(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the launched processes warn, once each
+        with _world_size(num_processes):
+            parsed = module.parse_args(script_argv)
+        module.check(*parsed)
 
 
 #: the config methods that check a method's own options (no TRL field, nothing that depends on the number of
@@ -317,8 +370,16 @@ def _check_launch_args(command: str, launch_args: list[str], from_config: list[s
     """
     from accelerate.commands.launch import launch_command_parser
 
-    _, unknown = launch_command_parser().parse_known_args([*launch_args, "-m", module])
-    unknown = [a for a in unknown if a.startswith("--")]
+    # every `--flag` is looked up (argparse's parse_known_args stops at the first unknown one: its value is taken for
+    # the script, and the rest for the script's arguments), with argparse's rule for abbreviations
+    parser = launch_command_parser()
+    known = {option for action in parser._actions for option in action.option_strings}
+    flags = [a.split("=", 1)[0] for a in launch_args if a.startswith("--")]
+    unknown = [
+        a
+        for a in dict.fromkeys(flags)
+        if a not in known and not (parser.allow_abbrev and sum(k.startswith(a) for k in known) == 1)
+    ]
     if unknown:
         source = {a: "a key of the --config YAML" if a in from_config else "the command line" for a in unknown}
         listed = ", ".join(f"{a} ({where})" for a, where in source.items())
@@ -326,6 +387,16 @@ def _check_launch_args(command: str, launch_args: list[str], from_config: list[s
             f"unknown option(s) {listed}: neither a field of `trl-prime {command}` nor a flag of `accelerate "
             f"launch`. See `trl-prime {command} --help` for the command's fields; fix or remove the option."
         )
+
+
+#: hints appended to messages of TRL's and transformers' config checks that do not name the fix
+_HINTS = {
+    "doesn't support bf16/gpu": "On a machine without a GPU pass --bf16 false (and --use_cpu true).",
+}
+
+
+def _with_hint(message: str) -> str:
+    return " ".join([message, *(hint for key, hint in _HINTS.items() if key in message)])
 
 
 @contextlib.contextmanager
@@ -341,19 +412,57 @@ def command_line_errors():
     except CommandLineError:
         raise
     except (ValueError, FileNotFoundError, yaml.YAMLError) as error:
-        raise CommandLineError(str(error)) from error
+        raise CommandLineError(_with_hint(str(error))) from error
+
+
+#: set it (to anything) to see the traceback of an error in a training process instead of its one line
+TRACEBACK_ENV = "TRL_PRIME_TRACEBACK"
+
+
+def one_line(error: BaseException) -> str:
+    """``error`` as one line: its message (with its type unless a ``ValueError``/``OSError``, whose messages name
+    the problem), lines joined with ``"; "``; an error of another kind says how to see its traceback."""
+    message = "; ".join(line.strip() for line in str(error).splitlines() if line.strip()) or repr(error)
+    if isinstance(error, (ValueError, OSError)):
+        return _with_hint(message)
+    return f"{type(error).__name__}: {message} (the traceback: rerun with {TRACEBACK_ENV}=1)"
 
 
 def launch(command: str, argv: list[str]) -> None:
     """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`).
 
+    Before the launch, this process builds the configs for the number of processes accelerate will start (TRL's
+    ``GRPOConfig`` checks ``per_device_train_batch_size * num_processes`` against ``num_generations``) and checks
+    the run (:func:`check_before_launch`: the model, the data, the rewards, the output folder, the checkpoint to
+    resume from).
+
     Raises:
         CommandLineError: raised before anything is launched: a bad ``--accelerate_config``, a missing
-            ``--model_name_or_path`` folder, a method option its config refuses (:func:`accelerate_launch_argv`).
+            ``--model_name_or_path`` folder, a method option its config refuses (:func:`accelerate_launch_argv`),
+            what the configs or :func:`check_before_launch` refuse.
+        SystemExit: with the launched processes' exit status when they fail (each has printed its one
+            ``trl-prime <command>: error: ...`` line, :func:`main`), instead of accelerate's and torch's tracebacks.
     """
+    import subprocess
+
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    launch_command(launch_command_parser().parse_args(accelerate_launch_argv(command, argv)))
+    launch_argv = accelerate_launch_argv(command, argv)
+    split = launch_argv.index("-m")
+    # as TRL's `trl grpo`, build the configs here, and check the run, before anything is launched
+    check_before_launch(
+        command, launch_argv[split + 2 :], launched_processes(launch_argv[:split], launch_argv[split + 1])
+    )
+    args = launch_command_parser().parse_args(launch_argv)
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as error:  # one process (accelerate's simple launcher)
+        raise SystemExit(error.returncode) from None
+    except Exception as error:  # several processes: torch.distributed.elastic's ChildFailedError
+        failures = getattr(error, "failures", None)
+        if not failures:
+            raise
+        raise SystemExit(next(iter(failures.values())).exitcode or 1) from None
 
 
 def main(argv: list[str] | None = None, launch_training: bool | None = None) -> int:
@@ -366,7 +475,9 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
     Raises:
         SystemExit: status 2 with usage and ``error: ...`` for an unknown argument before the command, arguments
             without a command, or a :class:`CommandLineError` of the command (``trl-prime <command>: error: ...``);
-            status 0 after ``--help`` / ``--version``.
+            status 2 with one ``trl-prime <command>: error: ...`` line for any error of a training command run in
+            this process (a launched one: :func:`one_line`; ``TRL_PRIME_TRACEBACK=1`` raises it instead); the
+            launched processes' status when they fail (:func:`launch`); status 0 after ``--help`` / ``--version``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
@@ -390,6 +501,11 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
             importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}").run(command_argv)
     except CommandLineError as error:
         parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
+    except Exception as error:  # inside a training process: what could only fail there, as one line
+        if args.command not in TRAINING_COMMANDS or launch_training or os.environ.get(TRACEBACK_ENV):
+            raise
+        # on a line of its own: a progress bar may have left the cursor after its last "\r"
+        parser.exit(2, f"\n{parser.prog} {args.command}: error: {one_line(error)}\n")
     return 0
 
 

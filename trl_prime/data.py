@@ -53,11 +53,16 @@ Bad input
 * **Dataset-level problems raise** :class:`ValueError` naming the column and the fix: no prompt column, no
   gold column at all (``reward_model`` / ``solution`` / ``answer`` / ``tests``), a file that does not exist or
   has an unknown extension, no usable row, or more than ``max_bad_fraction`` of the rows malformed (a format
-  mismatch, not a few bad rows).
+  mismatch, not a few bad rows). So does a local JSON file that is broken rather than holding a bad row, naming
+  the file and line: bytes that are not UTF-8, JSON nested deeper than Python's json reader goes, a row longer
+  than ``max_row_bytes`` (1 MiB by default). JSON Lines rows end at ``\\n`` only (U+2028, U+2029 and U+0085 are
+  legal inside JSON strings), and a UTF-8 byte-order mark is accepted.
 * **Row-level problems drop the row with a warning and a count** (``on_bad_rows="drop"``, the default): an
-  empty prompt or one that is not a string / list of chat messages, a missing gold answer, code tests that are
-  not a JSON object, an ability that is neither math nor code and a data source that does not say which, a
-  line of a JSONL file that is not JSON, a GSM8K ``answer`` with no number after ``####``. One
+  empty prompt or one that is not a string / list of chat messages, a missing gold answer, a gold that is not a
+  finite number (JSON ``NaN`` / ``Infinity``, or the strings ``"nan"`` / ``"inf"``: ``bad_gold``), code tests
+  that are not a JSON object, an ability that is neither math nor code and a data source that does not say which
+  (unless every row is read as math: ``ability="math"``), a line of a JSONL file that is not JSON, a GSM8K
+  ``answer`` with no number after ``####``. One
   :class:`UserWarning` per load lists the count of each reason and the first row numbers;
   ``return_report=True`` also returns them as a :class:`LoadReport`. With ``on_bad_rows="error"`` the first
   malformed row raises instead, naming the field (and, in a JSONL file, the file and line). A run therefore
@@ -77,6 +82,7 @@ import ast
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -794,6 +800,7 @@ def _public_row(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
     except ValueError as e:
         reason = "bad_gold" if fmt == "gsm8k" and row.get("answer") not in (None, "") else "missing_gold"
         raise _BadRow(reason, f"{fmt} row: {e}") from None
+    _check_finite_gold(gold)
     out = {"prompt": prompt, "solution": gold, "ability": "math", "data_source": row.get("data_source")}
     rid = row.get("id", row.get("unique_id"))
     if rid is not None:
@@ -801,16 +808,27 @@ def _public_row(row: Mapping[str, Any], fmt: str) -> dict[str, Any]:
     return out
 
 
-def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prompt_column: str) -> dict:
+def _check_finite_gold(gold: Any) -> None:
+    """Refuse a gold answer that is a non-finite number (JSON's ``NaN`` / ``Infinity``, which Python's ``json`` reads
+    as floats, or their strings): ``\\boxed{nan}`` would score 1.0 against it."""
+    text = gold.strip().lower().lstrip("+-") if isinstance(gold, str) else None
+    if (isinstance(gold, float) and not math.isfinite(gold)) or text in ("nan", "inf", "infinity"):
+        raise _BadRow("bad_gold", f"the gold answer is {gold!r}, not a finite number or expression; fix the row")
+
+
+def _normalize_row(
+    row: Mapping[str, Any], i: int, source: str, split: str, prompt_column: str, ability: str | None = None
+) -> dict:
     prompt = _prompt_messages(row.get(prompt_column))
     data_source = row.get("data_source")
     data_source = data_source.strip() if isinstance(data_source, str) and data_source.strip() else source
-    route = route_of(row.get("ability"), data_source)
+    route = ability or route_of(row.get("ability"), data_source)
     if route is None:
         raise _BadRow(
             "unknown_ability",
             f"ability {row.get('ability')!r} and data_source {data_source!r} do not say "
-            "whether the row is math or code; set 'ability' to 'math' or 'code'",
+            "whether the row is math or code; set 'ability' to 'math' or 'code', or read every row as math "
+            "(ability='math'; trl-prime: --reward math)",
         )
     gold = _gold_of(row, route)
     solution = tests = None
@@ -821,6 +839,7 @@ def _normalize_row(row: Mapping[str, Any], i: int, source: str, split: str, prom
                 "math row without a gold answer (reward_model.ground_truth, 'solution' "
                 "or 'answer' must be a non-empty string or number)",
             )
+        _check_finite_gold(gold)
         solution = str(gold).strip()
     else:
         if isinstance(gold, (bytes, bytearray)):
@@ -895,14 +914,16 @@ def _resolve_format(columns: Iterable[str], source: str, prompt_column: str, dat
     return fmt
 
 
-def _normalize_any(row: Any, i: int, fmt: str, source: str, split: str, prompt_column: str, metadata: bool) -> dict:
+def _normalize_any(
+    row: Any, i: int, fmt: str, source: str, split: str, prompt_column: str, metadata: bool, ability: str | None = None
+) -> dict:
     """One row of :func:`normalize_rows` (``_BadRow`` when malformed)."""
     if isinstance(row, Exception):
         raise _BadRow("bad_json", f"unreadable row: {row}")
     if not isinstance(row, Mapping):
         raise _BadRow("bad_json", f"row is a {type(row).__name__}, not an object")
     if fmt == "eurus":
-        out = _normalize_row(row, i, source, split, prompt_column)
+        out = _normalize_row(row, i, source, split, prompt_column, ability)
     else:
         out = _normalize_row(_public_row(row, fmt), i, source, split, "prompt")
     if metadata:
@@ -910,25 +931,36 @@ def _normalize_any(row: Any, i: int, fmt: str, source: str, split: str, prompt_c
     return out
 
 
-def _check_report(report: LoadReport, max_bad_fraction: float) -> None:
+def _check_report(report: LoadReport, max_bad_fraction: float, row_names: Sequence[str] | None = None) -> None:
     """Raise ``ValueError`` when no row, or more than ``max_bad_fraction`` of the rows, is usable; warn once (with
-    the counts) when some rows were dropped."""
+    the counts, and where the rows come from when ``row_names`` says: ``"<file> line <n>"``) when some rows were
+    dropped."""
     source, bad = report.source, report.total - report.kept
     if report.total == 0:
         raise ValueError(f"{source}: the dataset is empty")
     if not report.kept:
-        raise ValueError(
-            f"{source}: none of the {report.total} rows is usable ({report.summary()}); the data does "
-            "not look like the Eurus-2-RL-Data, GSM8K or MATH format (see trl_prime.data)"
-        )
+        fix = "the data does not look like the Eurus-2-RL-Data, GSM8K or MATH format (see trl_prime.data)"
+        if report.dropped.get("unknown_ability"):
+            fix = (
+                "rows must say which verifier scores them: add an 'ability' column ('math' or 'code'), or read "
+                "every row as a math row with ability='math' (trl-prime: --reward math, the math verifier on "
+                "every row)"
+            )
+        raise ValueError(f"{source}: none of the {report.total} rows is usable ({report.summary()}); {fix}")
     if bad > max_bad_fraction * report.total:
         raise ValueError(
             f"{source}: {bad} of {report.total} rows are malformed ({report.summary()}), more than "
             f"max_bad_fraction={max_bad_fraction}; fix the data or raise max_bad_fraction"
         )
     if bad:
+        where = ""
+        if row_names is not None:
+            named = [row_names[i] for rows in report.examples.values() for i in rows if i < len(row_names)]
+            where = f" at {', '.join(named)}" if named else ""
         warnings.warn(
-            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}", UserWarning, stacklevel=3
+            f"{source}: dropped {bad} of {report.total} malformed rows: {report.summary()}{where}",
+            UserWarning,
+            stacklevel=3,
         )
 
 
@@ -945,6 +977,7 @@ def normalize_rows(
     dataset_format: str = "auto",
     metadata: bool = False,
     row_names: Sequence[str] | None = None,
+    ability: str | None = None,
 ):
     """Normalise rows in the Eurus-2-RL-Data format (or the simpler variants above), GSM8K or MATH format to
     :data:`COLUMNS`.
@@ -965,6 +998,9 @@ def normalize_rows(
             ``type``), None where a row has none.
         row_names: where each row comes from (``"data/test.jsonl line 7"``), added to the messages of
             malformed rows.
+        ability: ``"math"`` or ``"code"``: every row is read as a row of this ability (its ``ability`` and
+            ``data_source`` are not consulted, so none is needed); None (default): each row's own
+            (:func:`route_of`), rows that say neither are dropped (``unknown_ability``).
 
     Returns:
         A :class:`datasets.Dataset` (and the :class:`LoadReport` when ``return_report``).
@@ -979,6 +1015,11 @@ def normalize_rows(
         raise ValueError(f"on_bad_rows must be 'drop' or 'error', got {on_bad_rows!r}")
     if dataset_format not in DATASET_FORMATS:
         raise ValueError(f"dataset_format must be one of {DATASET_FORMATS}, got {dataset_format!r}")
+    from trl_prime.rewards.registry import verifiers
+
+    abilities = tuple(v.ability for v in verifiers())
+    if ability not in (None, *abilities):
+        raise ValueError(f"ability must be None or a registered verifier's ability {abilities}, got {ability!r}")
     report = LoadReport(source=source)
     out: list[dict] = []
     columns = list(columns) if columns is not None else []
@@ -988,7 +1029,7 @@ def normalize_rows(
         try:
             if fmt is None and isinstance(row, Mapping):
                 fmt = _resolve_format(row.keys(), source, prompt_column, dataset_format)
-            out.append(_normalize_any(row, i, fmt or "eurus", source, split, prompt_column, metadata))
+            out.append(_normalize_any(row, i, fmt or "eurus", source, split, prompt_column, metadata, ability))
         except _BadRow as e:
             if on_bad_rows == "error":
                 where = f" at {row_names[i]}" if row_names is not None and i < len(row_names) else ""
@@ -1001,7 +1042,7 @@ def normalize_rows(
             if len(ex) < 5:
                 ex.append(i)
     report.kept = len(out)
-    _check_report(report, max_bad_fraction)
+    _check_report(report, max_bad_fraction, row_names)
     ids = [r["id"] for r in out]
     if len(set(ids)) != len(ids):  # ids from the data collide: fall back to positions, which are stable
         for r, i in zip(out, range(len(out))):
@@ -1010,13 +1051,20 @@ def normalize_rows(
     return (ds, report) if return_report else ds
 
 
-def _read_json_rows(path: Path) -> tuple[list, list[str], list[int] | None]:
+#: the largest row (one line of a JSON Lines file, one item of a JSON array) :func:`load_prompt_dataset` reads, in
+#: bytes: a longer one stops the load naming its file and line (``max_row_bytes``; command line ``--max_row_bytes``)
+MAX_ROW_BYTES = 1 << 20
+
+
+def _read_json_rows(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> tuple[list, list[str], list[int] | None]:
     """Rows of a .json (array, or {"data": [...]}) or .jsonl file, the union of their keys, and the 1-based line
     number of each row (JSON Lines; None for a JSON array).
 
-    Unreadable JSONL lines become exception items (dropped and counted by :func:`normalize_rows`).
+    Unreadable JSONL lines become exception items (dropped and counted by :func:`normalize_rows`). Raises
+    ``ValueError`` naming the file and line for what is not a malformed row but a broken or hostile file (see
+    :func:`_read_json_items`).
     """
-    rows, lines = _read_json_items(path)
+    rows, lines = _read_json_items(path, max_row_bytes)
     columns: dict[str, None] = {}
     for row in rows:
         if isinstance(row, Mapping):
@@ -1024,35 +1072,105 @@ def _read_json_rows(path: Path) -> tuple[list, list[str], list[int] | None]:
     return rows, list(columns), lines
 
 
-def _read_json_items(path: Path) -> tuple[list, list[int] | None]:
-    text = path.read_text(encoding="utf-8")
+_BOM = b"\xef\xbb\xbf"
+
+
+def _json_value(text: str, where: str) -> Any:
+    """``json.loads(text)``; JSON nested deeper than Python's recursion limit is a ``ValueError`` naming ``where``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(
+            f"{where}: the JSON is nested too deeply for Python's json reader (its recursion limit); a prompt "
+            "row needs a few levels: fix or remove the line"
+        ) from None
+
+
+def _decode(data: bytes, where: str, line_offset: int = 0) -> str:
+    """``data`` decoded as UTF-8 (a leading byte-order mark dropped); invalid UTF-8 is a ``ValueError`` naming the
+    line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = line_offset + data[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{where} line {line}: not valid UTF-8 ({e.reason}, byte 0x{data[e.start]:02x}); save the file as UTF-8"
+        ) from None
+
+
+def _read_json_items(path: Path, max_row_bytes: int = MAX_ROW_BYTES) -> tuple[list, list[int] | None]:
+    """The items of a JSON array file, or the rows of a JSON Lines file with their 1-based line numbers.
+
+    JSON Lines rows are separated by ``\\n`` only (the JSON Lines rule): U+2028, U+2029 and U+0085 are legal inside
+    a JSON string and stay in it; a trailing ``\\r`` (CRLF files) is whitespace. A UTF-8 byte-order mark at the
+    start of the file is dropped. ``json.loads`` reads each line; a line that is not JSON becomes an exception item
+    (a malformed row, dropped and counted by :func:`normalize_rows`).
+
+    ``datasets.load_dataset("json", ...)`` is not used: measured with datasets 5.2, it reads a column whose rows hold
+    different JSON types (a string gold in one row, a number in the next) as JSON-encoded text and decodes the
+    strings too (the gold ``"[1, 2]"`` comes back as the list ``[1, 2]``, ``"1"`` as the integer ``1``), it turns
+    ``NaN`` into null without a word, and one line that is not JSON fails the whole file without its line number.
+
+    Raises:
+        ValueError: naming the file and line: a row (line, or array item) longer than ``max_row_bytes`` bytes (read
+            no further than that), bytes that are not UTF-8, JSON nested deeper than Python's json reader goes; a
+            ``.json`` file that holds neither an array of rows nor an object with exactly one list of rows.
+    """
     if path.suffix == ".json":
+        data = path.read_bytes()
+        text = _decode(data, str(path))
         try:
-            data = json.loads(text)
-        except ValueError:
-            data = None  # maybe JSON Lines with a .json extension
-        if data is not None:
-            if isinstance(data, Mapping):
-                lists = [v for v in data.values() if isinstance(v, list)]
+            parsed = _json_value(text, str(path))
+        except ValueError as e:
+            if "nested too deeply" in str(e):
+                raise
+            parsed = None  # maybe JSON Lines with a .json extension
+        if parsed is not None:
+            if isinstance(parsed, Mapping):
+                lists = [v for v in parsed.values() if isinstance(v, list)]
                 if len(lists) != 1:
                     raise ValueError(
                         f"{path}: a JSON object must hold exactly one list of rows; store a JSON array "
                         "of row objects or JSON Lines"
                     )
-                data = lists[0]
-            if not isinstance(data, list):
-                raise ValueError(f"{path}: expected a JSON array of row objects, got {type(data).__name__}")
-            return data, None
+                parsed = lists[0]
+            if not isinstance(parsed, list):
+                raise ValueError(f"{path}: expected a JSON array of row objects, got {type(parsed).__name__}")
+            for i, item in enumerate(parsed):
+                size = len(json.dumps(item, ensure_ascii=False).encode())
+                if size > max_row_bytes:
+                    raise ValueError(
+                        f"{path}: row {i} of the JSON array holds {size} bytes, more than max_row_bytes="
+                        f"{max_row_bytes}; fix the row, or raise max_row_bytes (command line: --max_row_bytes)"
+                    )
+            return parsed, None
     rows: list = []
     lines: list[int] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        lines.append(n)
-        try:
-            rows.append(json.loads(line))
-        except ValueError as e:
-            rows.append(ValueError(f"{path.name} line {n} is not JSON ({e})"))
+    with open(path, "rb") as f:
+        n = 0
+        while True:
+            raw = f.readline(max_row_bytes + 2)  # the row, its "\r\n", and one byte more
+            if not raw:
+                break
+            n += 1
+            if n == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            body = raw.rstrip(b"\r\n")
+            if len(body) > max_row_bytes:
+                raise ValueError(
+                    f"{path} line {n}: a row longer than max_row_bytes={max_row_bytes} bytes (read no further); "
+                    "fix the line, or raise max_row_bytes (command line: --max_row_bytes)"
+                )
+            line = _decode(body, str(path), line_offset=n - 1)
+            if not line.strip():
+                continue
+            lines.append(n)
+            try:
+                rows.append(_json_value(line, f"{path} line {n}"))
+            except ValueError as e:
+                if "nested too deeply" in str(e):
+                    raise
+                rows.append(ValueError(f"{path.name} line {n} is not JSON ({e})"))
     return rows, lines
 
 
@@ -1071,7 +1189,9 @@ def _split_file(folder: Path, split: str) -> Path:
     )
 
 
-def _read_local(path: Path, split: str, size: int | None) -> tuple[Path, Any, list[str], list[str] | None]:
+def _read_local(
+    path: Path, split: str, size: int | None, max_row_bytes: int = MAX_ROW_BYTES
+) -> tuple[Path, Any, list[str], list[str] | None]:
     """``(file, rows, columns, row names)`` of a local file, or of a folder's file for ``split``: the first ``size``
     rows, and for JSON Lines each row's ``"<file> line <n>"`` (None otherwise)."""
     if not path.exists():
@@ -1086,7 +1206,7 @@ def _read_local(path: Path, split: str, size: int | None) -> tuple[Path, Any, li
         table = Dataset.from_parquet(str(path), keep_in_memory=True)
         rows = iter(table) if size is None else (table[i] for i in range(min(size, len(table))))
         return path, rows, table.column_names, None
-    rows, columns, lines = _read_json_rows(path)
+    rows, columns, lines = _read_json_rows(path, max_row_bytes)
     rows = rows[:size] if size is not None else rows
     return path, rows, columns, None if lines is None else [f"{path} line {n}" for n in lines[: len(rows)]]
 
@@ -1103,6 +1223,8 @@ def load_prompt_dataset(
     return_report: bool = False,
     dataset_format: str = "auto",
     metadata: bool = False,
+    ability: str | None = None,
+    max_row_bytes: int = MAX_ROW_BYTES,
     **kwargs: Any,
 ):
     """Load a prompt dataset by the names the recipes accept, normalised to :data:`COLUMNS`.
@@ -1117,9 +1239,11 @@ def load_prompt_dataset(
         split: ``"train"`` or ``"test"`` (a single file is the split you asked for).
         size: embedded: number of rows (default 1000 train / 200 test); others: keep the first ``size`` rows.
         seed: embedded only: generator seed.
-        prompt_column, on_bad_rows, max_bad_fraction, return_report, dataset_format, metadata: see
-            :func:`normalize_rows` (not used for embedded data, which is always well formed and has no
+        prompt_column, on_bad_rows, max_bad_fraction, return_report, dataset_format, metadata, ability: see
+            :func:`normalize_rows` (not used for embedded data, which is always well formed math and has no
             metadata; the report is then None). Malformed rows of a JSONL file are named by file and line.
+        max_row_bytes: local JSON / JSON Lines files: the largest row read (default :data:`MAX_ROW_BYTES`, 1 MiB);
+            a longer one stops the load with its file and line (:func:`_read_json_items`).
         **kwargs: embedded: passed to :func:`load_reasoning_gym` (``task_configs``, ``instruction``, ...);
             Hub: passed to :func:`datasets.load_dataset` (``revision``, ``data_dir``, ...).
 
@@ -1127,8 +1251,9 @@ def load_prompt_dataset(
         A :class:`datasets.Dataset` with :data:`COLUMNS` (and a :class:`LoadReport` when ``return_report``).
 
     Raises:
-        ValueError: unknown embedded name, missing file or split, unsupported extension, and every dataset-level
-            problem of :func:`normalize_rows`.
+        ValueError: unknown embedded name, missing file or split, unsupported extension, a local JSON file that is
+            not UTF-8, nests too deeply or holds a row over ``max_row_bytes`` (file and line named), and every
+            dataset-level problem of :func:`normalize_rows`.
     """
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ValueError(f"name_or_path must be a non-empty string, got {name_or_path!r}")
@@ -1153,11 +1278,12 @@ def load_prompt_dataset(
         return_report=True,
         dataset_format=dataset_format,
         metadata=metadata,
+        ability=ability,
     )
     path = Path(os.path.expanduser(name_or_path))
     looks_local = path.exists() or path.suffix in _EXTENSIONS or name_or_path.startswith((".", "/", "~"))
     if looks_local:
-        path, rows, columns, row_names = _read_local(path, split, size)
+        path, rows, columns, row_names = _read_local(path, split, size, max_row_bytes)
         source = path.stem if path.stem not in ("train", "test") else str(path)
         ds, report = normalize_rows(rows, source=source, columns=columns, row_names=row_names, **common)
     else:

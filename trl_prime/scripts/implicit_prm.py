@@ -29,7 +29,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl_prime.scripts.utils import PRM_PROMPTS, REWARDS, parse_script_args
+from trl_prime.scripts.utils import (
+    PRM_PROMPTS,
+    REWARDS,
+    check_hub,
+    check_learning_rates,
+    check_model,
+    check_output_dir,
+    end,
+    finish,
+    parse_script_args,
+    resume_checkpoint,
+    weights_bytes,
+)
 
 
 @dataclass
@@ -48,7 +60,16 @@ class ImplicitPRMScriptArguments:
     top_p: float = field(default=1.0, metadata={"help": "Rollout nucleus."})
     generation_batch_size: int = field(default=128, metadata={"help": "Rows decoded together."})
     generation_seed: int = field(default=0, metadata={"help": "Rollout sampling seed."})
-    reward: str = field(default="outcome", metadata={"help": "'outcome' (routed math/code) or 'math'."})
+    reward: str = field(
+        default="outcome",
+        metadata={
+            "help": "'outcome' (routed math/code, by each row's ability) or 'math' (every row; no ability needed)."
+        },
+    )
+    max_row_bytes: int = field(
+        default=1 << 20,
+        metadata={"help": "Local JSON / JSONL files: the largest row read, in bytes; a longer one stops the run."},
+    )
     rollouts_path: str = field(
         default="outputs/implicit_prm/rollouts.jsonl",
         metadata={"help": "Where the labelled rollouts are cached (reused while the sampling settings are the same)."},
@@ -75,14 +96,38 @@ class ImplicitPRMScriptArguments:
         check_choice(self.reward, REWARDS, "reward")
 
 
-def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
-    """The labelled rollouts (a ``datasets.Dataset``), from ``rollouts_path`` or built and saved there."""
-    from datasets import Dataset
-
+def load_problems(script_args: ImplicitPRMScriptArguments):
+    """The training problems (:func:`trl_prime.data.load_prompt_dataset`; with ``reward: math`` every row is a math
+    row)."""
     from trl_prime.data import load_prompt_dataset
-    from trl_prime.implicit_prm.data import build_outcome_dataset
 
+    problems = load_prompt_dataset(
+        script_args.dataset_name,
+        script_args.dataset_split,
+        size=script_args.max_train_samples,
+        seed=script_args.dataset_seed,
+        ability="math" if script_args.reward == "math" else None,
+        max_row_bytes=script_args.max_row_bytes,
+    )
+    return problems.select(range(min(script_args.max_train_samples, len(problems))))
+
+
+def _saved_rollouts(script_args: ImplicitPRMScriptArguments, settings: dict) -> Path | None:
+    """``rollouts_path`` when it holds rollouts sampled with ``settings`` (reused), else None."""
     path = Path(script_args.rollouts_path)
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.with_suffix(".stats.json").read_text()).get("settings")
+    except (OSError, ValueError):
+        saved = None
+    if saved is None or saved == json.loads(json.dumps(settings)):
+        return path
+    print(f"[implicit_prm] {path} was sampled with other settings ({saved}); sampling again", flush=True)
+    return None
+
+
+def _settings(script_args: ImplicitPRMScriptArguments, model_path: str) -> dict:
     settings = {
         k: getattr(script_args, k)
         for k in (
@@ -99,24 +144,23 @@ def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
         )
     }
     settings["model"] = model_path
+    return settings
+
+
+def rollouts(script_args: ImplicitPRMScriptArguments, model_path: str):
+    """The labelled rollouts (a ``datasets.Dataset``), from ``rollouts_path`` or built and saved there."""
+    from datasets import Dataset
+
+    from trl_prime.implicit_prm.data import build_outcome_dataset
+
+    path = Path(script_args.rollouts_path)
+    settings = _settings(script_args, model_path)
     stats_path = path.with_suffix(".stats.json")
-    if path.is_file():
-        try:
-            saved = json.loads(stats_path.read_text()).get("settings")
-        except (OSError, ValueError):
-            saved = None
-        if saved is None or saved == json.loads(json.dumps(settings)):
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
-            return Dataset.from_list(rows)
-        print(f"[implicit_prm] {path} was sampled with other settings ({saved}); sampling again", flush=True)
-    problems = load_prompt_dataset(
-        script_args.dataset_name,
-        script_args.dataset_split,
-        size=script_args.max_train_samples,
-        seed=script_args.dataset_seed,
-    )
-    problems = problems.select(range(min(script_args.max_train_samples, len(problems))))
+    if _saved_rollouts(script_args, settings) is not None:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        print(f"[implicit_prm] reusing {len(rows)} labelled rollouts from {path}", flush=True)
+        return Dataset.from_list(rows)
+    problems = load_problems(script_args)
     reward_func = None
     if script_args.reward == "math":
         from trl_prime.rewards import math_reward as reward_func
@@ -178,9 +222,25 @@ def main(script_args: ImplicitPRMScriptArguments, training_args, model_args):
     trainer = ImplicitPRMTrainer(
         model=model_path, args=training_args, train_dataset=data, peft_config=get_peft_config(model_args)
     )
-    trainer.train()
-    trainer.save_model(training_args.output_dir)
+    finish(trainer, training_args, dataset_name=script_args.dataset_name)  # the PRM is the model: its own repo
     return trainer
+
+
+def check(script_args: ImplicitPRMScriptArguments, training_args, model_args) -> None:
+    """What ``trl-prime implicit-prm`` checks before launching (:func:`trl_prime.cli.check_before_launch`): the
+    model's config, the output folder, the checkpoint to resume from, the learning rate, the Hub for
+    ``push_to_hub``, and the problems (unless saved rollouts are reused).
+
+    Raises:
+        ValueError: naming the field and the fix.
+    """
+    model_path = check_model(model_args.model_name_or_path, model_args.model_revision)
+    check_output_dir(training_args.output_dir, weights_bytes(model_path))
+    resume_checkpoint(training_args)
+    check_learning_rates(training_args)
+    check_hub(training_args)
+    if _saved_rollouts(script_args, _settings(script_args, model_path)) is None:
+        load_problems(script_args)
 
 
 def dataclass_types() -> tuple:
@@ -206,14 +266,19 @@ def parse_args(argv=None, default_config: str | None = None):
 
 
 def run(argv=None, default_config: str | None = None):
-    """The command line: :func:`parse_args`, then :func:`main`."""
+    """The command line: :func:`parse_args`, :func:`main`, then end the trainer
+    (:func:`trl_prime.scripts.utils.end`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)
-    return main(*parsed)
+    return end(main(*parsed))
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    from trl_prime.cli import main as _cli
+
+    raise SystemExit(_cli(["implicit-prm", *sys.argv[1:]], launch_training=False))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from trl_prime.scripts.utils import parse_rl_args, rl_parser, train
+from trl_prime.scripts.utils import check_run, end, parse_rl_args, rl_parser, train
 
 
 #: ``make_parser(argv, default_trainer=None)``: the command's ``trl.TrlParser`` (for the trainer ``argv`` names)
@@ -59,6 +59,17 @@ def check_args(training_args, model_args, require_peft: bool = False) -> None:
             )
 
 
+def check(script_args, training_args, model_args) -> None:
+    """What ``trl-prime prime`` checks before launching (:func:`trl_prime.cli.check_before_launch`): :func:`check_args`
+    and :func:`trl_prime.scripts.utils.check_run`.
+
+    Raises:
+        ValueError: naming the field and the fix.
+    """
+    check_args(training_args, model_args)
+    check_run(script_args, training_args, model_args)
+
+
 def main(script_args, training_args, model_args, require_peft: bool = False):
     """Train with PRIME; saves the policy (a LoRA adapter under ``use_peft``) and the implicit PRM. Returns the
     trainer."""
@@ -67,13 +78,20 @@ def main(script_args, training_args, model_args, require_peft: bool = False):
 
 
 def run(argv=None, default_config: str | None = None, default_trainer: str | None = None, require_peft: bool = False):
-    """The command line: parse ``argv`` (default ``sys.argv[1:]``), then :func:`main`."""
+    """The command line: parse ``argv`` (default ``sys.argv[1:]``), :func:`main`, then end the trainer
+    (:func:`trl_prime.scripts.utils.end`)."""
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config, default_trainer)
-    return main(*parsed, require_peft=require_peft)
+    return end(main(*parsed, require_peft=require_peft))
 
 
-if __name__ == "__main__":
-    run()
+if (
+    __name__ == "__main__"
+):  # `python -m trl_prime.scripts.prime` (what `trl-prime prime` launches): its errors as one line
+    import sys
+
+    from trl_prime.cli import main as _cli
+
+    raise SystemExit(_cli(["prime", *sys.argv[1:]], launch_training=False))

@@ -15,11 +15,17 @@ model_args)``; ``main(script_args, training_args, model_args)`` trains and saves
 
 from __future__ import annotations
 
-from trl_prime.scripts.utils import rl_command
+from trl_prime.scripts.utils import check_run, rl_command
 
 
+#: what the command checks before launching (:func:`trl_prime.cli.check_before_launch`)
+check = check_run
 make_parser, parse_args, main, run = rl_command("prl")
 
 
-if __name__ == "__main__":
-    run()
+if __name__ == "__main__":  # `python -m trl_prime.scripts.prl` (what `trl-prime prl` launches): its errors as one line
+    import sys
+
+    from trl_prime.cli import main as _cli
+
+    raise SystemExit(_cli(["prl", *sys.argv[1:]], launch_training=False))

@@ -20,11 +20,19 @@ flag or a key of the ``--config`` YAML; flags override the YAML::
 
 from __future__ import annotations
 
-from trl_prime.scripts.utils import rl_command
+from trl_prime.scripts.utils import check_run, rl_command
 
 
+#: what the command checks before launching (:func:`trl_prime.cli.check_before_launch`)
+check = check_run
 make_parser, parse_args, main, run = rl_command("prof")
 
 
-if __name__ == "__main__":
-    run()
+if (
+    __name__ == "__main__"
+):  # `python -m trl_prime.scripts.prof` (what `trl-prime prof` launches): its errors as one line
+    import sys
+
+    from trl_prime.cli import main as _cli
+
+    raise SystemExit(_cli(["prof", *sys.argv[1:]], launch_training=False))

@@ -39,15 +39,27 @@ COMMAND_TRAINERS = {
 #: ``reward`` of the scripts: ``"outcome"`` routes each row to the math or code verifier by its ``ability``,
 #: ``"math"`` scores every row with the math verifier
 REWARDS = ("outcome", "math")
+#: ``reward`` of the RL scripts: :data:`REWARDS`, or ``"none"``: only ``reward_funcs`` / the reward model
+RL_REWARDS = (*REWARDS, "none")
 #: ``prm_prompt`` of ``trl-prime implicit-prm`` / ``best-of-n``, the prompt the implicit PRM sees: the whole prompt,
 #: its last turn (:func:`trl_prime.implicit_prm.data.last_turn_prompt`) or the last user message as plain text
 #: (:func:`~trl_prime.implicit_prm.data.question_prompt`)
 PRM_PROMPTS = ("full", "last_turn", "question")
 
 
+def _mixture_base():
+    """TRL's ``DatasetMixtureConfig`` (the ``datasets:`` / ``streaming`` / ``test_split_size`` keys of TRL's scripts)."""
+    from trl import DatasetMixtureConfig
+
+    return DatasetMixtureConfig
+
+
 @dataclass
-class RLScriptArguments:
-    """The trainer, datasets and rewards of an RL script (flags, or keys of the ``--config`` YAML)."""
+class RLScriptArguments(_mixture_base()):
+    """The trainer, datasets and rewards of an RL script (flags, or keys of the ``--config`` YAML), with the names of
+    TRL's ``ScriptArguments`` / ``GRPOScriptArguments`` (``dataset_config``, ``dataset_train_split``,
+    ``dataset_test_split``, ``reward_funcs``, ``reward_model_name_or_path``) and TRL's dataset mixtures (the
+    ``datasets:`` list of ``trl.DatasetMixtureConfig``, ``test_split_size``)."""
 
     trainer: str | None = field(
         default=None,
@@ -61,12 +73,25 @@ class RLScriptArguments:
         default_factory=lambda: ["embedded:arithmetic"],
         metadata={
             "help": "Training prompts: embedded:<name>, a .json/.jsonl/.parquet file or folder, or a Hub id "
-            "(Eurus-2-RL-Data format). Several are concatenated."
+            "(Eurus-2-RL-Data format). Several are concatenated. A `datasets:` mixture (TRL's key) replaces it."
         },
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Hub datasets: the configuration name (`name` of datasets.load_dataset)."}
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_test_split: str = field(
+        default="test",
+        metadata={
+            "help": "Split to evaluate on when eval_strategy is not 'no' (a folder's <split>.jsonl, a Hub split, "
+            "or the embedded held-out problems)."
+        },
+    )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Rows per dataset (embedded data: how many problems to generate)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluation rows per dataset (embedded data: default 200 problems)."}
     )
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the embedded problem generator."})
     prompt_column: str = field(
@@ -77,19 +102,67 @@ class RLScriptArguments:
             "'solution' or 'answer' (math) or 'tests' (code)."
         },
     )
-    reward: str = field(
-        default="outcome",
-        metadata={"help": "'outcome' (math or code verifier by each row's ability) or 'math' (math verifier only)."},
+    max_row_bytes: int = field(
+        default=1 << 20,
+        metadata={"help": "Local JSON / JSONL files: the largest row read, in bytes; a longer one stops the run."},
+    )
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "trl-prime's outcome verifier: 'outcome' (math or code verifier by each row's ability), 'math' "
+            "(the math verifier on every row; no ability column needed) or 'none'. Default: 'outcome', or 'none' "
+            "when reward_funcs / reward_model_name_or_path are given. With 'math' or 'none' every row is read as "
+            "a math row (prompt and gold answer)."
+        },
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "More reward functions (TRL's): accuracy_reward, reasoning_accuracy_reward, think_format_reward, "
+            "get_soft_overlong_punishment (max_completion_len=1280, soft_punish_cache=256), trl-prime's "
+            "outcome_reward, math_reward, code_reward, or a dotted import path (my_rewards.strict_format, "
+            "found from the working directory). Weights: reward_weights."
+        },
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A reward model (sequence classification: Hub id or folder), before reward_funcs."},
     )
 
     def __post_init__(self):
         from trl_prime.functional import check_choice
 
+        super().__post_init__()  # TRL: `datasets:` dicts -> DatasetConfig
         if isinstance(self.dataset_name, str):
             self.dataset_name = [self.dataset_name]
-        check_choice(self.reward, REWARDS, "reward")
+        if isinstance(self.reward_funcs, str):
+            self.reward_funcs = [self.reward_funcs]
+        if self.reward is not None:
+            check_choice(self.reward, RL_REWARDS, "reward")
         if self.trainer is not None and self.trainer not in TRAINERS:
             raise ValueError(f"`trainer`={self.trainer!r}: choose one of {list(TRAINERS)}.")
+        if self.streaming:
+            raise ValueError(
+                "`streaming`=true: trl-prime reads the prompts into memory to check every row before training; "
+                "set `streaming: false`."
+            )
+        if self.max_row_bytes < 1:
+            raise ValueError(f"`max_row_bytes`={self.max_row_bytes} must be >= 1.")
+
+    @property
+    def outcome_verifier(self) -> str:
+        """The effective ``reward``: as set, else ``"outcome"`` without ``reward_funcs`` / a reward model, else
+        ``"none"``."""
+        if self.reward is not None:
+            return self.reward
+        return "none" if self.reward_funcs or self.reward_model_name_or_path else "outcome"
+
+    @property
+    def row_ability(self) -> str | None:
+        """The ability every row is read with (``"math"`` unless the routed verifier scores them), or None: each
+        row's own."""
+        routed = self.outcome_verifier == "outcome" or "outcome_reward" in (self.reward_funcs or [])
+        return None if routed else "math"
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
@@ -166,12 +239,13 @@ def parse_rl_args(command: str, argv=None, default_config: str | None = None, de
 
 
 def run_rl(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
-    """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), then :func:`train`. Returns the trainer."""
+    """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), :func:`train`, then :func:`end`. Returns the
+    trainer."""
     from trl_prime.cli import command_line_errors
 
     with command_line_errors():
         parsed = parse_rl_args(command, argv, default_config, default_trainer)
-    return train(*parsed)
+    return end(train(*parsed))
 
 
 def rl_command(command: str):
@@ -191,34 +265,160 @@ def parse_script_args(dataclass_types: tuple, prog: str, argv=None, default_conf
 # ---------------------------------------------------------------------------------------------------- training
 
 
-def load_train_dataset(script_args: RLScriptArguments):
-    """The training prompts: every ``dataset_name`` loaded and concatenated."""
+def _load_names(script_args: RLScriptArguments, split: str, size: int | None):
+    """Every ``dataset_name`` loaded for ``split`` and concatenated (:func:`trl_prime.data.load_prompt_dataset`)."""
     from datasets import concatenate_datasets
 
     from trl_prime.data import load_prompt_dataset
 
+    extra = {"name": script_args.dataset_config} if script_args.dataset_config is not None else {}
     parts = [
         load_prompt_dataset(
             name,
-            script_args.dataset_split,
-            size=script_args.max_train_samples,
+            split,
+            size=size,
             seed=script_args.dataset_seed,
             prompt_column=script_args.prompt_column,
+            ability=script_args.row_ability,
+            max_row_bytes=script_args.max_row_bytes,
+            **(extra if not name.startswith("embedded:") and not os.path.exists(name) else {}),
         )
         for name in script_args.dataset_name
     ]
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
+def _load_mixture(script_args: RLScriptArguments) -> dict:
+    """TRL's ``datasets:`` mixture (``trl.get_dataset``: each entry through ``datasets.load_dataset``, ``columns``,
+    ``fraction``, ``test_split_size``), each split normalised to trl-prime's columns
+    (:func:`trl_prime.data.normalize_rows`). Returns ``{split: Dataset}`` (``"train"``, and ``"test"`` with
+    ``test_split_size``)."""
+    from trl import get_dataset
+
+    from trl_prime.data import normalize_rows
+
+    source = "+".join(str(d.path) for d in script_args.datasets)
+    return {
+        split: normalize_rows(
+            iter(table),
+            source=source,
+            split=split,
+            prompt_column=script_args.prompt_column,
+            columns=table.column_names,
+            ability=script_args.row_ability,
+        )
+        for split, table in get_dataset(script_args).items()
+    }
+
+
+def load_train_dataset(script_args: RLScriptArguments):
+    """The training prompts: the ``datasets:`` mixture's train split (TRL's key, it wins over ``dataset_name`` as in
+    TRL's scripts), else every ``dataset_name`` loaded for ``dataset_train_split`` and concatenated."""
+    if script_args.datasets:
+        return _load_mixture(script_args)["train"]
+    return _load_names(script_args, script_args.dataset_train_split, script_args.max_train_samples)
+
+
+def load_eval_dataset(script_args: RLScriptArguments, training_args):
+    """The evaluation prompts when ``eval_strategy`` is not ``"no"`` (else None), as TRL's scripts pick them: the
+    mixture's ``test`` split (``test_split_size``), else ``dataset_test_split`` of every ``dataset_name``.
+
+    Raises:
+        ValueError: evaluation is on but there is no test split to read: a mixture without ``test_split_size``, or
+            a ``dataset_name`` that is one file (it has a single split).
+    """
+    if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) == "no":
+        return None
+    if script_args.datasets:
+        splits = _load_mixture(script_args)
+        if "test" not in splits:
+            raise ValueError(
+                "`eval_strategy` is on but the `datasets:` mixture has no test split: set `test_split_size` (e.g. "
+                "0.1), or `eval_strategy: no`."
+            )
+        return splits["test"]
+    single = [n for n in script_args.dataset_name if os.path.isfile(n)]
+    if single:
+        raise ValueError(
+            f"`eval_strategy` is on but dataset_name {single[0]} is one file, which holds one split: give a folder "
+            f"with {script_args.dataset_train_split}.jsonl and {script_args.dataset_test_split}.jsonl, a `datasets:` "
+            "mixture with `test_split_size`, or `eval_strategy: no`."
+        )
+    return _load_names(script_args, script_args.dataset_test_split, script_args.max_eval_samples)
+
+
+def _trl_reward_registry() -> dict:
+    """Reward functions by name: TRL's (as ``trl grpo`` names them) and trl-prime's verifiers."""
+    from trl.rewards import (
+        accuracy_reward,
+        get_soft_overlong_punishment,
+        reasoning_accuracy_reward,
+        think_format_reward,
+    )
+
+    from trl_prime.data import outcome_reward
+    from trl_prime.rewards import code_reward, math_reward
+
+    return {
+        "accuracy_reward": accuracy_reward,
+        "reasoning_accuracy_reward": reasoning_accuracy_reward,
+        "think_format_reward": think_format_reward,
+        "get_soft_overlong_punishment": get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256),
+        "outcome_reward": outcome_reward,
+        "math_reward": math_reward,
+        "code_reward": code_reward,
+    }
+
+
 def reward_functions(script_args: RLScriptArguments) -> list:
-    """``[outcome_reward]`` (each row's verifier) or ``[<the registered verifier of that name>]`` (e.g. math)."""
-    if script_args.reward == "outcome":
+    """The reward functions, in order: trl-prime's verifier (``reward``: ``[outcome_reward]`` routed by row,
+    ``[math_reward]``, or none), the reward model (``reward_model_name_or_path``), then ``reward_funcs`` (names of
+    :func:`_trl_reward_registry`, or dotted import paths resolved from the working directory, as ``trl grpo`` does).
+    ``reward_weights`` (the trainer config's) weighs them in this order.
+
+    Raises:
+        ValueError: a ``reward_funcs`` entry that is no known name and cannot be imported (naming it and why).
+    """
+    import importlib
+
+    funcs: list = []
+    verifier = script_args.outcome_verifier
+    if verifier == "outcome":
         from trl_prime.data import outcome_reward
 
-        return [outcome_reward]
-    from trl_prime.rewards.registry import get_verifier
+        funcs.append(outcome_reward)
+    elif verifier != "none":  # a registered verifier by its name (trl_prime/rewards/registry.py), e.g. math
+        from trl_prime.rewards.registry import get_verifier
 
-    return [get_verifier(script_args.reward).reward_fn()]
+        funcs.append(get_verifier(verifier).reward_fn())
+    if script_args.reward_model_name_or_path:
+        funcs.append(script_args.reward_model_name_or_path)
+    registry = _trl_reward_registry() if script_args.reward_funcs else {}
+    for name in script_args.reward_funcs or []:
+        if name in registry:
+            funcs.append(registry[name])
+            continue
+        module_name, _, attr = name.rpartition(".")
+        if not module_name:
+            raise ValueError(
+                f"`reward_funcs`: {name!r} is not a known reward function ({', '.join(registry)}) nor a dotted "
+                "import path such as my_rewards.strict_format."
+            )
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            func = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(
+                f"`reward_funcs`: cannot load {name!r} ({type(error).__name__}: {error}); the module is imported "
+                f"from the working directory {os.getcwd()} or the installed packages."
+            ) from error
+        if not callable(func):
+            raise ValueError(f"`reward_funcs`: {name!r} is a {type(func).__name__}, not a function.")
+        funcs.append(func)
+    if not funcs:
+        raise ValueError("No reward: `reward: none` needs `reward_funcs` or `reward_model_name_or_path`.")
+    return funcs
 
 
 def build(script_args: RLScriptArguments, training_args, model_args):
@@ -251,17 +451,231 @@ def build(script_args: RLScriptArguments, training_args, model_args):
     return model_path, load_train_dataset(script_args), reward_functions(script_args), get_peft_config(model_args)
 
 
+def resume_checkpoint(training_args) -> str | None:
+    """The checkpoint ``resume_from_checkpoint`` names, as TRL's scripts read it: a ``checkpoint-<step>`` folder, or
+    ``true`` for the last one in ``output_dir`` (``transformers.trainer_utils.get_last_checkpoint``); None when unset
+    or ``false``.
+
+    Raises:
+        ValueError: ``true`` and ``output_dir`` holds no checkpoint, or a path that is not a checkpoint folder (no
+            ``trainer_state.json``).
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    value = training_args.resume_from_checkpoint
+    if value is None or (isinstance(value, bool) and not value) or str(value).lower() in ("false", "no", ""):
+        return None
+    output_dir = training_args.output_dir
+    if value is True or str(value).lower() in ("true", "yes", "last"):
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last is None:
+            raise ValueError(
+                f"`resume_from_checkpoint`=true: output_dir {output_dir} holds no checkpoint-<step> folder to resume "
+                "from; give a checkpoint path, or drop the flag to train from the start."
+            )
+        return last
+    if not os.path.isfile(os.path.join(value, "trainer_state.json")):
+        raise ValueError(
+            f"`resume_from_checkpoint`={value}: not a checkpoint folder (no trainer_state.json; relative paths start "
+            f"at {os.getcwd()}); give a checkpoint-<step> folder of a run, or `true` for the last one in output_dir."
+        )
+    return value
+
+
+def finish(trainer, training_args, dataset_name: str | None = None, prm_folder: str | None = None) -> None:
+    """Run as TRL's scripts do: train (resuming from :func:`resume_checkpoint`), save to ``output_dir``, print where,
+    ``push_to_hub`` when set. The command line then ends the trainer (:func:`end`); a caller of ``main`` / ``train``
+    gets it still usable (its process group too).
+
+    ``prm_folder``: the folder of ``output_dir`` the trainer also saves the implicit PRM in (the PRIME trainers:
+    ``"prm"``), named in the printed lines; ``push_to_hub`` uploads it as that folder of the same Hub repository.
+    """
+    trainer.train(resume_from_checkpoint=resume_checkpoint(training_args))
+    trainer.save_model(training_args.output_dir)
+    out = training_args.output_dir
+    prm = f" (the implicit PRM in {os.path.join(out, prm_folder)})" if prm_folder else ""
+    trainer.accelerator.print(f"Model saved to {out}{prm}.")
+    if training_args.push_to_hub:
+        import inspect
+
+        # TRL's trainers name the dataset in the model card; transformers' Trainer (ImplicitPRMTrainer) has no such field
+        card = inspect.signature(trainer.create_model_card).parameters
+        trainer.push_to_hub(**({"dataset_name": dataset_name} if "dataset_name" in card else {}))
+        url = f"https://huggingface.co/{trainer.hub_model_id}"
+        prm = f" (the implicit PRM in its {prm_folder}/ folder)" if prm_folder else ""
+        trainer.accelerator.print(f"Model pushed to the Hub in {url}{prm}.")
+
+
+def end(trainer):
+    """``trainer.end()`` (the trackers finished, the distributed process group destroyed), as TRL's scripts end;
+    returns the trainer (None passes through)."""
+    if trainer is not None:
+        trainer.end()
+    return trainer
+
+
 def train(script_args: RLScriptArguments, training_args, model_args):
-    """Train with ``script_args.trainer``'s class and save the policy to ``output_dir`` (the PRIME trainers also
-    save the implicit PRM to ``output_dir/prm``). Returns the trainer."""
+    """Train with ``script_args.trainer``'s class (resuming from ``resume_from_checkpoint``), save the policy to
+    ``output_dir`` (the PRIME trainers also save the implicit PRM to ``output_dir/prm``) and push to the Hub when
+    ``push_to_hub`` is set (the PRM as the repository's ``prm/`` folder): :func:`finish`. Returns the trainer."""
     import trl_prime
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     trainer_cls = getattr(trl_prime, TRAINERS[script_args.trainer][1])
     model_path, dataset, rewards, peft_config = build(script_args, training_args, model_args)
     trainer = trainer_cls(
-        model=model_path, reward_funcs=rewards, args=training_args, train_dataset=dataset, peft_config=peft_config
+        model=model_path,
+        reward_funcs=rewards,
+        args=training_args,
+        train_dataset=dataset,
+        eval_dataset=load_eval_dataset(script_args, training_args),
+        peft_config=peft_config,
     )
-    trainer.train()
-    trainer.save_model(training_args.output_dir)
+    names = [str(d.path) for d in script_args.datasets] or script_args.dataset_name
+    prm_folder = "prm" if script_args.trainer.startswith("prime_") else None
+    finish(trainer, training_args, dataset_name=", ".join(names), prm_folder=prm_folder)
     return trainer
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def check_output_dir(output_dir: str, needed_bytes: int = 0) -> None:
+    """Refuse an ``output_dir`` the run could not save to, before training: a file, a folder (or the nearest existing
+    folder above a new one) where no file can be created (read-only, no permission), or a disk with less free space
+    than ``needed_bytes`` (the final save).
+
+    Raises:
+        ValueError: naming the folder, why, and the fix.
+    """
+    import shutil
+    import tempfile
+
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`output_dir` {output_dir} is a file, not a folder: choose a folder (new or existing).")
+    existing = path
+    while not os.path.isdir(existing):
+        parent = os.path.dirname(existing)
+        if os.path.exists(existing) or parent == existing:
+            raise ValueError(f"`output_dir` {output_dir}: {existing} is in the way (not a folder); choose another.")
+        existing = parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".trl_prime_write_check_"):
+            pass
+    except OSError as error:
+        where = "" if existing == path else f" (it does not exist yet; {existing} is where it would be created)"
+        raise ValueError(
+            f"`output_dir` {output_dir} cannot be written{where}: {error.strerror}. Choose a folder you can write "
+            "to, or make this one writable, before training: the run saves its checkpoints and model there."
+        ) from None
+    free = shutil.disk_usage(existing).free
+    if free < needed_bytes:
+        raise ValueError(
+            f"`output_dir` {output_dir}: {free / 1e6:.1f} MB free on its disk, and the final save alone takes about "
+            f"{needed_bytes / 1e6:.1f} MB (the model's weights at its precision in the model folder, the implicit PRM's "
+            "too). Free space or choose an output_dir on another disk."
+        )
+
+
+def weights_bytes(model_path: str) -> int:
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``) of a local model folder; 0 for a Hub id."""
+    if not os.path.isdir(model_path):
+        return 0
+    names = os.listdir(model_path)
+    return sum(
+        os.path.getsize(os.path.join(model_path, n)) for n in names if n.endswith((".safetensors", ".bin", ".pt"))
+    )
+
+
+def check_model(model_name_or_path: str | None, revision: str | None = None, field_name="model_name_or_path") -> str:
+    """The resolved model path (:func:`trl_prime.models.resolve_model_path`) after reading its config
+    (``AutoConfig.from_pretrained``: a local folder, the Hub, or the local cache when offline).
+
+    Raises:
+        ValueError: no model, or a model whose config cannot be read (naming why and the fix).
+    """
+    from transformers import AutoConfig
+
+    from trl_prime.models import resolve_model_path
+
+    if not model_name_or_path:
+        raise ValueError(f"Set `{field_name}` (a Hub id, a local folder or embedded:<key>).")
+    path = resolve_model_path(model_name_or_path)
+    try:
+        AutoConfig.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as error:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        where = " (HF_HUB_OFFLINE is set: only models already in the local Hugging Face cache are found)" * offline
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"`{field_name}` {model_name_or_path}: cannot read the model's config{where}: {first} Give a local "
+            "folder (save_pretrained), a Hub id you can reach, or embedded:smollm2-135m-instruct."
+        ) from None
+    return path
+
+
+def check_learning_rates(training_args) -> None:
+    """The learning rates (``learning_rate``, and a PRIME config's ``prm_learning_rate``) through torch's own AdamW
+    checks, which the trainer would otherwise hit after loading the model.
+
+    Raises:
+        ValueError: naming the field and torch's reason.
+    """
+    import torch
+
+    for name in ("learning_rate", "prm_learning_rate", "value_learning_rate"):
+        value = getattr(training_args, name, None)
+        if value is None:
+            continue
+        try:
+            torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=value)
+        except ValueError as error:
+            raise ValueError(f"`{name}`={value}: {error}; give a learning rate >= 0 (e.g. 1e-6).") from None
+
+
+def check_hub(training_args) -> None:
+    """``push_to_hub`` needs the Hub: refuse it offline (``HF_HUB_OFFLINE``) or without a token, before training.
+
+    Raises:
+        ValueError: naming the fix.
+    """
+    if not getattr(training_args, "push_to_hub", False):
+        return
+    from huggingface_hub import get_token
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ValueError("`push_to_hub`=true but HF_HUB_OFFLINE is set: unset it, or set `push_to_hub: false`.")
+    if training_args.hub_token is None and get_token() is None:
+        raise ValueError(
+            "`push_to_hub`=true but no Hugging Face token is found: `hf auth login`, HF_TOKEN or `--hub_token`; or "
+            "set `push_to_hub: false`."
+        )
+
+
+def check_run(script_args: RLScriptArguments, training_args, model_args) -> None:
+    """Everything of an RL run that can be checked before the model is loaded, in the process that launches it
+    (:func:`trl_prime.cli.check_before_launch`): the model's config, the output folder (writable, room for the final
+    save), the checkpoint to resume from, the learning rates, the Hub for ``push_to_hub``, the reward functions and
+    ``reward_weights``, the training (and evaluation) data, every row read and checked.
+
+    Raises:
+        ValueError: the first problem, naming the field and the fix.
+    """
+    model_path = check_model(model_args.model_name_or_path, model_args.model_revision)
+    if script_args.reward_model_name_or_path:
+        check_model(script_args.reward_model_name_or_path, field_name="reward_model_name_or_path")
+    copies = 2 if (script_args.trainer or "").startswith("prime_") else 1  # the policy, and the implicit PRM
+    check_output_dir(training_args.output_dir, copies * weights_bytes(model_path))
+    resume_checkpoint(training_args)
+    check_learning_rates(training_args)
+    check_hub(training_args)
+    rewards = reward_functions(script_args)
+    weights = getattr(training_args, "reward_weights", None)
+    if weights is not None and len(weights) != len(rewards):
+        raise ValueError(
+            f"`reward_weights` has {len(weights)} values for {len(rewards)} reward functions (in order: trl-prime's "
+            f"verifier `reward`={script_args.outcome_verifier!r} unless 'none', the reward model, then reward_funcs)."
+        )
+    load_train_dataset(script_args)
+    load_eval_dataset(script_args, training_args)
