@@ -384,22 +384,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
         self._validate_prm_label()
         if self.prm_learning_rate < 0:
             raise ValueError(f"`prm_learning_rate`={self.prm_learning_rate} must be >= 0 (paper: 1e-6).")
-        if not (0.0 <= self.filter_lower <= 1.0 and 0.0 <= self.filter_upper <= 1.0):
-            raise ValueError(
-                f"`filter_lower`={self.filter_lower} and `filter_upper`={self.filter_upper} are accuracies: both must "
-                "lie in [0, 1] (0 and 1 switch the filter off)."
-            )
-        if self.filter_lower > self.filter_upper:
-            raise ValueError(
-                f"`filter_lower`={self.filter_lower} > `filter_upper`={self.filter_upper}: no group could be kept. "
-                "Swap them (paper: 0.2 and 0.8)."
-            )
-        f = self.oversample_factor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 1.0:
-            raise ValueError(
-                f"`oversample_factor`={f!r} must be a finite number >= 1 (1 = no oversampling; PRIME's released "
-                "recipe: 4)."
-            )
+        self._validate_filter()
         if not 0.0 <= self.prime_gamma <= 1.0:
             raise ValueError(f"`prime_gamma`={self.prime_gamma} must lie in [0, 1] (paper: 1.0).")
         if self.prm_micro_batch_size is not None and self.prm_micro_batch_size < 1:
@@ -506,6 +491,29 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError(
                 "`outcome_coef`=0 with prime_value='implicit_prm': the outcome is the only reward, so every reward "
                 "would be 0. Set outcome_coef > 0 (paper: 1.0)."
+            )
+
+    def _validate_filter(self) -> None:
+        """The online prompt filter's bounds and ``oversample_factor``.
+
+        Raises:
+            ValueError: a bound outside [0, 1], lower > upper, or a factor that is not a finite number >= 1.
+        """
+        if not (0.0 <= self.filter_lower <= 1.0 and 0.0 <= self.filter_upper <= 1.0):
+            raise ValueError(
+                f"`filter_lower`={self.filter_lower} and `filter_upper`={self.filter_upper} are accuracies: both must "
+                "lie in [0, 1] (0 and 1 switch the filter off)."
+            )
+        if self.filter_lower > self.filter_upper:
+            raise ValueError(
+                f"`filter_lower`={self.filter_lower} > `filter_upper`={self.filter_upper}: no group could be kept. "
+                "Swap them (paper: 0.2 and 0.8)."
+            )
+        f = self.oversample_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 1.0:
+            raise ValueError(
+                f"`oversample_factor`={f!r} must be a finite number >= 1 (1 = no oversampling; PRIME's released "
+                "recipe: 4)."
             )
 
     def _validate_prm_label(self) -> None:

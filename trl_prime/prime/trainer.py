@@ -622,22 +622,25 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         else:
             kept = torch.ones_like(r.outcome, dtype=torch.bool)
         r.kept_fraction = kept.view(-1, K)[:, 0].float().mean().item()
-        target = self._oversample_target_groups()
-        if r.mode == "train" and target is not None:  # oversampling: the first `target` groups that pass train
-            kept = select_first_groups(kept, K, target)
+        kept = self._select_oversampled(kept, K, r.mode)
         group_kept = kept.view(-1, K)[:, 0]
         r.kept_groups = int(group_kept.sum().item())
+        self._dispatch_prompts_filtered(r, kept, group_kept)
+        self._mark_unscored_rows(r, kept)
+        return kept
+
+    def _dispatch_prompts_filtered(self, r: PrimeRound, kept: torch.Tensor, group_kept: torch.Tensor) -> None:
+        """``on_prompts_filtered`` callbacks: ``kept_mask`` the rows that train (after an oversampled round's
+        selection), ``kept_fraction`` the fraction of the generated groups that pass the filter."""
         self._dispatch(
             "on_prompts_filtered",
             outcome_rewards=r.outcome,
             kept_mask=kept,
             group_kept=group_kept,
             kept_fraction=r.kept_fraction,
-            num_generations=K,
+            num_generations=r.num_generations,
             mode=r.mode,
         )
-        self._mark_unscored_rows(r, kept)
-        return kept
 
     # ----------------------------------------------------------------------------------------------------------
     # Oversampling (oversample_factor > 1; trl_prime/prime/oversample.py)
@@ -647,6 +650,12 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if self.args.oversample_factor == 1.0:
             return None
         return self.args.generation_batch_size // self.num_generations
+
+    def _select_oversampled(self, kept: torch.Tensor, K: int, mode: str) -> torch.Tensor:
+        """With oversampling (training), the rows of the first ``generation_batch_size / K`` groups that pass the
+        filter (:func:`~trl_prime.prime.oversample.select_first_groups`); ``kept`` otherwise."""
+        target = self._oversample_target_groups()
+        return kept if mode != "train" or target is None else select_first_groups(kept, K, target)
 
     def _oversampled_groups(self) -> int | None:
         """The prompts sampled per generation round when oversampling (``None`` without)."""
@@ -901,14 +910,19 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if critic:
             values, returns, r.value_stats = self._train_value(r, r.value_rewards, train_mask)
         else:
-            values = F.implicit_prm_values(r.token_rewards, r.actions, scale=a.prime_value_scale)
-            if a.prime_value_scale == "prob":  # the PRM's probability of label 1, on the outcome's scale
-                values = a.outcome_coef * values
+            values, returns, r.value_stats = self._implicit_prm_value(r), None, {}
             returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
-            r.value_stats = {}
         self._guard_inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
         self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
         return values
+
+    def _implicit_prm_value(self, r: PrimeRound) -> torch.Tensor:
+        """``prime_value="implicit_prm"``: the ``(B, T)`` value ``V(y_<t)``, the PRM's prefix sum (a logit), or with
+        ``prime_value_scale="prob"`` ``outcome_coef * sigmoid`` of it, the PRM's probability of label 1 on the
+        outcome's scale."""
+        a = self.args
+        values = F.implicit_prm_values(r.token_rewards, r.actions, scale=a.prime_value_scale)
+        return a.outcome_coef * values if a.prime_value_scale == "prob" else values
 
     def _advantages(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """Algorithm 1 line 9, PRIME Eq. 5 (:func:`trl_prime.functional.prime_advantages`) over the global batch (token
