@@ -271,6 +271,24 @@ REFUSED = {
         ],
         "latin1.jsonl line 2: not valid UTF-8 (invalid continuation byte, byte 0xe9); save the file as UTF-8",
     ),
+    "zero_completion_length": (
+        "prime",
+        ["--max_completion_length", "0"],
+        "`max_completion_length`=0 must be >= 1 (the completion tokens each prompt may generate).",
+    ),
+    "fewer_prompts_than_one_step": (
+        "prime",
+        lambda t: [
+            "--dataset_name",
+            _data(t, "one.jsonl", b'{"prompt": "1 + 1 =", "solution": "2"}\n'),
+            "--per_device_train_batch_size",
+            "4",
+            "--num_generations",
+            "2",
+        ],
+        "the training data holds 1 usable prompt(s), but one generation batch takes 2 (generation_batch_size 4 / "
+        "num_generations 2): the run would train nothing.",
+    ),
     "deeply_nested_json": (
         "prime",
         lambda t: [

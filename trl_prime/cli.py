@@ -209,7 +209,9 @@ def check_command_argv(command: str, argv: list[str]) -> None:
             try:
                 yaml.safe_load(f)
             except yaml.YAMLError as error:
-                raise CommandLineError(f"--config {config} is not valid YAML: {error}") from error
+                raise CommandLineError(
+                    f"--config {config} is not valid YAML: {' '.join(str(error).split())}"
+                ) from error
     if command in COMMAND_TRAINERS:
         try:
             choose_trainer(argv, COMMAND_TRAINERS[command])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -201,7 +202,7 @@ def choose_trainer(argv: list[str], choices: Sequence[str], default: str | None 
             try:
                 trainer = (yaml.safe_load(f) or {}).get("trainer")
             except yaml.YAMLError as error:
-                raise ValueError(f"--config {config} is not valid YAML: {error}") from error
+                raise ValueError(f"--config {config} is not valid YAML: {' '.join(str(error).split())}") from error
     trainer = trainer or default or choices[0]
     if trainer not in choices:
         raise ValueError(f"`trainer`={trainer!r}: this command trains with one of {list(choices)}.")
@@ -677,5 +678,54 @@ def check_run(script_args: RLScriptArguments, training_args, model_args) -> None
             f"`reward_weights` has {len(weights)} values for {len(rewards)} reward functions (in order: trl-prime's "
             f"verifier `reward`={script_args.outcome_verifier!r} unless 'none', the reward model, then reward_funcs)."
         )
-    load_train_dataset(script_args)
+    check_generation_lengths(training_args)
+    warn_emulated_bf16(training_args)
+    check_enough_prompts(len(load_train_dataset(script_args)), training_args)
     load_eval_dataset(script_args, training_args)
+
+
+def warn_emulated_bf16(training_args) -> None:
+    """Warn (``UserWarning``) when ``bf16`` is on where it is not native (a CPU without AVX512-BF16 / AMX, detected
+    from /proc/cpuinfo, never assumed): the run works but bf16 matmuls are emulated, several times slower than fp32."""
+    if not getattr(training_args, "bf16", False):
+        return
+    from trl_prime.scripts.demo import native_bf16
+
+    if not native_bf16(use_cpu=bool(getattr(training_args, "use_cpu", False))):
+        warnings.warn(
+            "`bf16` is on, but this machine has no native bf16 (no bf16 GPU, no AVX512-BF16 / AMX CPU): the run is "
+            "emulated and several times slower than fp32. Pass `--bf16 false` on this machine.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+def check_generation_lengths(training_args) -> None:
+    """``max_completion_length`` (TRL's) is at least 1.
+
+    Raises:
+        ValueError: naming the field and the fix.
+    """
+    n = getattr(training_args, "max_completion_length", None)
+    if n is not None and n < 1:
+        raise ValueError(f"`max_completion_length`={n} must be >= 1 (the completion tokens each prompt may generate).")
+
+
+def check_enough_prompts(num_prompts: int, training_args) -> None:
+    """The training data holds at least one step's prompts (``generation_batch_size / num_generations``, over every
+    process); with fewer the trainer's first epoch is empty and it would stop at step 0, saving an untrained model.
+
+    Raises:
+        ValueError: naming the count, what one step needs and the fields to change.
+    """
+    K = getattr(training_args, "num_generations", None) or 1
+    per_step = getattr(training_args, "generation_batch_size", None)
+    if not per_step:
+        return
+    needed = -(-per_step // K)
+    if num_prompts < needed:
+        raise ValueError(
+            f"the training data holds {num_prompts} usable prompt(s), but one generation batch takes {needed} "
+            f"(generation_batch_size {per_step} / num_generations {K}): the run would train nothing. Add rows, or "
+            "lower per_device_train_batch_size (or gradient_accumulation_steps / steps_per_generation)."
+        )
