@@ -456,6 +456,7 @@ class GuardsMixin:
         self._guard_total_skips = 0
         self._guard_step_pending = False  # a poisoned generation batch awaits its (skipped) policy step
         self._guard_step_tokens = 0.0  # weighted loss tokens of this optimizer step's micro-batches (this process)
+        self._guard_step_batches = 0  # and the micro-batches counted
         self._guard_infra_failures = 0.0
         self._guard_inputs = None
         check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
@@ -482,6 +483,7 @@ class GuardsMixin:
         inputs = super()._prepare_inputs(generation_batch)
         if self.model.training and isinstance(inputs, dict):
             self._guard_step_tokens = getattr(self, "_guard_step_tokens", 0.0) + float(loss_weight(inputs).sum())
+            self._guard_step_batches = getattr(self, "_guard_step_batches", 0) + 1
         return inputs
 
     def _guard_sample_ids(self, rows: list[int]) -> list[Any]:
@@ -750,12 +752,16 @@ class GuardsMixin:
 
     def _guard_step_is_empty(self) -> bool:
         """Whether this optimizer step's micro-batches held no weighted loss token on any process (then resets the
-        count for the next step). Collective."""
-        tokens = torch.tensor(getattr(self, "_guard_step_tokens", 0.0), device=self.accelerator.device)
-        self._guard_step_tokens = 0.0
+        count for the next step); ``False`` when no micro-batch was counted (an optimizer stepped outside TRL's
+        loop). Collective."""
+        counts = torch.tensor(
+            [getattr(self, "_guard_step_tokens", 0.0), float(getattr(self, "_guard_step_batches", 0))],
+            device=self.accelerator.device,
+        )
+        self._guard_step_tokens, self._guard_step_batches = 0.0, 0
         if self.accelerator.num_processes > 1:
-            tokens = self.accelerator.reduce(tokens, reduction="sum")
-        return bool(tokens.item() == 0)
+            counts = self.accelerator.reduce(counts, reduction="sum")
+        return bool(counts[1].item() > 0 and counts[0].item() == 0)
 
     def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
         """Hook at each guarded policy optimizer step, before it runs (``applied``) or when it is skipped (``reason``:

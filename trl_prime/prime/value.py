@@ -303,7 +303,7 @@ class ValueMixin:
                 loss=stats["loss"],
                 grad_norm=norm,
                 learning_rate=stats["learning_rate"],
-                num_updates=self.value_optim.num_updates,
+                num_updates=self.value_optim.num_updates + int(self.value_optim.pending),
                 value_model=self.value_function.module,
             )
         return values, returns, stats
