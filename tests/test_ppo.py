@@ -276,12 +276,11 @@ def test_value_step_equals_the_by_hand_step(tiny_model_path, tmp_path):
         step["before"] = params()
         keep = dict(input_ids=r.input_ids, attention_mask=r.attention_mask, actions=r.actions)
         batches.append({k: v.detach().clone() for k, v in keep.items()} | dict(rewards=rewards, train_mask=train_mask))
-        out = train_value(r, rewards, train_mask)
-        step["after"] = params()
-        return out
+        return train_value(r, rewards, train_mask)
 
     tr._train_value = recording
     tr.train()
+    step["after"] = params()  # one step, applied with the policy's (held until then)
     assert tr.value_optim.num_updates == 1
     _check_value_step_single_process(step, tiny_model_path, 1e-3, [0.9, 0.999, 1.0], batches)
     # a gradient twice too large (a world-size scaling error) moves the weights visibly differently

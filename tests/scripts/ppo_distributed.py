@@ -168,9 +168,18 @@ def main():
             dump.value_batch = {k: v.detach().cpu() for k, v in keep.items()}
             dump.value_batch.update(rewards=rewards.detach().cpu(), train_mask=train_mask.detach().cpu())
         out = train_value(r, rewards, train_mask)
-        if first:
+        if first and not trainer.value_optim.pending:
             value_step["after"] = named_value_params()
         return out
+
+    apply_pending = trainer.value_optim.apply_pending
+
+    def recording_apply_pending():  # a step held for the policy's (single PRM update, no DeepSpeed) lands here
+        apply_pending()
+        if "before" in value_step and "after" not in value_step:
+            value_step["after"] = named_value_params()
+
+    trainer.value_optim.apply_pending = recording_apply_pending
 
     trainer._train_value = recording_train_value
 
