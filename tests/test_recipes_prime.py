@@ -160,6 +160,8 @@ def _overrides(model: str, data: str, out: str, *, batch: int, ddp: bool = False
         out,
         "--max_steps",
         "2",
+        "--oversample_factor",  # the recipe's 4 needs 4x the prompts per step: more than the tiny data set holds
+        "1",
         "--per_device_train_batch_size",
         str(batch),
         "--gradient_accumulation_steps",

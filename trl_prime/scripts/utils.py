@@ -723,9 +723,18 @@ def check_enough_prompts(num_prompts: int, training_args) -> None:
     if not per_step:
         return
     needed = -(-per_step // K)
+    factor = getattr(training_args, "oversample_factor", 1.0)
+    if factor != 1.0:
+        import math
+
+        needed = math.ceil(factor * needed - 1e-9)
     if num_prompts < needed:
         raise ValueError(
             f"the training data holds {num_prompts} usable prompt(s), but one generation batch takes {needed} "
-            f"(generation_batch_size {per_step} / num_generations {K}): the run would train nothing. Add rows, or "
-            "lower per_device_train_batch_size (or gradient_accumulation_steps / steps_per_generation)."
+            f"(generation_batch_size {per_step} / num_generations {K}"
+            + (f", x oversample_factor {factor}" if factor != 1.0 else "")
+            + "): the run would train nothing. Add rows, or lower per_device_train_batch_size (or "
+            "gradient_accumulation_steps / steps_per_generation"
+            + (", oversample_factor" if factor != 1.0 else "")
+            + ")."
         )
