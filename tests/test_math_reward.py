@@ -518,3 +518,27 @@ def test_last_counts_and_results_are_per_thread():
     t.start()
     t.join(30)
     assert fresh == {"counts": dict.fromkeys(mv.REASONS, 0), "results": []}  # a thread that made no call
+
+
+def _verify_in_child(queue) -> None:
+    from trl_prime.rewards import verify_math
+
+    queue.put(verify_math(["\\boxed{2}"], ["2"])[0].reward)
+
+
+def test_a_multiprocessing_child_that_verified_math_exits():
+    """A process started by ``multiprocessing`` (as the learning benchmark's seed workers are) joins its non-daemon
+    children before ``atexit`` runs: the math workers must be stopped before that, or the process never exits (the
+    learning benchmark hung in CI)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_verify_in_child, args=(queue,))
+    child.start()
+    assert queue.get(timeout=120) == 1.0
+    child.join(timeout=60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0

@@ -895,6 +895,7 @@ def _acquire_pool(num_workers: int) -> _Pool:
             pool = _POOL = None
         if pool is None:
             pool = _POOL = _Pool(num_workers)
+            _stop_before_multiprocessing_joins()
         pool.users += 1
         return pool
 
@@ -1147,6 +1148,16 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+_FINALIZER_PID = [0]
+
+
+def _stop_before_multiprocessing_joins() -> None:
+    """In a process started by ``multiprocessing``, ``atexit`` runs only after multiprocessing joins the process's
+    non-daemon children, and pebble's workers are non-daemon: they would wait for work forever and the process would
+    never exit. A finalizer with an exit priority runs before those joins (in every process, once per pid)."""
+    if _FINALIZER_PID[0] != os.getpid():
+        _FINALIZER_PID[0] = os.getpid()
+        util.Finalize(None, _at_exit, exitpriority=100)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
