@@ -19,6 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# DeepSpeed JIT-compiles its CPU shared-memory op (~2 min on 2 cores) into TORCH_EXTENSIONS_DIR; torch names the build
+# by its flags, which hold the venv's path, so venvs sharing ~/.cache rebuild it in turn (and a build killed by a test
+# timeout leaves a lock every later launch waits on forever): one folder per venv
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 @pytest.fixture(scope="session")

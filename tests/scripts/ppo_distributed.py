@@ -48,10 +48,10 @@ def main():
 
     zero3 = cli.mode.startswith("zero3")
     if cli.mode.startswith("zero"):
-        from accelerate import PartialState
+        from deepspeed_cpu import gloo_state
 
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
-        PartialState(backend="gloo")  # accelerate 1.15 sets no backend on CPU (see shared notes)
+        gloo_state()  # accelerate 1.15 sets no backend on CPU (see shared notes)
         extra = dict(
             use_cpu=False,
             accelerator_config={"use_configured_state": True},

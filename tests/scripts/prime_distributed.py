@@ -49,10 +49,10 @@ def main():
     extra = {}
     zero_stage = {"zero2": 2, "zero3": 3}.get(cli.mode)
     if zero_stage is not None:
-        from accelerate import PartialState
+        from deepspeed_cpu import gloo_state
 
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # the state must be a DeepSpeed one
-        PartialState(backend="gloo")  # accelerate 1.15 sets no backend on CPU (see shared notes)
+        gloo_state()  # accelerate 1.15 sets no backend on CPU (see shared notes)
         extra = dict(
             use_cpu=False,
             accelerator_config={"use_configured_state": True},

@@ -51,9 +51,9 @@ def main():
         os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available()
     )
     if deepspeed_on_cpu:
-        from accelerate import PartialState
+        from deepspeed_cpu import gloo_state
 
-        PartialState(backend="gloo")
+        gloo_state()
         # parsed with the config: TrainingArguments sets up its devices (resetting any state) in __post_init__
         recipe_argv = [*recipe_argv, "--accelerator_config", json.dumps({"use_configured_state": True})]
 
