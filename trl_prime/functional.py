@@ -53,7 +53,6 @@ from trl_prime.ops import (  # noqa: F401  (kept importable from here)
 )
 from trl_prime.options import (  # noqa: F401  (IMPLICIT_VALUE_SCALES: public, not in __all__)
     BASELINES,
-    ESTIMATORS,
     GROUP_SCALE_REWARDS,
     GRPO_PROCESS_FORMS,
     GRPO_PROCESS_SCALES,
@@ -80,6 +79,7 @@ from trl_prime.options import (  # noqa: F401  (IMPLICIT_VALUE_SCALES: public, n
     STEP_AGGREGATIONS,
     check_choice,
 )
+from trl_prime.prime.estimators import ESTIMATORS, prime_advantages
 from trl_prime.prime.functional import (  # noqa: F401  (kept importable from here)
     _LABEL_RANGE_ATOL,
     clipped_value_loss,
@@ -87,7 +87,6 @@ from trl_prime.prime.functional import (  # noqa: F401  (kept importable from he
     gae_advantages,
     implicit_prm_values,
     ppo_token_rewards,
-    prime_advantages,
     prm_abs_accuracy,
     prm_label_warnings,
     prm_labels,

@@ -17,7 +17,6 @@ __all__ = [
     "PRM_UPDATES",
     "PRM_REFERENCES",
     "PRM_SCHEDULERS",
-    "ESTIMATORS",
     "PRIME_VALUES",
     "BASELINES",
     "PROCESS_REWARD_NORMS",
@@ -70,11 +69,6 @@ PRM_SCHEDULERS = (
     "cosine_with_min_lr",
     "warmup_stable_decay",
 )
-
-
-#: PRIME advantage estimators (PRIME Eq. 5, Appendix B.3 and Table 4): ``PrimeOptions.prime_estimator``,
-#: :func:`prime_advantages` ``estimator``
-ESTIMATORS = ("rloo", "grpo", "reinforce", "ppo")
 
 
 #: what PPO's values come from (PRIME Table 4: a learned value model, or the implicit PRM as value, section 5.4):

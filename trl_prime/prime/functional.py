@@ -9,7 +9,8 @@ Re-exported by :mod:`trl_prime.functional` (conventions there).
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,6 @@ from trl_prime.ops import (
 )
 from trl_prime.options import (
     BASELINES,
-    ESTIMATORS,
     GRPO_PROCESS_FORMS,
     GRPO_PROCESS_SCALES,
     IMPLICIT_VALUE_SCALES,
@@ -51,7 +51,6 @@ from trl_prime.options import (
 
 __all__ = [
     "rloo_advantages",
-    "prime_advantages",
     "ppo_token_rewards",
     "implicit_prm_values",
     "gae_advantages",
@@ -141,16 +140,29 @@ def _masked_prime_rewards(
     return P, o, valid, last, row_m
 
 
+class _PrimeBatch(NamedTuple):
+    """What every estimator's terms read: token process rewards ``P`` and outcome rewards ``o`` (masked, work dtype),
+    the mean token process reward ``rbar`` and length ``L`` of each completion, the scorable rows ``valid``, the
+    group index ``gid`` of ``G`` groups with their sizes ``counts``, and the caller's ``group_ids`` (for messages)."""
+
+    P: torch.Tensor
+    rbar: torch.Tensor
+    o: torch.Tensor
+    L: torch.Tensor
+    valid: torch.Tensor
+    gid: torch.Tensor
+    G: int
+    counts: torch.Tensor
+    group_ids: GroupIds | None
+
+
 def _rloo_terms(
-    P: torch.Tensor,
-    rbar: torch.Tensor,
-    o: torch.Tensor,
-    valid: torch.Tensor,
-    gid: torch.Tensor,
-    G: int,
-    baseline: str,
+    x: _PrimeBatch, *, baseline: str, fn: str, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """RLOO (PRIME Eq. 5): ``(process term (B, T), outcome advantage (B,), usable rows (B,))``."""
+    """RLOO (PRIME Eq. 5): ``(process term (B, T), outcome advantage (B,), usable rows (B,))``; groups of fewer than
+    2 completions are refused (:func:`_check_rloo_groups`)."""
+    _check_rloo_groups(x.group_ids, x.gid, x.counts, fn)
+    P, rbar, o, valid, gid, G = x.P, x.rbar, x.o, x.valid, x.gid, x.G
     zero = torch.zeros((), dtype=P.dtype, device=P.device)
     K = _group_sum(valid.to(P.dtype), gid, G)[gid]
     usable = valid & (K >= 2)
@@ -167,20 +179,10 @@ def _rloo_terms(
 
 
 def _grpo_terms(
-    P: torch.Tensor,
-    rbar: torch.Tensor,
-    o: torch.Tensor,
-    L: torch.Tensor,
-    valid: torch.Tensor,
-    gid: torch.Tensor,
-    G: int,
-    *,
-    scale: str,
-    eps: float,
-    form: str,
-    divisor: str,
+    x: _PrimeBatch, *, scale: str, eps: float, form: str, divisor: str, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GRPO (PRIME Appendix B.3, Eq. 8): ``(process term (B, T), outcome advantage (B,), usable rows (B,))``."""
+    P, rbar, o, L, valid, gid, G = x.P, x.rbar, x.o, x.L, x.valid, x.gid, x.G
     zero = torch.zeros((), dtype=P.dtype, device=P.device)
     mean_r, std_r, cnt, mean_o, scale_mean_o, scale_std_o = _grpo_statistics(rbar, o, valid, gid, G, scale)
     usable = valid & (cnt >= 2)  # fewer than 2 scorable rows: no baseline, advantage 0
@@ -196,6 +198,11 @@ def _grpo_terms(
             proc_tok = torch.where(spread[:, None], _divide_by_std(proc_tok, scale_std_o[:, None], eps), zero)
     out_adv = _divide_by_std(o - mean_o, scale_std_o, eps) if scale != "none" else o - mean_o
     return proc_tok, out_adv, usable
+
+
+def _reinforce_terms(x: _PrimeBatch, **_: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """REINFORCE (PRIME Appendix B.3, Eq. 7): no baseline, ``(P, o, scorable rows)``."""
+    return x.P, x.o, x.valid
 
 
 def _discounted_returns(
@@ -240,7 +247,7 @@ def _prime_advantages_impl(
     group_ids: GroupIds | None,
     num_generations: int | None,
     *,
-    estimator: str,
+    terms: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     process_coef: float = 1.0,
     outcome_coef: float = 1.0,
     gamma: float = 1.0,
@@ -256,39 +263,33 @@ def _prime_advantages_impl(
     whiten_eps: float = 1e-8,
     fn: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shared body of :func:`rloo_advantages` and :func:`prime_advantages`: ``(advantages, returns)``, both
-    ``(B, T)`` in the dtype of ``process_rewards``. ``fn`` names the public caller in error messages."""
-    check_choice(estimator, ESTIMATORS[:3], "estimator")  # "ppo" is prime_advantages' own path (GAE)
-    check_choice(baseline, BASELINES, "baseline")
-    check_choice(process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm")
-    check_choice(grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form")
-    check_choice(grpo_process_scale, GRPO_PROCESS_SCALES, "grpo_process_scale")
+    """Shared body of the ``"rloo"``, ``"grpo"`` and ``"reinforce"`` estimators: ``(advantages, returns)``, both
+    ``(B, T)`` in the dtype of ``process_rewards``. ``terms`` is the estimator's baselines (:func:`_rloo_terms`,
+    :func:`_grpo_terms`, :func:`_reinforce_terms`); ``fn`` names the public caller in error messages."""
+    for value, choices, name in (
+        (baseline, BASELINES, "baseline"),
+        (process_reward_norm, PROCESS_REWARD_NORMS, "process_reward_norm"),
+        (grpo_process_form, GRPO_PROCESS_FORMS, "grpo_process_form"),
+        (grpo_process_scale, GRPO_PROCESS_SCALES, "grpo_process_scale"),
+    ):
+        check_choice(value, choices, name)
     scale = _scale_mode(scale_rewards)
     m = _check_prime_args(
         process_rewards, outcome_rewards, mask, gamma=gamma, outcome_gamma=outcome_gamma, eps=eps, fn=fn
     )
     B, T = process_rewards.shape
     gid, G, counts = _group_index(group_ids, num_generations, B, process_rewards.device, fn=fn)
-    if estimator == "rloo":
-        _check_rloo_groups(group_ids, gid, counts, fn)
-
     P, o, valid, last, row_m = _masked_prime_rewards(
         process_rewards, outcome_rewards, m, include_last_token=include_last_token, norm=process_reward_norm
     )
     zero = torch.zeros((), dtype=P.dtype, device=P.device)
     L = m.sum(-1).to(P.dtype)
     rbar = P.sum(-1) / L.clamp(min=1)  # mean token process reward of each completion
-
-    # per-estimator baselines: process term per token, outcome advantage per row
-    if estimator == "rloo":
-        proc_tok, out_adv, usable = _rloo_terms(P, rbar, o, valid, gid, G, baseline)
-    elif estimator == "grpo":
-        proc_tok, out_adv, usable = _grpo_terms(
-            P, rbar, o, L, valid, gid, G, scale=scale, eps=eps, form=grpo_process_form, divisor=grpo_process_scale
-        )
-    else:  # reinforce: no baseline
-        proc_tok, out_adv, usable = P, o, valid
-
+    batch = _PrimeBatch(P, rbar, o, L, valid, gid, G, counts, group_ids)
+    # the estimator's baselines: process term per token, outcome advantage per row
+    proc_tok, out_adv, usable = terms(
+        batch, baseline=baseline, scale=scale, eps=eps, form=grpo_process_form, divisor=grpo_process_scale, fn=fn
+    )
     proc_tok = torch.where(row_m & usable[:, None], proc_tok, zero)
     out_tok = torch.where(last & usable[:, None], out_adv[:, None].expand(B, T), zero)
     returns = _discounted_returns(proc_tok, out_tok, process_coef, outcome_coef, gamma, outcome_gamma)
@@ -382,7 +383,7 @@ def rloo_advantages(
         mask,
         group_ids,
         num_generations,
-        estimator="rloo",
+        terms=_rloo_terms,
         process_coef=process_coef,
         outcome_coef=outcome_coef,
         gamma=gamma,
@@ -396,175 +397,52 @@ def rloo_advantages(
     )
 
 
-_PRIME_OPTIONS = {
-    "rloo": {
-        "process_coef",
-        "outcome_coef",
-        "gamma",
-        "outcome_gamma",
-        "baseline",
-        "whiten",
-        "process_reward_norm",
-        "include_last_token",
-        "whiten_eps",
-        "num_generations",
-    },
-    "grpo": {
-        "process_coef",
-        "outcome_coef",
-        "gamma",
-        "outcome_gamma",
-        "whiten",
-        "process_reward_norm",
-        "include_last_token",
-        "whiten_eps",
-        "scale_rewards",
-        "eps",
-        "grpo_process_form",
-        "grpo_process_scale",
-        "num_generations",
-    },
-    "reinforce": {
-        "process_coef",
-        "outcome_coef",
-        "gamma",
-        "outcome_gamma",
-        "whiten",
-        "process_reward_norm",
-        "include_last_token",
-        "whiten_eps",
-        "num_generations",
-    },
-    "ppo": {"values", "process_coef", "outcome_coef", "gamma", "lam", "whiten", "whiten_eps", "num_generations"},
-}
-
-
-def prime_advantages(
-    process_rewards: torch.Tensor,
-    outcome_rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: GroupIds | None,
-    *,
-    estimator: str = "rloo",
-    **options: Any,
-) -> torch.Tensor:
-    """PRIME advantages with a choice of estimator (PRIME Eq. 5 and Appendix B.3).
-
-    * ``"rloo"`` (default): :func:`rloo_advantages` (PRIME Eq. 5); options ``process_coef``,
-      ``outcome_coef``, ``gamma``, ``outcome_gamma``, ``baseline``, ``whiten``, ``process_reward_norm``,
-      ``include_last_token``, ``whiten_eps``.
-    * ``"grpo"`` (PRIME Appendix B.3, Eq. 8): group-normalised process and outcome terms. With ``rbar^j`` the mean
-      token reward of completion j over its mask of ``L_j`` tokens, and ``mean_g`` / ``std_g`` the group mean /
-      unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o +
-      eps)`` at the last token and the process term, for token t, is chosen by ``grpo_process_form``:
-
-      - ``"token"`` (default): the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, each token
-        reward centred on the group mean of the completions' mean token rewards, summed as Eq. 5 sums it. With the
-        default divisor ``D = std_g r_o + eps`` (below) the process term keeps Eq. 5's size relative to the outcome
-        term: both are the RLOO-style sums of Eq. 5, centred on the group and divided by one common scale. Worked
-        example (K=8, one right completion, L=24 tokens each, a PRM that ranks correctly: +0.03 per token on the
-        right completion, -0.03/7 on the others): on a wrong row the process part of ``A_0`` is 0.82 of the outcome
-        part, as with the RLOO estimator (Eq. 5).
-      - ``"response"``: ``(1/L_i) sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, the reward-to-go measured in
-        whole responses. At ``t=0`` (``gamma=1``) it is ``(rbar^i - mean_g rbar) / D``: with ``D = std_g rbar + eps``
-        exactly the group z-score of the completion's mean token reward, so ``|A_0| <= (K-1)/sqrt(K)`` (Samuelson's
-        bound for the unbiased std) whatever the completion length. It is ``1/L_i`` of the ``"token"`` form, so next
-        to the outcome term (divided by the same ``D``) the process term of a ``L``-token completion weighs ``1/L`` of
-        Eq. 5's: in the worked example above, 0.034 of the outcome part instead of 0.82 -- with the outcome's std as
-        divisor it makes PRIME-GRPO nearly plain GRPO. Kept as an option for the ``"process_std"`` divisor.
-
-      ``grpo_process_scale`` chooses the divisor of the process term (with ``scale_rewards=True``):
-
-      - ``"outcome_std"`` (default): ``std_g r_o + eps``, the outcome's group std, so both terms share one scale:
-        PRIME's total reward (process + outcome) is normalised by the group statistics of the outcome, and the
-        process term keeps its size relative to the outcome (as in Eq. 5). A group whose scorable outcomes are all
-        equal gets process term 0 as well (no scale to measure it in); so does one whose outcome std is at most
-        ``1e-4 * max(1, |mean_g r_o|)`` (outcomes equal up to rounding, e.g. a float32 weighted sum of rewards). The
-        process term at token ``t`` is bounded by ``2 (L_i - t) max|r_s| / (std_g r_o + eps)``: the size of Eq. 5's
-        process return, and an untrained PRM (rewards ~0) adds ~0.
-      - ``"process_std"``: ``std_g rbar + eps``, the process rewards' own group std (PRIME Appendix B.3 normalises
-        them by their own group statistics; Eq. 8 as printed). Invariant to the reward scale (``beta``, the PRM's
-        sharpness), but it divides by a statistic of whole responses only, which fails in two cases the default
-        avoids:
-
-        1. an untrained PRM (rewards of pure noise, around 1e-5) becomes a unit-size z-score per token, summed over
-           ``L`` tokens (up to ``L (K-1)/sqrt(K)`` with the ``"token"`` form: about 1,500 at L=1024, K=4), so the
-           policy follows PRM noise; with ``"outcome_std"`` such noise stays near 0;
-        2. completions whose mean token rewards nearly agree but whose rewards vary inside them (a PRM rewarding
-           early tokens and penalising late ones) have a tiny ``std_g rbar``, and the reward-to-go at ``t > 0``
-           divided by it explodes (max |A| about 6,600 at L=512 for a +-0.02 two-half profile with 1e-5 noise, RLOO
-           about 6 on the same batch).
-
-        With ``"process_std"`` use ``grpo_process_form="response"``, whose ``t=0`` value is bounded by
-        ``(K-1)/sqrt(K)``.
-
-      The learning benchmark (``benchmarks/learning.py``) runs ``prime_grpo`` (the defaults) and
-      ``prime_grpo_process_std``; ``benchmarks/RESULTS.md`` reports what it measured.
-
-      ``scale_rewards`` (TRL's, :data:`SCALE_REWARDS`; ``True`` = ``"group"``, ``False`` = ``"none"``): ``"group"``
-      (default) divides by the group statistics above; ``"batch"`` keeps the centring on the group means but takes
-      every divisor over the batch's scorable rows (TRL's ``scale_rewards="batch"``): the outcome term is
-      ``(r_o^i - mean_g r_o) / (std_B r_o + eps)``, the process term is divided by ``std_B r_o + eps``
-      (``"outcome_std"``; process term 0 when every scorable outcome of the batch is equal) or ``std_B rbar + eps``
-      (``"process_std"``), with ``std_B`` the unbiased std over all scorable rows passed (the trainers pass the rows
-      the policy trains on: the kept groups); a group whose outcomes are all equal keeps its process term.
-      ``"none"`` only centres (no divisor). Every divisor adds ``eps`` (default ``1e-6``; TRL 1.16 adds ``1e-4``);
-      with fewer than two scorable rows in the batch ``std_B`` is taken as 1 (TRL's is 0), and those rows, alone
-      in their groups, get advantage 0.
-
-      Extra options: ``scale_rewards``, ``eps``, ``grpo_process_form``, ``grpo_process_scale``.
-    * ``"reinforce"``: no baseline, ``sum_{s>=t} gamma^(s-t) r_s^i + r_o^i``.
-    * ``"ppo"`` (PRIME Table 4): GAE (:func:`gae_advantages`, options ``gamma``, ``lam``, ``whiten``, ``whiten_eps``)
-      over the rewards of :func:`ppo_token_rewards` (``process_coef``, ``outcome_coef``) with the ``(B, T)``
-      ``values`` option (required): a value model's, or :func:`implicit_prm_values` for the implicit PRM as value.
-      No group baseline (``group_ids`` is ignored and may be ``None``); ``outcome_gamma``, ``baseline``,
-      ``process_reward_norm`` and ``include_last_token`` do not apply.
-
-    All estimators share the coefficients, discounts, whitening, process-reward normalisation and the NaN
-    rule (unscorable rows: excluded, advantage 0). A group with fewer than two scorable rows has no baseline:
-    its row gets advantage 0 with ``"rloo"`` and ``"grpo"`` (:func:`single_row_group_mask`). ``"reinforce"`` has
-    no baseline for any group by definition and is unchanged: each row keeps its own returns whatever its
-    group's size. ``group_ids`` may be ``None`` when ``num_generations`` is passed as an option.
-
-    Args:
-        process_rewards: ``(B, T)`` token process rewards.
-        outcome_rewards: ``(B,)`` outcome rewards (NaN = unscorable).
-        mask: ``(B, T)`` completion mask.
-        group_ids: ``(B,)`` prompt ids.
-        estimator: ``"rloo"`` | ``"grpo"`` | ``"reinforce"`` | ``"ppo"``.
-        **options: Forwarded estimator options (listed above).
-
-    Returns:
-        ``(B, T)`` advantages, 0 outside the mask.
-
-    Raises:
-        ValueError: on an unknown estimator, an option the estimator does not take or an unknown option value
-            (``grpo_process_form`` not in ``("response", "token")``, ``grpo_process_scale`` not in
-            ``("process_std", "outcome_std")``), plus the errors of :func:`rloo_advantages`.
-
-    Source: PRIME Eq. 5; PRIME Appendix B.3 (Eqs. 7-8: REINFORCE and GRPO with implicit process rewards).
-    """
-    check_choice(estimator, ESTIMATORS, "estimator")
-    unknown = set(options) - _PRIME_OPTIONS[estimator]
-    if unknown:
-        raise ValueError(
-            f"prime_advantages(estimator={estimator!r}) got unknown option(s) {sorted(unknown)}; "
-            f"valid options: {sorted(_PRIME_OPTIONS[estimator])}."
-        )
-    num_generations = options.pop("num_generations", None)
-    if estimator == "ppo":
-        return _ppo_advantages(process_rewards, outcome_rewards, mask, **options)
-    adv, _ = _prime_advantages_impl(
+def _rloo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
+    """``prime_advantages(estimator="rloo")``: PRIME Eq. 5 (:func:`rloo_advantages`)."""
+    return _prime_advantages_impl(
         process_rewards,
         outcome_rewards,
         mask,
         group_ids,
         num_generations,
-        estimator=estimator,
+        terms=_rloo_terms,
         fn="prime_advantages",
         **options,
-    )
-    return adv
+    )[0]
+
+
+def _grpo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
+    """``prime_advantages(estimator="grpo")``: PRIME Appendix B.3, Eq. 8 (:mod:`trl_prime.prime.estimators`)."""
+    return _prime_advantages_impl(
+        process_rewards,
+        outcome_rewards,
+        mask,
+        group_ids,
+        num_generations,
+        terms=_grpo_terms,
+        fn="prime_advantages",
+        **options,
+    )[0]
+
+
+def _reinforce_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
+    """``prime_advantages(estimator="reinforce")``: PRIME Appendix B.3, Eq. 7, no baseline."""
+    return _prime_advantages_impl(
+        process_rewards,
+        outcome_rewards,
+        mask,
+        group_ids,
+        num_generations,
+        terms=_reinforce_terms,
+        fn="prime_advantages",
+        **options,
+    )[0]
+
+
+def _ppo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
+    """``prime_advantages(estimator="ppo")``: PRIME Table 4, GAE against ``values`` (no group baseline: ``group_ids``
+    and ``num_generations`` are ignored)."""
+    return _ppo_advantages(process_rewards, outcome_rewards, mask, **options)
 
 
 def ppo_token_rewards(
