@@ -129,6 +129,62 @@ def token_logps(
     return res.reshape(ids.shape).to(dtype or logits.dtype)
 
 
+def _check_sequence_inputs(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Validate the shapes and dtypes of :func:`sequence_logps`' tensors; return the bool attention mask."""
+    _check_tensor("logits", logits)
+    if logits.dim() != 3:
+        raise ValueError(f"`logits` must have shape (B, L, V), got {tuple(logits.shape)}.")
+    _check_2d("input_ids", input_ids)
+    if input_ids.shape != logits.shape[:2]:
+        raise ValueError(f"`input_ids` must have shape {tuple(logits.shape[:2])}, got {tuple(input_ids.shape)}.")
+    _check_same_shape("input_ids", input_ids, "attention_mask", attention_mask)
+    am = _as_bool_mask("attention_mask", attention_mask)
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"`input_ids` must be an integer tensor of token ids, got dtype {input_ids.dtype}.")
+    return am
+
+
+def _prompt_length_tensor(prompt_lengths: torch.Tensor | int, B: int, device: torch.device) -> torch.Tensor:
+    """``prompt_lengths`` of :func:`sequence_logps` (one int, ``B`` ints or a ``(B,)`` integer tensor) as a
+    ``(B,)`` long tensor on ``device``, checked to be integers >= 0."""
+    single = _as_int(prompt_lengths)
+    if single is not None:
+        pl = torch.full((B,), single, dtype=torch.long, device=device)
+    else:
+        if not isinstance(prompt_lengths, torch.Tensor):
+            if isinstance(prompt_lengths, (str, bytes, dict)) or not hasattr(prompt_lengths, "__iter__"):
+                raise ValueError(
+                    f"`prompt_lengths` must be one int, a sequence of {B} ints or a ({B},) integer tensor, got "
+                    f"{type(prompt_lengths).__name__}."
+                )
+            values = [_as_int(x) for x in prompt_lengths]
+            if any(v is None for v in values):
+                raise ValueError(f"`prompt_lengths` must hold integers, got {list(prompt_lengths)!r}.")
+            prompt_lengths = torch.tensor(values, dtype=torch.long)
+        _check_rows("prompt_lengths", prompt_lengths, B)
+        if prompt_lengths.is_floating_point() or prompt_lengths.is_complex() or prompt_lengths.dtype == torch.bool:
+            raise ValueError(f"`prompt_lengths` must be integers, got dtype {prompt_lengths.dtype}.")
+        pl = prompt_lengths.to(device).long()
+    if B and bool((pl < 0).any()):
+        raise ValueError(f"`prompt_lengths` must be >= 0, got {pl.tolist()}.")
+    return pl
+
+
+def _check_in_vocabulary(targets: torch.Tensor, m: torch.Tensor, V: int) -> None:
+    """Refuse a token id outside ``[0, V)`` at a scored position ``m`` of ``targets`` (``input_ids[:, 1:]``)."""
+    out_of_vocab = m & ((targets < 0) | (targets >= V))
+    if bool(out_of_vocab.any()):
+        row, col = (int(i) for i in torch.nonzero(out_of_vocab)[0].tolist())
+        raise ValueError(
+            f"`input_ids` holds token id {int(targets[row, col])} at input_ids[{row}, {col + 1}] (a scored completion "
+            f"position), outside the vocabulary of the logits (V={V}); the logits and input_ids must come from the "
+            f"same model/tokenizer (check for added tokens without resize_token_embeddings, or pad ids such as -100 "
+            f"left inside attention_mask)."
+        )
+
+
 def sequence_logps(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -159,51 +215,14 @@ def sequence_logps(
 
     Source: Implicit PRM §3 (``r(y) = beta log pi_phi(y)/pi_ref(y)``).
     """
-    _check_tensor("logits", logits)
-    if logits.dim() != 3:
-        raise ValueError(f"`logits` must have shape (B, L, V), got {tuple(logits.shape)}.")
-    _check_2d("input_ids", input_ids)
-    if input_ids.shape != logits.shape[:2]:
-        raise ValueError(f"`input_ids` must have shape {tuple(logits.shape[:2])}, got {tuple(input_ids.shape)}.")
-    _check_same_shape("input_ids", input_ids, "attention_mask", attention_mask)
-    am = _as_bool_mask("attention_mask", attention_mask)
-    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise ValueError(f"`input_ids` must be an integer tensor of token ids, got dtype {input_ids.dtype}.")
+    am = _check_sequence_inputs(logits, input_ids, attention_mask)
     B, L = input_ids.shape
-    V = logits.shape[-1]
-    single = _as_int(prompt_lengths)
-    if single is not None:
-        pl = torch.full((B,), single, dtype=torch.long, device=input_ids.device)
-    else:
-        if not isinstance(prompt_lengths, torch.Tensor):
-            if isinstance(prompt_lengths, (str, bytes, dict)) or not hasattr(prompt_lengths, "__iter__"):
-                raise ValueError(
-                    f"`prompt_lengths` must be one int, a sequence of {B} ints or a ({B},) integer tensor, got "
-                    f"{type(prompt_lengths).__name__}."
-                )
-            values = [_as_int(x) for x in prompt_lengths]
-            if any(v is None for v in values):
-                raise ValueError(f"`prompt_lengths` must hold integers, got {list(prompt_lengths)!r}.")
-            prompt_lengths = torch.tensor(values, dtype=torch.long)
-        _check_rows("prompt_lengths", prompt_lengths, B)
-        if prompt_lengths.is_floating_point() or prompt_lengths.is_complex() or prompt_lengths.dtype == torch.bool:
-            raise ValueError(f"`prompt_lengths` must be integers, got dtype {prompt_lengths.dtype}.")
-        pl = prompt_lengths.to(input_ids.device).long()
-    if B and bool((pl < 0).any()):
-        raise ValueError(f"`prompt_lengths` must be >= 0, got {pl.tolist()}.")
+    pl = _prompt_length_tensor(prompt_lengths, B, input_ids.device)
     wd = _work_dtype(logits)
     t = torch.arange(1, L, device=input_ids.device).expand(B, L - 1)
     m = am[:, 1:] & (t >= pl[:, None])
     targets = input_ids[:, 1:]
-    out_of_vocab = m & ((targets < 0) | (targets >= V))
-    if bool(out_of_vocab.any()):
-        row, col = (int(i) for i in torch.nonzero(out_of_vocab)[0].tolist())
-        raise ValueError(
-            f"`input_ids` holds token id {int(targets[row, col])} at input_ids[{row}, {col + 1}] (a scored completion "
-            f"position), outside the vocabulary of the logits (V={V}); the logits and input_ids must come from the "
-            f"same model/tokenizer (check for added tokens without resize_token_embeddings, or pad ids such as -100 "
-            f"left inside attention_mask)."
-        )
+    _check_in_vocabulary(targets, m, logits.shape[-1])
     # ids at unscored positions (prompt, padding) may be anything (e.g. -100): never gathered
     targets = torch.where(m, targets, torch.zeros_like(targets))
     lp = token_logps(logits[:, :-1], targets, dtype=wd)  # (B, L-1), position t-1 -> token t
@@ -211,6 +230,26 @@ def sequence_logps(
     s = lp.sum(-1)
     n = m.sum(-1).to(wd)
     return s.to(logits.dtype), (s / n.clamp(min=1)).to(logits.dtype)
+
+
+def _sequence_rewards_and_labels(
+    prm_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`implicit_prm_loss`' inputs checked, in the work dtype: ``(r (B,), labels (B,), rows with a label)``,
+    ``r = beta * sum_t (prm - ref)_t * mask_t``."""
+    _check_2d("prm_logps", prm_logps)
+    _check_same_shape("prm_logps", prm_logps, "ref_logps", ref_logps)
+    _check_same_shape("prm_logps", prm_logps, "mask", mask)
+    _check_rows("labels", labels, prm_logps.shape[0])
+    m = _as_bool_mask("mask", mask)
+    wd = _work_dtype(prm_logps, ref_logps)
+    y = labels.to(device=prm_logps.device, dtype=wd)
+    valid = ~torch.isnan(y)
+    if bool(((y[valid] < 0) | (y[valid] > 1)).any()):
+        raise ValueError("`labels` must lie in [0, 1] (or be NaN for unscorable rows).")
+    diff = prm_logps.to(wd) - ref_logps.to(wd)
+    r = beta * torch.where(m, diff, torch.zeros_like(diff)).sum(-1)  # (B,)
+    return r, y, valid
 
 
 def implicit_prm_loss(
@@ -258,21 +297,9 @@ def implicit_prm_loss(
     Source: PRIME §3.1 / Algorithm 1 line 8 (CE); Implicit PRM §3-4 (CE, DPO, KTO, NCA instantiations).
     """
     check_choice(loss_type, PRM_LOSSES, "loss_type")
-    _check_2d("prm_logps", prm_logps)
-    _check_same_shape("prm_logps", prm_logps, "ref_logps", ref_logps)
-    _check_same_shape("prm_logps", prm_logps, "mask", mask)
-    B = prm_logps.shape[0]
-    _check_rows("labels", labels, B)
-    m = _as_bool_mask("mask", mask)
-    wd = _work_dtype(prm_logps, ref_logps)
-    y = labels.to(device=prm_logps.device, dtype=wd)
-    valid = ~torch.isnan(y)
-    if bool(((y[valid] < 0) | (y[valid] > 1)).any()):
-        raise ValueError("`labels` must lie in [0, 1] (or be NaN for unscorable rows).")
-    diff = prm_logps.to(wd) - ref_logps.to(wd)
-    r = beta * torch.where(m, diff, torch.zeros_like(diff)).sum(-1)  # (B,)
+    r, y, valid = _sequence_rewards_and_labels(prm_logps, ref_logps, mask, labels, beta)
+    B = r.shape[0]
     zero = r.sum() * 0.0
-
     if loss_type == "ce":
         loss = _prm_ce_loss(r, y, valid, zero)
     elif loss_type == "kto":
@@ -459,6 +486,36 @@ def _step_cuts(text: str, delim: str) -> list[int]:
     return cuts
 
 
+def _positive_step_len(step_len: Any) -> int | None:
+    """``step_len`` of :func:`step_end_mask` as an int (``None`` stays ``None``); refused unless a positive int."""
+    if step_len is None:
+        return None
+    k = _as_int(step_len)
+    if k is None or k < 1:
+        raise ValueError(f"step_len={step_len!r} must be a positive int.")
+    return k
+
+
+def _length_step_ends(m: torch.Tensor, step_len: int | None) -> torch.Tensor:
+    """Every ``step_len``-th valid token (positions with ``(t+1) % step_len == 0``) of the bool mask ``m``."""
+    if step_len is None:
+        raise ValueError('split="length" needs `step_len` (e.g. step_len=256).')
+    B, T = m.shape
+    pos = torch.arange(T, device=m.device).expand(B, T)
+    return ((pos + 1) % step_len == 0) & m
+
+
+def _text_delimiter(split: str, tokenizer: Any, delimiter: str | None) -> str:
+    """The delimiter of a text split of :func:`step_end_mask` (``"\\n\\n"`` / ``"\\n"`` unless ``delimiter``); a
+    text split needs a ``tokenizer``."""
+    if tokenizer is None:
+        raise ValueError(f'split="{split}" finds delimiters in decoded text and needs a `tokenizer`.')
+    delim = delimiter if delimiter is not None else ("\n\n" if split == "double_newline" else "\n")
+    if not delim:
+        raise ValueError("`delimiter` must be a non-empty string.")
+    return delim
+
+
 def step_end_mask(
     completion_ids: torch.Tensor,
     mask: torch.Tensor,
@@ -508,27 +565,15 @@ def step_end_mask(
     _check_2d("completion_ids", completion_ids)
     _check_same_shape("completion_ids", completion_ids, "mask", mask)
     m = _as_bool_mask("mask", mask)
-    B, T = m.shape
-    if step_len is not None:
-        k = _as_int(step_len)
-        if k is None or k < 1:
-            raise ValueError(f"step_len={step_len!r} must be a positive int.")
-        step_len = k
-    ends = last_token_mask(m)
-    pos = torch.arange(T, device=m.device).expand(B, T)
+    step_len = _positive_step_len(step_len)
     if split == "token":
         return m.clone()
+    ends = last_token_mask(m)
     if split == "length" or step_len is not None:
-        if step_len is None:
-            raise ValueError('split="length" needs `step_len` (e.g. step_len=256).')
-        ends = ends | (((pos + 1) % step_len == 0) & m)
+        ends = ends | _length_step_ends(m, step_len)
     if split == "length":
         return ends
-    if tokenizer is None:
-        raise ValueError(f'split="{split}" finds delimiters in decoded text and needs a `tokenizer`.')
-    delim = delimiter if delimiter is not None else ("\n\n" if split == "double_newline" else "\n")
-    if not delim:
-        raise ValueError("`delimiter` must be a non-empty string.")
+    delim = _text_delimiter(split, tokenizer, delimiter)
     return ends | (_delimiter_step_ends(completion_ids, m, tokenizer, delim).to(m.device) & m)
 
 

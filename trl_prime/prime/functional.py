@@ -337,63 +337,39 @@ def rloo_advantages(
 
     with ``rbar^j`` the mean token reward of completion j (over its mask) and the outcome placed at the last
     valid token. At ``t=0`` with ``gamma=1`` the process part is ``sum_t r_t^i - L_i mean_{j!=i} rbar^j``.
-
-    ``baseline="reference"`` is the released code's ``masked_rloo``: each source is transformed per token to
-    ``x * K/(K-1) - sum_j mean(x_j)/(K-1)`` (process source over the completion mask; outcome source over a
-    one-token mask at the last valid token, i.e. the true leave-one-out), then multiplied by its coefficient
-    and discounted (``gamma`` for process, ``outcome_gamma`` for outcome). Per-completion sums equal the
-    paper's, per-token values do not.
-
-    ``whiten=True`` (released code) replaces the advantages by :func:`masked_whiten` of the returns over all
-    valid tokens of the batch (unbiased variance, eps ``whiten_eps``). ``process_reward_norm="batch_norm"``
-    first divides the process rewards by the batch's max |reverse cumulative sum| + 1e-6.
-    ``include_last_token=False`` zeroes the process reward of each completion's last token (released veRL;
-    the mask used for ``rbar`` is unchanged).
-
     Unscorable rows (NaN outcome) are excluded from every baseline and from the whitening statistics and get
     advantage and return 0; so do rows of a group with fewer than 2 scorable rows.
 
     Args:
-        process_rewards: ``(B, T)`` token process rewards (e.g. :func:`implicit_token_rewards`).
-        outcome_rewards: ``(B,)`` verifier scores in [0, 1] or NaN.
-        mask: ``(B, T)`` bool/0-1 completion mask.
-        num_generations: K, for contiguous groups (or pass ``group_ids``).
-        process_coef, outcome_coef: Weights of the two sources.
-        gamma: Discount of the process return; ``outcome_gamma``: discount of the outcome return.
-        baseline: ``"paper"`` | ``"reference"``.
-        whiten: Whiten the returns over the batch's valid tokens.
-        process_reward_norm: ``"none"`` | ``"batch_norm"``.
-        include_last_token: Keep the process reward of the last valid token.
-        group_ids: ``(B,)`` group ids (any order, any size >= 2) instead of ``num_generations``.
-        whiten_eps: Variance epsilon of the whitening.
+        process_rewards, outcome_rewards, mask: ``(B, T)`` token process rewards (e.g.
+            :func:`implicit_token_rewards`), ``(B,)`` verifier scores in [0, 1] or NaN, ``(B, T)`` completion mask.
+        num_generations: K, for contiguous groups (or pass ``group_ids``: any order, any size >= 2).
+        process_coef, outcome_coef: Weights of the two sources; ``gamma``, ``outcome_gamma``: their discounts.
+        baseline: ``"paper"`` or ``"reference"``, the released code's ``masked_rloo``: each source becomes, per token,
+            ``x * K/(K-1) - sum_j mean(x_j)/(K-1)`` (process over the completion mask; outcome over a one-token mask
+            at the last valid token, the true leave-one-out), then is weighted and discounted. Per-completion sums
+            equal the paper's, per-token values do not.
+        whiten: (released code) the advantages are :func:`masked_whiten` of the returns over all valid tokens of
+            the batch (unbiased variance, eps ``whiten_eps``).
+        process_reward_norm: ``"batch_norm"`` (released code) first divides the process rewards by the batch's
+            max |reverse cumulative sum| + 1e-6; ``"none"``.
+        include_last_token: False zeroes each completion's last-token process reward (released veRL; ``rbar``'s
+            mask is unchanged).
 
     Returns:
         ``(advantages (B, T), returns (B, T))`` in the dtype of ``process_rewards``; 0 outside the mask.
 
     Raises:
-        ValueError: for a group with fewer than 2 completions, ``num_generations`` not dividing B, unknown
-            option values, mismatched shapes, or a non-finite (NaN/inf) process reward at a valid position
-            (NaN marks an unscorable completion only in ``outcome_rewards``; padded positions may hold anything).
-
+        ValueError: for a group with fewer than 2 completions, ``num_generations`` not dividing B, unknown option
+            values, mismatched shapes, or a non-finite process reward at a valid position (NaN marks an unscorable
+            completion only in ``outcome_rewards``; padded positions may hold anything).
     Source: PRIME Eq. 5 (§3.2); released PRIME / veRL ``compute_rloo_advantage_return``.
     """
+    data = (process_rewards, outcome_rewards, mask, group_ids, num_generations)
+    coefs = dict(process_coef=process_coef, outcome_coef=outcome_coef, gamma=gamma, outcome_gamma=outcome_gamma)
+    shaping = dict(baseline=baseline, whiten=whiten, whiten_eps=whiten_eps, process_reward_norm=process_reward_norm)
     return _prime_advantages_impl(
-        process_rewards,
-        outcome_rewards,
-        mask,
-        group_ids,
-        num_generations,
-        terms=_rloo_terms,
-        process_coef=process_coef,
-        outcome_coef=outcome_coef,
-        gamma=gamma,
-        outcome_gamma=outcome_gamma,
-        baseline=baseline,
-        whiten=whiten,
-        process_reward_norm=process_reward_norm,
-        include_last_token=include_last_token,
-        whiten_eps=whiten_eps,
-        fn="rloo_advantages",
+        *data, terms=_rloo_terms, include_last_token=include_last_token, fn="rloo_advantages", **coefs, **shaping
     )
 
 
@@ -532,6 +508,33 @@ def implicit_prm_values(process_rewards: torch.Tensor, mask: torch.Tensor, *, sc
     return torch.where(m, before, torch.zeros_like(before)).to(_out_dtype(process_rewards))
 
 
+def _check_gae_args(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
+) -> torch.Tensor:
+    """Validate :func:`gae_advantages`' shapes and ``gamma`` / ``lam``; return the bool mask."""
+    _check_2d("rewards", rewards)
+    _check_same_shape("rewards", rewards, "values", values)
+    _check_same_shape("rewards", rewards, "mask", mask)
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= float(x) <= 1.0:
+            raise ValueError(f"gae_advantages: `{name}`={x!r} must lie in [0, 1].")
+    return _as_bool_mask("mask", mask)
+
+
+def _gae_over_kept(r: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, *, gamma: float, lam: float) -> torch.Tensor:
+    """GAE's ``A_t`` (``(B, T)``, work dtype) over the ``keep`` positions of each row, in order; 0 elsewhere."""
+    # the mask positions of each row moved to its front, in order: GAE's recursion runs over consecutive entries
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    kc = torch.gather(keep, 1, order)
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    rc = torch.where(kc, torch.gather(r, 1, order), zero)
+    vc = torch.where(kc, torch.gather(v, 1, order), zero)
+    v_next = F.pad(vc[:, 1:], (0, 1))  # 0 after a row's last valid token (terminal) and on the padding
+    delta = torch.where(kc, rc + gamma * v_next - vc, zero)
+    adv_c = discounted_cumsum(delta, float(gamma) * float(lam))
+    return torch.zeros_like(adv_c).scatter(1, order, adv_c)
+
+
 def gae_advantages(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -576,27 +579,13 @@ def gae_advantages(
 
     Source: Schulman et al. 2016 (arXiv 1506.02438) Eq. 16; the PPO estimator of PRIME Table 4 and Figure 7.
     """
-    _check_2d("rewards", rewards)
-    _check_same_shape("rewards", rewards, "values", values)
-    _check_same_shape("rewards", rewards, "mask", mask)
-    for name, x in (("gamma", gamma), ("lam", lam)):
-        if not 0.0 <= float(x) <= 1.0:
-            raise ValueError(f"gae_advantages: `{name}`={x!r} must lie in [0, 1].")
-    m = _as_bool_mask("mask", mask)
+    m = _check_gae_args(rewards, values, mask, gamma=gamma, lam=lam)
     wd = _work_dtype(rewards, values)
     r, v = rewards.to(wd), values.to(wd)
     ok = ~((~torch.isfinite(r) | ~torch.isfinite(v)) & m).any(-1)  # (B,) rows without a non-finite entry
     keep = m & ok[:, None]
-    # the mask positions of each row moved to its front, in order: GAE's recursion runs over consecutive entries
-    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-    kc = torch.gather(keep, 1, order)
     zero = torch.zeros((), dtype=wd, device=r.device)
-    rc = torch.where(kc, torch.gather(r, 1, order), zero)
-    vc = torch.where(kc, torch.gather(v, 1, order), zero)
-    v_next = F.pad(vc[:, 1:], (0, 1))  # 0 after a row's last valid token (terminal) and on the padding
-    delta = torch.where(kc, rc + gamma * v_next - vc, zero)
-    adv_c = discounted_cumsum(delta, float(gamma) * float(lam))
-    adv = torch.zeros_like(adv_c).scatter(1, order, adv_c)
+    adv = _gae_over_kept(r, v, keep, gamma=gamma, lam=lam)
     returns = torch.where(keep, adv + v, zero)
     adv, _ = _whitened(adv, keep, whiten=whiten, eps=whiten_eps)
     out = _out_dtype(rewards)
@@ -937,10 +926,9 @@ def prm_labels(
     """The implicit PRM's training labels in ``[0, 1]`` derived from the outcome rewards (``PrimeOptions.prm_label``).
 
     PRIME trains its implicit PRM with the cross-entropy ``-[l log sigmoid(r(y)) + (1 - l) log(1 - sigmoid(r(y)))]``
-    against the outcome label ``l`` (PRIME arXiv 2502.01456 Eq. 4; the Implicit PRM's CE loss, arXiv 2412.01981
-    Sec. 3), so ``l`` must lie in ``[0, 1]``. The outcome reward itself keeps its scale for the advantages (as TRL
-    computes them); only the PRM's label (and what is read from it: the online prompt filter's accuracy and the PRM
-    metrics) comes from this function:
+    against the outcome label ``l`` (PRIME Eq. 4; the Implicit PRM's CE loss, Sec. 3), so ``l`` lies in ``[0, 1]``.
+    The outcome reward keeps its scale for the advantages; only the PRM's label (and the online prompt filter's
+    accuracy and the PRM metrics, read from it) comes from this function:
 
     - ``"identity"``: ``l = r`` (a 0/1 verifier, or a fraction of tests passed). A reward within ``1e-6`` outside
       ``[0, 1]`` (float32 rounding of a weighted sum) is clamped into it; one further outside raises.
@@ -963,10 +951,8 @@ def prm_labels(
     Args:
         outcome_rewards: ``(B,)`` float outcome rewards (NaN = unscorable).
         mode: one of :data:`PRM_LABELS`.
-        num_generations: group size ``K`` for contiguous groups (``"group_rank"``; or pass ``group_ids``).
-        group_ids: ``(B,)`` group ids instead of ``num_generations`` (``"group_rank"``).
-        threshold: ``"threshold"``'s cut-off (any finite number).
-        temperature: ``"sigmoid"``'s temperature (finite, > 0).
+        num_generations, group_ids: ``"group_rank"``'s groups: contiguous groups of ``K``, or ``(B,)`` group ids.
+        threshold, temperature: ``"threshold"``'s cut-off (finite); ``"sigmoid"``'s temperature (finite, > 0).
         min_spread: ``"group_rank"``'s floor on a group's reward spread, in reward units (finite, >= 0; 0: only
             all-equal groups get no label).
 
@@ -975,51 +961,79 @@ def prm_labels(
 
     Raises:
         ValueError: an unknown ``mode``; ``"identity"`` with a scorable reward outside ``[0, 1]`` (the message names
-            the range and the other modes); a non-finite ``threshold``; a non-positive or non-finite
-            ``temperature``; a negative or non-finite ``min_spread``; ``"group_rank"`` without a grouping, or a
-            grouping error.
+            the range and the other modes); a non-finite ``threshold``; a non-positive or non-finite ``temperature``;
+            a negative or non-finite ``min_spread``; ``"group_rank"`` without a grouping, or a grouping error.
 
     Source: PRIME arXiv 2502.01456 Eq. 4 (CE on the outcome label); Implicit PRM arXiv 2412.01981 Sec. 3.
     """
     check_choice(mode, PRM_LABELS, "prm_label")
+    _check_label_args(outcome_rewards, min_spread)
+    od = torch.float64 if outcome_rewards.dtype == torch.float64 else torch.float32
+    r = outcome_rewards.detach().to(torch.float64)
+    options = dict(threshold=threshold, temperature=temperature, min_spread=min_spread)
+    labels = _LABEL_MODES[mode](r, group_ids=group_ids, num_generations=num_generations, **options)
+    return labels.to(od)
+
+
+def _check_label_args(outcome_rewards: torch.Tensor, min_spread: float) -> None:
+    """:func:`prm_labels`: ``outcome_rewards`` a ``(B,)`` tensor, ``min_spread`` finite and >= 0."""
     _check_tensor("outcome_rewards", outcome_rewards)
     if outcome_rewards.dim() != 1:
         raise ValueError(f"`outcome_rewards` must have shape (B,), got {tuple(outcome_rewards.shape)}.")
     if not (math.isfinite(float(min_spread)) and float(min_spread) >= 0):
         raise ValueError(f"min_spread={min_spread!r} must be a finite number >= 0.")
-    od = torch.float64 if outcome_rewards.dtype == torch.float64 else torch.float32
-    r = outcome_rewards.detach().to(torch.float64)
-    valid = ~torch.isnan(r)
-    nan = torch.full_like(r, float("nan"))
-    if mode == "identity":
-        scored = r[valid]
-        if bool(((scored < -_LABEL_RANGE_ATOL) | (scored > 1 + _LABEL_RANGE_ATOL)).any()):
-            raise ValueError(
-                f"prm_label='identity' uses the outcome reward as the implicit PRM's cross-entropy label, which must "
-                f"lie in [0, 1], but the rewards span [{scored.min().item():.4g}, {scored.max().item():.4g}]. Set "
-                "prm_label='threshold' (label 1 at reward >= prm_label_threshold), 'sigmoid' (sigmoid(reward / "
-                "prm_label_temperature)) or 'group_rank' (1 above the group's mean, 0 below)."
-            )
-        labels = r.clamp(0.0, 1.0)  # NaN stays NaN
-    elif mode == "threshold":
-        if not math.isfinite(float(threshold)):
-            raise ValueError(f"threshold={threshold!r} must be a finite number.")
-        labels = torch.where(valid, (r >= float(threshold)).to(r.dtype), nan)
-    elif mode == "sigmoid":
-        if not (math.isfinite(float(temperature)) and float(temperature) > 0):
-            raise ValueError(f"temperature={temperature!r} must be a finite number > 0.")
-        labels = torch.sigmoid(r / float(temperature))  # NaN stays NaN
-    else:
-        if group_ids is None and num_generations is None:
-            raise ValueError("prm_labels(mode='group_rank') needs `num_generations` (or `group_ids`).")
-        gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_labels")
-        finite = torch.isfinite(r)  # +-inf: unscorable here, kept out of the group's statistics
-        cnt, spread = _finite_group_spread(r, finite, gid, G)
-        mean = (_group_sum(torch.where(finite, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
-        spread = spread[gid]
-        tie = (spread == 0) | (spread < float(min_spread)) | ((r - mean).abs() <= _LABEL_TIE_RTOL * spread)
-        labels = torch.where(finite & ~tie, (r > mean).to(r.dtype), nan)
-    return labels.to(od)
+
+
+def _identity_labels(r: torch.Tensor, **_: Any) -> torch.Tensor:
+    """``prm_label="identity"``: the reward, clamped into ``[0, 1]`` from within ``1e-6`` of it."""
+    scored = r[~torch.isnan(r)]
+    if bool(((scored < -_LABEL_RANGE_ATOL) | (scored > 1 + _LABEL_RANGE_ATOL)).any()):
+        raise ValueError(
+            f"prm_label='identity' uses the outcome reward as the implicit PRM's cross-entropy label, which must "
+            f"lie in [0, 1], but the rewards span [{scored.min().item():.4g}, {scored.max().item():.4g}]. Set "
+            "prm_label='threshold' (label 1 at reward >= prm_label_threshold), 'sigmoid' (sigmoid(reward / "
+            "prm_label_temperature)) or 'group_rank' (1 above the group's mean, 0 below)."
+        )
+    return r.clamp(0.0, 1.0)  # NaN stays NaN
+
+
+def _threshold_labels(r: torch.Tensor, *, threshold: float, **_: Any) -> torch.Tensor:
+    """``prm_label="threshold"``: 1 at ``r >= threshold``, else 0; NaN stays NaN."""
+    if not math.isfinite(float(threshold)):
+        raise ValueError(f"threshold={threshold!r} must be a finite number.")
+    return torch.where(~torch.isnan(r), (r >= float(threshold)).to(r.dtype), torch.full_like(r, float("nan")))
+
+
+def _sigmoid_labels(r: torch.Tensor, *, temperature: float, **_: Any) -> torch.Tensor:
+    """``prm_label="sigmoid"``: ``sigmoid(r / temperature)``."""
+    if not (math.isfinite(float(temperature)) and float(temperature) > 0):
+        raise ValueError(f"temperature={temperature!r} must be a finite number > 0.")
+    return torch.sigmoid(r / float(temperature))  # NaN stays NaN
+
+
+def _group_rank_labels(
+    r: torch.Tensor, *, group_ids: GroupIds | None, num_generations: int | None, min_spread: float, **_: Any
+) -> torch.Tensor:
+    """``prm_label="group_rank"``: 1 above the mean of the row's group (finite rows), 0 below, NaN on ties, on
+    groups of too small a spread and on non-finite rewards."""
+    if group_ids is None and num_generations is None:
+        raise ValueError("prm_labels(mode='group_rank') needs `num_generations` (or `group_ids`).")
+    gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_labels")
+    finite = torch.isfinite(r)  # +-inf: unscorable here, kept out of the group's statistics
+    cnt, spread = _finite_group_spread(r, finite, gid, G)
+    mean = (_group_sum(torch.where(finite, r, torch.zeros_like(r)), gid, G) / cnt.clamp(min=1))[gid]
+    spread = spread[gid]
+    tie = (spread == 0) | (spread < float(min_spread)) | ((r - mean).abs() <= _LABEL_TIE_RTOL * spread)
+    return torch.where(finite & ~tie, (r > mean).to(r.dtype), torch.full_like(r, float("nan")))
+
+
+#: :func:`prm_labels`' modes (:data:`PRM_LABELS`)
+_LABEL_MODES = {
+    "identity": _identity_labels,
+    "threshold": _threshold_labels,
+    "sigmoid": _sigmoid_labels,
+    "group_rank": _group_rank_labels,
+}
 
 
 def _finite_group_spread(r: torch.Tensor, finite: torch.Tensor, gid: torch.Tensor, G: int):
@@ -1080,9 +1094,21 @@ def prm_label_warnings(
     r = outcome_rewards.detach().to(torch.float64)
     finite = torch.isfinite(r)
     scored = r[finite]
-    out: dict[str, str] = {}
-    if mode == "sigmoid" and scored.numel() > 0 and bool(((scored >= 0) & (scored <= 1)).all()):
-        out["sigmoid_unit_rewards"] = (
+    key, message = None, None
+    if mode == "sigmoid":
+        key, message = "sigmoid_unit_rewards", _sigmoid_unit_warning(scored)
+    elif mode == "threshold":
+        key, message = "threshold_one_class", _threshold_one_class_warning(scored, threshold)
+    elif mode == "group_rank" and float(min_spread) > 0:
+        key = "group_rank_low_spread"
+        message = _group_rank_low_spread_warning(r, finite, group_ids, num_generations, min_spread)
+    return {key: message} if message is not None else {}
+
+
+def _sigmoid_unit_warning(scored: torch.Tensor) -> str | None:
+    """:func:`prm_label_warnings`' ``"sigmoid_unit_rewards"``: ``prm_label="sigmoid"`` on rewards in ``[0, 1]``."""
+    if scored.numel() > 0 and bool(((scored >= 0) & (scored <= 1)).all()):
+        return (
             "prm_label='sigmoid' on outcome rewards already in [0, 1] (this batch: "
             f"[{scored.min().item():.3g}, {scored.max().item():.3g}]): the PRM's labels sigmoid(r / "
             "prm_label_temperature) are 0.5 for a reward of 0 at any temperature, and 0.5 to 0.731 at temperature "
@@ -1092,31 +1118,46 @@ def prm_label_warnings(
             "prm_label='identity' (a reward in [0, 1] is a label already) or 'threshold'; keep 'sigmoid' only if "
             "the reward is a logit that happened to fall in [0, 1]."
         )
-    if mode == "threshold" and scored.numel() >= 2 and scored.max() > scored.min():
+    return None
+
+
+def _threshold_one_class_warning(scored: torch.Tensor, threshold: float) -> str | None:
+    """:func:`prm_label_warnings`' ``"threshold_one_class"``: a threshold outside the differing rewards' range."""
+    if scored.numel() >= 2 and scored.max() > scored.min():
         above = scored >= float(threshold)
         if bool(above.all()) or not bool(above.any()):
             side = "1 (every reward >= it)" if bool(above.all()) else "0 (every reward below it)"
-            out["threshold_one_class"] = (
+            return (
                 f"prm_label='threshold' labelled every scorable row of this batch {side}: prm_label_threshold="
                 f"{float(threshold):g} lies outside the rewards' range [{scored.min().item():.3g}, "
                 f"{scored.max().item():.3g}], so the online filter drops every group and the PRM sees one class "
                 "although the rewards differ. Set prm_label_threshold inside the rewards' range (e.g. their median), "
                 "or use prm_label='group_rank' (scale-free: 1 above the group's mean, 0 below)."
             )
-    if mode == "group_rank" and float(min_spread) > 0:
-        if group_ids is None and num_generations is None:
-            raise ValueError("prm_label_warnings(mode='group_rank') needs `num_generations` (or `group_ids`).")
-        gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_label_warnings")
-        cnt, spread = _finite_group_spread(r, finite, gid, G)
-        low = (cnt >= 2) & (spread > 0) & (spread < float(min_spread))
-        if bool(low.any()):
-            worst = spread[low].min().item()
-            out["group_rank_low_spread"] = (
-                f"prm_label='group_rank': {int(low.sum())} of {G} groups of this batch have outcome rewards spanning "
-                f"less than prm_label_min_spread={float(min_spread):g} (smallest spread {worst:.3g}); ranking "
-                "inside so small a spread would turn noise into confident 0/1 labels, so their rows get no PRM label "
-                "(excluded from the PRM loss, the online filter and the PRM metrics). If differences that small are "
-                "signal in your reward, lower prm_label_min_spread (0: label every group whose rewards are not all "
-                "equal)."
-            )
-    return out
+    return None
+
+
+def _group_rank_low_spread_warning(
+    r: torch.Tensor,
+    finite: torch.Tensor,
+    group_ids: GroupIds | None,
+    num_generations: int | None,
+    min_spread: float,
+) -> str | None:
+    """:func:`prm_label_warnings`' ``"group_rank_low_spread"``: groups whose spread is below ``min_spread``."""
+    if group_ids is None and num_generations is None:
+        raise ValueError("prm_label_warnings(mode='group_rank') needs `num_generations` (or `group_ids`).")
+    gid, G, _ = _group_index(group_ids, num_generations, r.shape[0], r.device, fn="prm_label_warnings")
+    cnt, spread = _finite_group_spread(r, finite, gid, G)
+    low = (cnt >= 2) & (spread > 0) & (spread < float(min_spread))
+    if bool(low.any()):
+        worst = spread[low].min().item()
+        return (
+            f"prm_label='group_rank': {int(low.sum())} of {G} groups of this batch have outcome rewards spanning "
+            f"less than prm_label_min_spread={float(min_spread):g} (smallest spread {worst:.3g}); ranking "
+            "inside so small a spread would turn noise into confident 0/1 labels, so their rows get no PRM label "
+            "(excluded from the PRM loss, the online filter and the PRM metrics). If differences that small are "
+            "signal in your reward, lower prm_label_min_spread (0: label every group whose rewards are not all "
+            "equal)."
+        )
+    return None

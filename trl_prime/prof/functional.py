@@ -3,6 +3,29 @@
 Algorithm 1.
 
 Re-exported by :mod:`trl_prime.functional` (conventions there).
+
+:func:`prof_select` in detail:
+
+- Per group of ``n`` scorable rows (``n+`` correct: outcome >= ``correct_threshold``; ``n-`` incorrect; NaN outcomes
+  are never kept), choose ``k+ + k- = m`` with ``k+ <= n+``, ``k- <= n-`` maximising ``k+ * k-``. As in the released
+  code the number of correct rows removed is ``clip(round((n+ - n- + r)/2), 0, min(r, n+))`` with
+  ``r = min(num_remove, n)``, and the remaining ``r -`` that many incorrect rows are removed (at most ``n-``); for odd
+  ``m`` the tie between the two balanced splits is broken by ``rounding``: ``"half_even"`` (default, Python's banker's
+  rounding as released), ``"half_up"`` (keeps one fewer correct row) or ``"half_down"`` (one more correct row).
+- Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``,
+  ``critic = s*c - penalty*pen``. Within each class the lowest-critic rows are removed (stable: among ties the earlier
+  row goes first), i.e. the most consistent correct and the least consistent incorrect rows are kept, and a penalised
+  row (too few or too many steps) is removed before every unpenalised one of its class, correct or incorrect. This is
+  PROF Eq. (1) with Algorithm 1's ranking (arXiv 2509.03403v2: ``r_pro = (1/H) sum_h r_h - lambda * r_o * pen`` with
+  ``r_o`` in {-1, 1}; the top ``k+`` of the correct and the bottom ``k-`` of the incorrect rows by ``r_pro`` are
+  kept, and ``critic = s * r_pro``) and the released ``filter_trajectories``, so ``penalty_position`` ``"paper"`` and
+  ``"reference"`` select the same rows. (The v1 preprint put the penalty inside the sign, ``s*(c - penalty*pen)``,
+  which ranks a penalised incorrect row as the most consistent incorrect one and keeps it first; that form is not
+  offered.) ``mode="correct"`` removes incorrect rows uniformly at random (drawn with ``generator``) instead.
+- A NaN ``consistency`` (the PRM could not score the row) is treated as the worst critic of its class: such a row is
+  removed before every scored row of its class (correct or incorrect alike), and kept only when the class keeps more
+  rows than it has scored ones. (With ``mode="correct"`` incorrect rows are drawn at random, whatever their
+  consistency.)
 """
 
 from __future__ import annotations
@@ -231,6 +254,38 @@ def _prof_removals(
     return pos_rm, neg_rm
 
 
+def _check_prof_rows(consistency: torch.Tensor, num_steps: torch.Tensor, outcome_rewards: torch.Tensor) -> int:
+    """:func:`prof_select`: ``consistency`` ``(B,)`` and ``num_steps`` / ``outcome_rewards`` with ``B`` rows; returns
+    ``B``."""
+    _check_tensor("consistency", consistency)
+    if consistency.dim() != 1:
+        raise ValueError(f"`consistency` must have shape (B,), got {tuple(consistency.shape)}.")
+    B = consistency.shape[0]
+    _check_rows("num_steps", num_steps, B)
+    _check_rows("outcome_rewards", outcome_rewards, B)
+    return B
+
+
+def _prof_classes(
+    outcome_rewards: torch.Tensor, device: torch.device, correct_threshold: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scorable, correct, incorrect)`` rows (B,) bool: correct at outcome >= ``correct_threshold``."""
+    o = outcome_rewards.detach().to(device=device, dtype=torch.float64)
+    valid = ~torch.isnan(o)
+    pos = valid & (o >= correct_threshold)
+    return valid, pos, valid & ~pos
+
+
+def _random_incorrect_key(critic: torch.Tensor, neg: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``mode="correct"``: the critic on correct rows, a uniform draw (``generator``) on incorrect ones."""
+    B, dev = critic.shape[0], critic.device
+    if generator is not None:
+        rnd = torch.rand(B, generator=generator, device=generator.device, dtype=torch.float64).to(dev)
+    else:
+        rnd = torch.rand(B, device=dev, dtype=torch.float64)
+    return torch.where(neg, rnd, critic.clone())
+
+
 def _rank_within_class(key: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
     """Each row's 0-based rank (float64) by ascending ``key`` among the rows of its class ``cls`` (stable: ties keep
     row order)."""
@@ -263,46 +318,19 @@ def prof_select(
 ) -> torch.Tensor:
     """PROF selection: keep ``m = n - num_remove`` completions per prompt, balanced between correct and incorrect.
 
-    Per group of ``n`` scorable rows (``n+`` correct: outcome >= ``correct_threshold``; ``n-`` incorrect;
-    NaN outcomes are never kept), choose ``k+ + k- = m`` with ``k+ <= n+``, ``k- <= n-`` maximising
-    ``k+ * k-``. As in the released code the number of correct rows removed is
-    ``clip(round((n+ - n- + r)/2), 0, min(r, n+))`` with ``r = min(num_remove, n)``, and the remaining
-    ``r -`` that many incorrect rows are removed (at most ``n-``); for odd ``m`` the tie between the two
-    balanced splits is broken by ``rounding``: ``"half_even"`` (default, Python's banker's rounding as
-    released), ``"half_up"`` (keeps one fewer correct row) or ``"half_down"`` (one more correct row).
-
-    Critic: ``s = +1`` for correct and ``-1`` for incorrect rows, ``pen = H < min_steps or H > max_steps``,
-    ``critic = s*c - penalty*pen``. Within each class the lowest-critic rows are removed (stable: among ties the
-    earlier row goes first), i.e. the most consistent correct and the least consistent incorrect rows are kept, and
-    a penalised row (too few or too many steps) is removed before every unpenalised one of its class, correct or
-    incorrect. This is PROF Eq. (1) with Algorithm 1's ranking (arXiv 2509.03403v2: ``r_pro = (1/H) sum_h r_h -
-    lambda * r_o * pen`` with ``r_o`` in {-1, 1}; the top ``k+`` of the correct and the bottom ``k-`` of the
-    incorrect rows by ``r_pro`` are kept, and ``critic = s * r_pro``) and the released ``filter_trajectories``, so
-    ``penalty_position`` ``"paper"`` and ``"reference"`` select the same rows. (The v1 preprint put the penalty
-    inside the sign, ``s*(c - penalty*pen)``, which ranks a penalised incorrect row as the most consistent incorrect
-    one and keeps it first; that form is not offered.) ``mode="correct"`` removes incorrect rows uniformly at
-    random (drawn with ``generator``) instead.
-
-    A NaN ``consistency`` (the PRM could not score the row) is treated as the worst critic of its class: such a
-    row is removed before every scored row of its class (correct or incorrect alike), and kept only when the
-    class keeps more rows than it has scored ones. (With ``mode="correct"`` incorrect rows are drawn at random,
-    whatever their consistency.)
+    Per group, ``k+`` correct and ``k-`` incorrect scorable rows are kept, ``k+ + k- = m`` maximising ``k+ * k-``; in
+    each class the rows of lowest critic ``s*c - penalty*pen`` go first (``s = +-1`` for correct / incorrect; ``pen``:
+    a step count outside ``[min_steps, max_steps]``; NaN ``c``: worst). In detail: :mod:`trl_prime.prof.functional`.
 
     Args:
         group_ids: ``(B,)`` prompt ids (tensor or sequence; any order); ``None`` with ``num_generations``.
-        consistency: ``(B,)`` UNSIGNED consistency from :func:`prof_consistency_scores` (NaN: unscored, see
-            above).
-        num_steps: ``(B,)`` number of PRM steps ``H``.
-        outcome_rewards: ``(B,)`` outcomes (NaN = unscorable).
-        num_remove: Rows to remove per group (``n - m``); or pass ``num_keep`` (= m) instead.
-        penalty: ``lambda`` (default 10).
-        min_steps, max_steps: Allowed step-count range (default 2..30).
-        penalty_position: ``"reference"`` (released code) | ``"paper"`` (PROF Eq. (1)): the same critic (above);
-            both names are accepted.
-        mode: ``"both"`` | ``"correct"``.
-        rounding: ``"half_even"`` | ``"half_up"`` | ``"half_down"``.
+        consistency, num_steps, outcome_rewards: ``(B,)`` UNSIGNED consistency (:func:`prof_consistency_scores`;
+            NaN: unscored), number of PRM steps ``H``, outcomes (NaN = unscorable).
+        num_remove, num_keep: Rows to remove (``n - m``) or to keep (``m``) per group: exactly one of them.
+        penalty, min_steps, max_steps: ``lambda`` (default 10) and the allowed step-count range (default 2..30).
+        penalty_position: ``"reference"`` (released code) | ``"paper"`` (PROF Eq. (1)): the same critic.
+        mode, rounding: ``"both"`` | ``"correct"``; ``"half_even"`` | ``"half_up"`` | ``"half_down"``.
         generator: ``torch.Generator`` for ``mode="correct"``.
-        num_keep: Rows to keep per group (alternative to ``num_remove``).
         correct_threshold: Outcome at or above which a row counts as correct.
         num_generations: Contiguous groups of this size instead of ``group_ids`` (pass ``group_ids=None``).
 
@@ -312,7 +340,6 @@ def prof_select(
     Raises:
         ValueError: on unknown options, both/neither of ``num_remove``/``num_keep``, negative counts or shape
             mismatches.
-
     Source: PROF Algorithm 1 (step 4: ``k+ + k- = m``, max ``k+ k-``), Eq. (1) penalty; released
     ``filter_trajectories`` (PROF-Both / PROF-Correct).
     """
@@ -320,31 +347,14 @@ def prof_select(
     check_choice(mode, PROF_SELECT_MODES, "mode")
     check_choice(rounding, PROF_ROUNDINGS, "rounding")
     num_remove, num_keep = _prof_counts(num_remove, num_keep)
-    _check_tensor("consistency", consistency)
-    if consistency.dim() != 1:
-        raise ValueError(f"`consistency` must have shape (B,), got {tuple(consistency.shape)}.")
-    B = consistency.shape[0]
-    _check_rows("num_steps", num_steps, B)
-    _check_rows("outcome_rewards", outcome_rewards, B)
-    dev = consistency.device
-    gid, G, _ = _group_index(group_ids, num_generations, B, dev, fn="prof_select")
-    o = outcome_rewards.detach().to(device=dev, dtype=torch.float64)
-    valid = ~torch.isnan(o)
-    pos = valid & (o >= correct_threshold)
-    neg = valid & ~pos
+    B = _check_prof_rows(consistency, num_steps, outcome_rewards)
+    gid, G, _ = _group_index(group_ids, num_generations, B, consistency.device, fn="prof_select")
+    valid, pos, neg = _prof_classes(outcome_rewards, consistency.device, correct_threshold)
     critic = _prof_critic(consistency, num_steps, pos, penalty=penalty, min_steps=min_steps, max_steps=max_steps)
     pos_rm, neg_rm = _prof_removals(pos, neg, gid, G, num_remove=num_remove, num_keep=num_keep, rounding=rounding)
-
-    key = critic.clone()
-    if mode == "correct":
-        if generator is not None:
-            rnd = torch.rand(B, generator=generator, device=generator.device, dtype=torch.float64).to(dev)
-        else:
-            rnd = torch.rand(B, device=dev, dtype=torch.float64)
-        key = torch.where(neg, rnd, key)
+    key = _random_incorrect_key(critic, neg, generator) if mode == "correct" else critic.clone()
     # class: (group, correct/incorrect); invalid rows get their own class at the end
     cls = torch.where(valid, gid * 2 + neg.long(), torch.full_like(gid, 2 * G))
     rank = _rank_within_class(key, cls)
     removed = (pos & (rank < pos_rm[gid])) | (neg & (rank < neg_rm[gid]))
-    kept = valid & ~removed
-    return torch.nonzero(kept, as_tuple=True)[0]
+    return torch.nonzero(valid & ~removed, as_tuple=True)[0]
