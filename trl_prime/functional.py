@@ -22,10 +22,10 @@ Sources: PRIME (arXiv 2502.01456), Implicit PRM (arXiv 2412.01981), PRL (arXiv 2
 (arXiv 2509.03403). Where the authors' released code differs from the paper, the paper is the default
 and the released behaviour is a named option.
 
-Each method's equations live in its package (:mod:`trl_prime.prime.functional`, :mod:`trl_prime.prl.functional`,
-:mod:`trl_prime.prof.functional`, :mod:`trl_prime.implicit_prm.functional`), the shared helpers in
-:mod:`trl_prime.ops` and the option tuples in :mod:`trl_prime.options`; this module re-exports them, the one
-public namespace.
+Each method's equations live in its package (:mod:`trl_prime.prime.functional` and PRIME's advantage estimators,
+:mod:`trl_prime.prime.estimators`; :mod:`trl_prime.prl.functional`, :mod:`trl_prime.prof.functional`,
+:mod:`trl_prime.implicit_prm.functional`), the shared helpers in :mod:`trl_prime.ops` and the option tuples in
+:mod:`trl_prime.options`; this module re-exports them, the one public namespace.
 """
 
 from trl_prime.implicit_prm.functional import (

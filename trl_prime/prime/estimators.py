@@ -11,10 +11,10 @@ Built in: ``"rloo"`` (PRIME Eq. 5, :func:`~trl_prime.prime.functional.rloo_advan
 Eq. 8, below), ``"reinforce"`` (Appendix B.3, Eq. 7: no baseline) and ``"ppo"`` (Table 4: GAE against a value model,
 or the implicit PRM as value, section 5.4).
 
-**The "grpo" estimator** (PRIME Appendix B.3, Eq. 8): group-normalised process and outcome terms. With ``rbar^j`` the mean
-token reward of completion j over its mask of ``L_j`` tokens, and ``mean_g`` / ``std_g`` the group mean /
-unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o +
-eps)`` at the last token and the process term, for token t, is chosen by ``grpo_process_form``:
+**The "grpo" estimator** (PRIME Appendix B.3, Eq. 8): group-normalised process and outcome terms. With ``rbar^j``
+the mean token reward of completion j over its mask of ``L_j`` tokens, and ``mean_g`` / ``std_g`` the group mean /
+unbiased std over the group's K scorable rows, the outcome term is ``(r_o^i - mean_g r_o) / (std_g r_o + eps)`` at
+the last token and the process term, for token t, is chosen by ``grpo_process_form``:
 
 - ``"token"`` (default): the printed Eq. 8, ``sum_{s>=t} gamma^(s-t) (r_s^i - mean_g rbar) / D``, each token
   reward centred on the group mean of the completions' mean token rewards, summed as Eq. 5 sums it. With the

@@ -961,7 +961,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
 
     def _advantage_options(self) -> dict:
         """The estimator options of :func:`trl_prime.functional.prime_advantages` from the config: those its
-        :class:`~trl_prime.prime.estimators.AdvantageEstimator` reads (:func:`~trl_prime.prime.estimators.estimator_options`)."""
+        :class:`~trl_prime.prime.estimators.AdvantageEstimator` reads
+        (:func:`~trl_prime.prime.estimators.estimator_options`)."""
         return estimator_options(self.args)
 
     def _guard_advantages(self, r: PrimeRound, advantages_g: torch.Tensor) -> None:
