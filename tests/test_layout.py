@@ -117,3 +117,155 @@ def test_prime_step_reads_as_algorithm_1():
     assert {"_filter_prompts", "_reference_logps", "_update_prm", "_token_rewards", "_advantages"} <= called
     for name in called:
         assert lengths[f"trainer.py:PrimeMixin.{name}"] <= 40, name
+
+
+# ---------------------------------------------------------------------------------------------------- import graph
+
+
+def _is_type_checking(node) -> bool:
+    import ast
+
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """``module -> the trl_prime modules it imports``, every import statement counted (inside functions and
+    ``if`` blocks too; ``if TYPE_CHECKING:`` blocks excepted)."""
+    import ast
+
+    package = ROOT / "trl_prime"
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges = set()
+        pending = [ast.parse(path.read_text())]
+        while pending:
+            node = pending.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and _is_type_checking(child):
+                    pending.extend(child.orelse)
+                    continue
+                if isinstance(child, ast.Import):
+                    edges.update(alias.name for alias in child.names if alias.name in modules)
+                elif isinstance(child, ast.ImportFrom):
+                    if child.level:
+                        base = name.split(".") if is_package else name.split(".")[:-1]
+                        base = base[: len(base) - child.level + 1]
+                        source = ".".join(base + ([child.module] if child.module else []))
+                    else:
+                        source = child.module
+                    for alias in child.names:
+                        if f"{source}.{alias.name}" in modules:
+                            edges.add(f"{source}.{alias.name}")
+                        elif source in modules:
+                            edges.add(source)
+                pending.append(child)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """No two trl_prime modules import each other, directly or through others, counting the imports inside functions
+    (``command_line_errors`` lives in :mod:`trl_prime.cli_errors`, below :mod:`trl_prime.cli` and the scripts)."""
+    graph = _import_graph()
+    assert len(graph) > 40 and "trl_prime.cli" in graph["trl_prime.scripts.prime"]  # imports were found
+    assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # it finds cycles
+
+
+def test_each_method_math_lives_in_its_package():
+    """:mod:`trl_prime.functional` only re-exports: each method's equations live in ``<method>/functional.py``, the
+    shared helpers in :mod:`trl_prime.ops`, the option tuples in :mod:`trl_prime.options`."""
+    import ast
+
+    from trl_prime import functional as F
+
+    tree = ast.parse((ROOT / "trl_prime" / "functional.py").read_text())
+    allowed = (ast.Import, ast.ImportFrom, ast.Assign, ast.Expr)  # imports, __all__, the docstring
+    assert all(isinstance(node, allowed) for node in tree.body)
+    assert [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets] == ["__all__"]
+    homes = {
+        "prime_advantages": "trl_prime.prime.estimators",
+        "rloo_advantages": "trl_prime.prime.functional",
+        "gae_advantages": "trl_prime.prime.functional",
+        "prm_labels": "trl_prime.prime.functional",
+        "prl_advantages": "trl_prime.prl.functional",
+        "prof_select": "trl_prime.prof.functional",
+        "implicit_prm_loss": "trl_prime.implicit_prm.functional",
+        "step_rewards": "trl_prime.implicit_prm.functional",
+        "grpo_advantages": "trl_prime.ops",
+        "masked_whiten": "trl_prime.ops",
+        "check_choice": "trl_prime.options",
+    }
+    for name, module in homes.items():
+        assert getattr(F, name).__module__ == module, name
+    for name in F.__all__:
+        obj = getattr(F, name)
+        assert getattr(obj, "__module__", "trl_prime.") != "trl_prime.functional", name
+
+
+def test_estimator_names_are_compared_only_in_the_registry():
+    """No module but :mod:`trl_prime.prime.estimators` compares a value with an estimator's name (``== "ppo"``,
+    ``in ("rloo", "grpo")``): they ask the registry (``get_advantage_estimator(name).needs_values``, ...)."""
+    import ast
+
+    from trl_prime.prime.estimators import ESTIMATORS
+
+    names = set(ESTIMATORS)
+    offenders = []
+    for path in sorted((ROOT / "trl_prime").rglob("*.py")):
+        if path.name == "estimators.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            text = " ".join(ast.unparse(o) for o in operands)
+            constants = {
+                c.value
+                for o in operands
+                for c in ast.walk(o)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            }
+            if constants & names and "estimator" in text:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, offenders

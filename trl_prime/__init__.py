@@ -10,6 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from trl_prime import _noise
+from trl_prime import methods as _methods
 
 
 __version__ = "0.1.0.dev0"
@@ -23,16 +24,13 @@ _LAZY = {
     "ImplicitPRMTrainer": "trl_prime.implicit_prm.trainer",
     "best_of_n": "trl_prime.implicit_prm.best_of_n",
     "build_outcome_dataset": "trl_prime.implicit_prm.data",
-    "PrimeRLOOConfig": "trl_prime.prime.config",
-    "PrimeGRPOConfig": "trl_prime.prime.config",
-    "PrimeRLOOTrainer": "trl_prime.prime.trainer",
-    "PrimeGRPOTrainer": "trl_prime.prime.trainer",
-    "PRLConfig": "trl_prime.prl.config",
-    "PRLGRPOTrainer": "trl_prime.prl.trainer",
     "ProfFilter": "trl_prime.prof.filter",
-    "ProfGRPOConfig": "trl_prime.prof.config",
-    "ProfGRPOTrainer": "trl_prime.prof.trainer",
 }
+# the config and trainer class of every registered RL trainer (trl_prime.methods.TRAINERS)
+for _entry in _methods.TRAINERS.values():
+    for _path in (_entry.config, _entry.trainer):
+        _LAZY.setdefault(_path.rsplit(".", 1)[1], _path.rsplit(".", 1)[0])
+del _entry, _path
 
 __all__ = ["functional", "rewards", "__version__", *_LAZY]
 

@@ -47,26 +47,26 @@ and status 2 as well (:func:`one_line`; ``TRL_PRIME_TRACEBACK=1`` shows the trac
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from collections.abc import Mapping
 from pathlib import Path
 
+from trl_prime.cli_errors import (  # noqa: F401  (part of this module's interface)
+    TRACEBACK_ENV,
+    CommandLineError,
+    command_line_errors,
+    one_line,
+)
+from trl_prime.methods import COMMANDS as METHOD_COMMANDS
+from trl_prime.methods import get_command
 
-#: command -> (module of trl_prime.scripts, one-line help)
-COMMANDS = {
-    "prime": ("prime", "PRIME (arXiv 2502.01456): trainer prime_rloo (default) or prime_grpo"),
-    "prl": ("prl", "PRL on GRPO (arXiv 2601.10201)"),
-    "prof": ("prof", "PROF (arXiv 2509.03403): trainer prof_grpo (default) or prime_grpo (PROF inside PRIME)"),
-    "implicit-prm": ("implicit_prm", "train an implicit PRM offline on verifier-labelled rollouts (arXiv 2412.01981)"),
-    "eval": ("evaluate", "pass@k / avg@k of a model with the math and code verifiers"),
-    "best-of-n": ("best_of_n", "best-of-N with implicit PRMs vs majority vote vs oracle"),
-    "demo": ("demo", "PRIME on the embedded model and problems, offline on a CPU (make demo)"),
-}
+
+#: command -> (module of trl_prime.scripts, one-line help): the registry's commands (:data:`trl_prime.methods.COMMANDS`)
+COMMANDS = {name: (entry.script, entry.help) for name, entry in METHOD_COMMANDS.items()}
 #: the commands launched through ``accelerate launch`` (TRL's ``TrainingCommand``); the others run in this process
-TRAINING_COMMANDS = ("prime", "prl", "prof", "implicit-prm")
+TRAINING_COMMANDS = tuple(name for name, entry in METHOD_COMMANDS.items() if entry.launched)
 #: trl-prime's Accelerate configs, the names of ``--accelerate_config`` (package data; the repository's
 #: ``accelerate_configs/`` is a link to this folder)
 ACCELERATE_CONFIGS = Path(__file__).resolve().parent / "accelerate_configs"
@@ -76,11 +76,6 @@ DISTRIBUTED_LAUNCH_ENV = ("LOCAL_RANK", "WORLD_SIZE")
 #: set together by ``accelerate launch`` in every process it starts, a single process included
 #: (``accelerate.utils.launch.prepare_simple_launcher_cmd_env``): all of them set means already launched
 ACCELERATE_LAUNCH_ENV = ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_DYNAMO_BACKEND")
-
-
-class CommandLineError(ValueError):
-    """A flag of ``trl-prime <command>`` that cannot work; the message names the flag and the fix. :func:`main` prints
-    it as ``trl-prime <command>: error: <message>`` and exits with status 2."""
 
 
 def make_parser() -> ArgumentParser:
@@ -240,9 +235,9 @@ def accelerate_launch_argv(command: str, argv: list[str]) -> list[str]:
     from trl_prime.scripts.utils import normalize_argv
 
     subtract_subsequence, _ = _trl_cli_helpers()
-    module = f"trl_prime.scripts.{COMMANDS[command][0]}"
+    module = get_command(command).module_name
     argv = normalize_argv(argv)
-    parser = importlib.import_module(module).make_parser(argv)
+    parser = get_command(command).module().make_parser(argv)
     dataclass_types = parser.dataclass_types
     parser.dataclass_types = ()  # split the flags only: parsed values stay in a namespace, no config is built
     # cli_remaining is an ordered subsequence of argv; config_remaining (YAML keys: `--key value`) is not
@@ -301,7 +296,7 @@ def check_before_launch(command: str, script_argv: list[str], num_processes: int
     """
     import warnings
 
-    module = importlib.import_module(f"trl_prime.scripts.{COMMANDS[command][0]}")
+    module = get_command(command).module()
     with command_line_errors(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the launched processes warn, once each
         with _world_size(num_processes):
@@ -391,45 +386,6 @@ def _check_launch_args(command: str, launch_args: list[str], from_config: list[s
         )
 
 
-#: hints appended to messages of TRL's and transformers' config checks that do not name the fix
-_HINTS = {
-    "doesn't support bf16/gpu": "On a machine without a GPU pass --bf16 false (and --use_cpu true).",
-}
-
-
-def _with_hint(message: str) -> str:
-    return " ".join([message, *(hint for key, hint in _HINTS.items() if key in message)])
-
-
-@contextlib.contextmanager
-def command_line_errors():
-    """Inside a script's ``run``: turn what its parsing raises (``ValueError``: an unknown field, a value a config
-    rejects; ``FileNotFoundError``: a model folder or data file that is not there; ``yaml.YAMLError``: a malformed
-    ``--config``) into :class:`CommandLineError`, which :func:`main` prints
-    as ``trl-prime <command>: error: ...`` with exit status 2 instead of a traceback."""
-    import yaml
-
-    try:
-        yield
-    except CommandLineError:
-        raise
-    except (ValueError, FileNotFoundError, yaml.YAMLError) as error:
-        raise CommandLineError(_with_hint(str(error))) from error
-
-
-#: set it (to anything) to see the traceback of an error in a training process instead of its one line
-TRACEBACK_ENV = "TRL_PRIME_TRACEBACK"
-
-
-def one_line(error: BaseException) -> str:
-    """``error`` as one line: its message (with its type unless a ``ValueError``/``OSError``, whose messages name
-    the problem), lines joined with ``"; "``; an error of another kind says how to see its traceback."""
-    message = "; ".join(line.strip() for line in str(error).splitlines() if line.strip()) or repr(error)
-    if isinstance(error, (ValueError, OSError)):
-        return _with_hint(message)
-    return f"{type(error).__name__}: {message} (the traceback: rerun with {TRACEBACK_ENV}=1)"
-
-
 def launch(command: str, argv: list[str]) -> None:
     """Run ``trl-prime <command> <argv>`` through ``accelerate launch`` (:func:`accelerate_launch_argv`).
 
@@ -500,7 +456,7 @@ def main(argv: list[str] | None = None, launch_training: bool | None = None) -> 
         if args.command in TRAINING_COMMANDS and launch_training:
             launch(args.command, command_argv)
         else:
-            importlib.import_module(f"trl_prime.scripts.{COMMANDS[args.command][0]}").run(command_argv)
+            get_command(args.command).module().run(command_argv)
     except CommandLineError as error:
         parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
     except Exception as error:  # inside a training process: what could only fail there, as one line

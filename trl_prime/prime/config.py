@@ -30,6 +30,7 @@ from trl_prime.functional import (
     check_choice,
 )
 from trl_prime.guards import GuardOptions, check_grpo_outcome_options, constant_lr_schedule
+from trl_prime.prime.estimators import AdvantageEstimator, get_advantage_estimator
 from trl_prime.prof.config import ProfOptions
 
 
@@ -366,6 +367,14 @@ class PrimeOptions(GuardOptions, ProfOptions):
         self._validate_prime()  # first, so PRIME's messages win over TRL's
         super().__post_init__()  # TRL's RLOOConfig / GRPOConfig
 
+    def advantage_estimator(self) -> AdvantageEstimator:
+        """The registered estimator ``prime_estimator`` names (:mod:`trl_prime.prime.estimators`).
+
+        Raises:
+            ValueError: ``prime_estimator`` is no registered estimator (the message lists the choices).
+        """
+        return get_advantage_estimator(self.prime_estimator, "prime_estimator")
+
     def _validate_prime(self) -> None:
         """Check the PRIME options, then the PROF and guard ones.
 
@@ -373,7 +382,10 @@ class PrimeOptions(GuardOptions, ProfOptions):
             ValueError: an invalid value or combination; the message names the field and the fix.
         """
         for name, choices in PRIME_CHOICES.items():
-            check_choice(getattr(self, name), choices, name)
+            if name == "prime_estimator":  # the registry: the built-in estimators and any registered one
+                self.advantage_estimator()
+            else:
+                check_choice(getattr(self, name), choices, name)
         if self.num_generations is None or self.num_generations < 2:
             raise ValueError(
                 f"`num_generations`={self.num_generations}: PRIME needs at least 2 completions per prompt (the "
@@ -418,7 +430,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
     def _validate_ppo(self) -> None:
         """The value-model options of ``prime_estimator="ppo"`` (PRIME section 5.4, Table 4)."""
         self._validate_ppo_ignored()
-        ppo = self.prime_estimator == "ppo"
+        ppo = self.advantage_estimator().needs_values
         if not ppo and (self.prime_value != "critic" or self.value_model is not None):
             name = "prime_value" if self.prime_value != "critic" else "value_model"
             raise ValueError(
@@ -467,7 +479,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
             ValueError: the message names the field and the fix.
         """
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in PPO_ONLY_FIELDS}
-        if self.prime_estimator != "ppo":
+        if not self.advantage_estimator().needs_values:
             for name, default in defaults.items():
                 if getattr(self, name) != default:
                     raise ValueError(
@@ -642,7 +654,7 @@ class PrimeGRPOConfig(PrimeOptions, GRPOConfig):
             "so TRL's per-function normalisation would be ignored",
             token_level="PRIME feeds token-level (B, T) advantages",
             no_group_std=None
-            if self.prime_estimator == "grpo"
+            if self.advantage_estimator().group_std
             else f"`prime_estimator`={self.prime_estimator!r} does not normalise the outcome by a group std "
             "('rloo': the leave-one-out mean only, PRIME Eq. 5; 'reinforce': the raw returns; 'ppo': GAE with a "
             "value model)",

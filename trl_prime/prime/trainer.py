@@ -59,6 +59,7 @@ from trl_prime.modeling import (
     unwrap,
 )
 from trl_prime.prime.config import PrimeGRPOConfig, PrimeOptions, PrimeRLOOConfig
+from trl_prime.prime.estimators import estimator_options, get_advantage_estimator
 from trl_prime.prime.oversample import (
     compact_generation_batch,
     compaction_rows,
@@ -894,7 +895,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         Rows outside ``r.policy_kept`` (prompt filter, PROF) or unscorable get no reward (NaN), no value loss and no
         advantage. Non-finite values on the trained tokens poison the batch (guards, as a non-finite token reward)."""
         a = self.args
-        if a.prime_estimator != "ppo":
+        if not get_advantage_estimator(a.prime_estimator, "prime_estimator").needs_values:
             return None
         outcome = self._outcome_with_kl_penalty(output, r)
         outcome = torch.where(r.policy_kept, outcome, torch.full_like(outcome, torch.nan))[r.local]
@@ -959,34 +960,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         return r.outcome - self.args.beta * gather(kl)
 
     def _advantage_options(self) -> dict:
-        """The estimator options of :func:`trl_prime.functional.prime_advantages` from the config."""
-        a = self.args
-        if a.prime_estimator == "ppo":  # the implicit PRM as the value: the outcome is the only reward
-            process_coef = a.process_coef if a.prime_value == "critic" else 0.0
-            return dict(
-                estimator="ppo",
-                process_coef=process_coef,
-                outcome_coef=a.outcome_coef,
-                gamma=a.prime_gamma,
-                lam=a.lam,
-                whiten=a.whiten_advantages,
-            )
-        opts = dict(
-            estimator=a.prime_estimator,
-            process_coef=a.process_coef,
-            outcome_coef=a.outcome_coef,
-            gamma=a.prime_gamma,
-            whiten=a.whiten_advantages,
-            process_reward_norm=a.process_reward_norm,
-            include_last_token=a.include_last_token,
-        )
-        if a.prime_estimator == "rloo":
-            opts["baseline"] = a.prime_baseline
-        if a.prime_estimator == "grpo":
-            opts["scale_rewards"] = getattr(a, "scale_rewards", "group")  # TRL's: "group", "batch" or "none"
-            opts["grpo_process_form"] = a.grpo_process_form
-            opts["grpo_process_scale"] = a.grpo_process_scale
-        return opts
+        """The estimator options of :func:`trl_prime.functional.prime_advantages` from the config: those its
+        :class:`~trl_prime.prime.estimators.AdvantageEstimator` reads
+        (:func:`~trl_prime.prime.estimators.estimator_options`)."""
+        return estimator_options(self.args)
 
     def _guard_advantages(self, r: PrimeRound, advantages_g: torch.Tensor) -> None:
         """The guards of the advantage step: single-row groups, non-finite advantages, degenerate-batch metrics."""

@@ -35,6 +35,7 @@ from trl_prime.modeling import (
     position_ids_from_mask,
     unwrap,
 )
+from trl_prime.prime.estimators import get_advantage_estimator
 from trl_prime.prime.prm_optimizer import VALUE_CHECKPOINT_DIR, ValueOptimizer, load_weights
 from trl_prime.rollout import gather_padded
 
@@ -197,7 +198,10 @@ class ValueMixin:
         """Build the value model *before* TRL loads, patches or wraps the policy (as the PRM): ``None`` without a
         critic, ``{"kind": "adapter"}`` for the PEFT adapter ``"value"``, else ``{"kind": "model", "model": ...}``."""
         value_model = value_model if value_model is not None else args.value_model
-        if args.prime_estimator != "ppo" or args.prime_value != "critic":
+        if (
+            not get_advantage_estimator(args.prime_estimator, "prime_estimator").needs_values
+            or args.prime_value != "critic"
+        ):
             if value_model is not None:
                 raise ValueError(
                     "`value_model` was given but this run has no learned critic (it needs prime_estimator='ppo' and "

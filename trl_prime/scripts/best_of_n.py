@@ -544,7 +544,7 @@ def parse_args(argv: Sequence[str] | None = None, default_config: str | None = N
 def run(argv: Sequence[str] | None = None, default_config: str | None = None) -> dict:
     """The command line: :func:`parse_args`, then :func:`main`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from trl_prime.cli import command_line_errors
+    from trl_prime.cli_errors import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)

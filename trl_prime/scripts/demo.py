@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trl_prime.models import is_missing_local_path
-from trl_prime.scripts.utils import normalize_argv
+from trl_prime.scripts.utils import native_bf16, normalize_argv  # noqa: F401  (native_bf16: part of the demo's interface)
 
 
 #: the demo's YAML, shipped in the package (``recipes/configs/demo.yaml`` of a checkout links to this file)
@@ -125,20 +125,6 @@ class DemoArguments:
                     f"`compare_with`: {folder} has no summary.json; give the --output_dir of a finished demo run "
                     "(e.g. outputs/demo_rloo after `trl-prime demo --trainer rloo --output_dir outputs/demo_rloo`)."
                 )
-
-
-def native_bf16(use_cpu: bool = False) -> bool:
-    """True when bf16 matmuls are native where training runs: a CUDA GPU that supports bf16 (unless ``use_cpu``), or a
-    CPU with AVX512-BF16 / AMX."""
-    import torch
-
-    if torch.cuda.is_available() and not use_cpu:
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 # ------------------------------------------------------------------------------------------------------ metrics log
@@ -668,7 +654,7 @@ def run(argv=None, default_config: str = DEFAULT_CONFIG) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(var, "1")
-    from trl_prime.cli import command_line_errors
+    from trl_prime.cli_errors import command_line_errors
 
     with command_line_errors():
         parsed = parse(argv, default_config)

@@ -269,7 +269,7 @@ def run(argv=None, default_config: str | None = None):
     """The command line: :func:`parse_args`, :func:`main`, then end the trainer
     (:func:`trl_prime.scripts.utils.end`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from trl_prime.cli import command_line_errors
+    from trl_prime.cli_errors import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config)

@@ -80,7 +80,7 @@ def main(script_args, training_args, model_args, require_peft: bool = False):
 def run(argv=None, default_config: str | None = None, default_trainer: str | None = None, require_peft: bool = False):
     """The command line: parse ``argv`` (default ``sys.argv[1:]``), :func:`main`, then end the trainer
     (:func:`trl_prime.scripts.utils.end`)."""
-    from trl_prime.cli import command_line_errors
+    from trl_prime.cli_errors import command_line_errors
 
     with command_line_errors():
         parsed = parse_args(argv, default_config, default_trainer)

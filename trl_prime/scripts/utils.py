@@ -22,21 +22,18 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+
+from trl_prime.methods import COMMANDS as METHOD_COMMANDS
+from trl_prime.methods import TRAINERS as METHOD_TRAINERS
+from trl_prime.methods import get_trainer
 
 
-#: ``trainer`` value -> (config class, trainer class), both public names of :mod:`trl_prime`
-TRAINERS = {
-    "prime_rloo": ("PrimeRLOOConfig", "PrimeRLOOTrainer"),
-    "prime_grpo": ("PrimeGRPOConfig", "PrimeGRPOTrainer"),
-    "prl_grpo": ("PRLConfig", "PRLGRPOTrainer"),
-    "prof_grpo": ("ProfGRPOConfig", "ProfGRPOTrainer"),
-}
-#: command -> the trainers it accepts, its default first
-COMMAND_TRAINERS = {
-    "prime": ("prime_rloo", "prime_grpo"),
-    "prl": ("prl_grpo",),
-    "prof": ("prof_grpo", "prime_grpo"),
-}
+#: ``trainer`` value -> (config class, trainer class), both public names of :mod:`trl_prime` (the registry:
+#: :data:`trl_prime.methods.TRAINERS`)
+TRAINERS = {name: (entry.config_name, entry.trainer_name) for name, entry in METHOD_TRAINERS.items()}
+#: command -> the trainers it accepts, its default first (the registry: :data:`trl_prime.methods.COMMANDS`)
+COMMAND_TRAINERS = {name: entry.trainers for name, entry in METHOD_COMMANDS.items() if entry.trainers}
 #: ``reward`` of the scripts: ``"outcome"`` routes each row to the math or code verifier by its ``ability``,
 #: ``"math"`` scores every row with the math verifier
 REWARDS = ("outcome", "math")
@@ -140,8 +137,8 @@ class RLScriptArguments(_mixture_base()):
             self.reward_funcs = [self.reward_funcs]
         if self.reward is not None:
             check_choice(self.reward, RL_REWARDS, "reward")
-        if self.trainer is not None and self.trainer not in TRAINERS:
-            raise ValueError(f"`trainer`={self.trainer!r}: choose one of {list(TRAINERS)}.")
+        if self.trainer is not None:
+            get_trainer(self.trainer)  # a registered trainer
         if self.streaming:
             raise ValueError(
                 "`streaming`=true: trl-prime reads the prompts into memory to check every row before training; "
@@ -213,9 +210,7 @@ def make_parser(trainer: str, prog: str | None = None):
     """``trl.TrlParser((RLScriptArguments, <trainer's config>, trl.ModelConfig))``."""
     from trl import ModelConfig, TrlParser
 
-    import trl_prime
-
-    config_cls = getattr(trl_prime, TRAINERS[trainer][0])
+    config_cls = get_trainer(trainer).config_class()
     return TrlParser((RLScriptArguments, config_cls, ModelConfig), prog=prog)
 
 
@@ -242,7 +237,7 @@ def parse_rl_args(command: str, argv=None, default_config: str | None = None, de
 def run_rl(command: str, argv=None, default_config: str | None = None, default_trainer: str | None = None):
     """``trl-prime prl`` / ``prof``: parse (:func:`parse_rl_args`), :func:`train`, then :func:`end`. Returns the
     trainer."""
-    from trl_prime.cli import command_line_errors
+    from trl_prime.cli_errors import command_line_errors
 
     with command_line_errors():
         parsed = parse_rl_args(command, argv, default_config, default_trainer)
@@ -519,10 +514,8 @@ def train(script_args: RLScriptArguments, training_args, model_args):
     """Train with ``script_args.trainer``'s class (resuming from ``resume_from_checkpoint``), save the policy to
     ``output_dir`` (the PRIME trainers also save the implicit PRM to ``output_dir/prm``) and push to the Hub when
     ``push_to_hub`` is set (the PRM as the repository's ``prm/`` folder): :func:`finish`. Returns the trainer."""
-    import trl_prime
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer_cls = getattr(trl_prime, TRAINERS[script_args.trainer][1])
+    trainer_cls = get_trainer(script_args.trainer).trainer_class()
     model_path, dataset, rewards, peft_config = build(script_args, training_args, model_args)
     trainer = trainer_cls(
         model=model_path,
@@ -533,7 +526,7 @@ def train(script_args: RLScriptArguments, training_args, model_args):
         peft_config=peft_config,
     )
     names = [str(d.path) for d in script_args.datasets] or script_args.dataset_name
-    prm_folder = "prm" if script_args.trainer.startswith("prime_") else None
+    prm_folder = "prm" if get_trainer(script_args.trainer).saves_prm else None
     finish(trainer, training_args, dataset_name=", ".join(names), prm_folder=prm_folder)
     return trainer
 
@@ -684,13 +677,25 @@ def check_run(script_args: RLScriptArguments, training_args, model_args) -> None
     load_eval_dataset(script_args, training_args)
 
 
+def native_bf16(use_cpu: bool = False) -> bool:
+    """True when bf16 matmuls are native where training runs: a CUDA GPU that supports bf16 (unless ``use_cpu``), or a
+    CPU with AVX512-BF16 / AMX."""
+    import torch
+
+    if torch.cuda.is_available() and not use_cpu:
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def warn_emulated_bf16(training_args) -> None:
     """Warn (``UserWarning``) when ``bf16`` is on where it is not native (a CPU without AVX512-BF16 / AMX, detected
     from /proc/cpuinfo, never assumed): the run works but bf16 matmuls are emulated, several times slower than fp32."""
     if not getattr(training_args, "bf16", False):
         return
-    from trl_prime.scripts.demo import native_bf16
-
     if not native_bf16(use_cpu=bool(getattr(training_args, "use_cpu", False))):
         warnings.warn(
             "`bf16` is on, but this machine has no native bf16 (no bf16 GPU, no AVX512-BF16 / AMX CPU): the run is "
