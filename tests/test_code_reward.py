@@ -301,7 +301,7 @@ def test_planted_symlinks_do_not_redirect_the_harness(tmp_path):
     assert victim.read_text() == "original"
 
 
-@_requires("netns", "landlock_net")
+@_requires("netns")
 def test_network_is_blocked():
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
