@@ -519,29 +519,8 @@ def _recv_frame(fd: int, limit: int = _FRAME_LIMIT):
     return data
 
 
-_SIGNAL_NAMES = {
-    getattr(signal, n): n
-    for n in (
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGSYS",
-    )
-    if hasattr(signal, n)
+_SIGNAL_NAMES = {  # signal number -> name (the C module has no Signals enum)
+    v: k for k, v in vars(signal).items() if k.startswith("SIG") and not k.startswith(("SIG_", "SIGRT"))
 }
 _enc_str = _json.encode_basestring_ascii
 
@@ -1007,85 +986,79 @@ def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, st
     return "runtime_error", detail or f"exit status {rc}"
 
 
+def _fork_case(job, plan, files, names, extra: dict, cap: int, run, judge: bool = False) -> tuple[int, int]:
+    """Fork one case process (candidate or judge) with stdin/stdout/stderr on ``names`` of ``files`` (stdin
+    ``None``: /dev/null); ``(pid, read end of its set-up pipe)``."""
+    setup_r, setup_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(setup_r)
+        fds = [None if k is None else files[k] for k in names]
+        _case_child(job, plan, *fds, extra, setup_w, cap, run, judge)  # never returns
+    os.close(setup_w)
+    return pid, setup_r
+
+
+def _setup_failure(who: str, setup: bytes, status: int) -> dict | None:
+    """The record of a case process whose set-up failed (its set-up pipe did not say ``K``), else None."""
+    if setup[:1] == b"K":
+        return None
+    if setup:
+        return {"status": "sandbox_error", "detail": f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace")}
+    return {"status": "sandbox_error", "detail": f"{who} process died during set-up (wait status {status})"}
+
+
 def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
-    work, mode = job["work_dir"], job["mode"]
-    cap = int(job["caps"][i])
+    """One stdin or call case: run it, then judge how it ended (:func:`_case_verdict`)."""
+    mode, cap = job["mode"], int(job["caps"][i])
     files = _CaseFiles(i, ("in", "out", "err", "diag", "res"))
     try:
         if mode == "stdin":
             _write_all(files["in"], job["inputs"][i].encode("utf-8"))
             os.lseek(files["in"], 0, os.SEEK_SET)
-        setup_r, setup_w = os.pipe()
         start = time.monotonic()
         deadline, latest = _case_deadlines(job, start, total_deadline)
-        pid = os.fork()
-        if pid == 0:
-            os.close(setup_r)
-            stdin_fd = files["in"] if mode == "stdin" else None
-            extra = {"diag": files["diag"], "res": files["res"]}
-            _case_child(
-                job,
-                plan,
-                stdin_fd,
-                files["out"],
-                files["err"],
-                extra,
-                setup_w,
-                cap,
-                lambda: _execute_candidate(job, i, code, extra),
-            )  # never returns
-        os.close(setup_w)
+        extra = {"diag": files["diag"], "res": files["res"]}
+        names = ("in" if mode == "stdin" else None, "out", "err")
+        pid, setup_r = _fork_case(job, plan, files, names, extra, cap, lambda: _execute_candidate(job, i, code, extra))
         status, ru, timed_out, stalled = _wait_case(pid, deadline, start, latest)
         end = time.monotonic()
-        elapsed = end - start
         _cleanup_case_processes([pid], pidns)
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
-        out_size = files.size("out")
-        stdout = files.read("out", cap)
-        stderr = files.read("err", 2000, tail=True)
-        diag_raw = files.read("diag", 65536)
-        res = files.read("res", cap + 1)
+        out = {"out_size": files.size("out"), "stdout": files.read("out", cap), "res": files.read("res", cap + 1)}
+        out.update(stderr=files.read("err", 2000, tail=True), diag=files.read("diag", 65536))
     finally:
         files.close()
-    _clear_dir(work)
-
+    _clear_dir(job["work_dir"])
     cpu = ru.ru_utime + ru.ru_stime
-    rec = {
-        "event": "case",
-        "i": i,
-        "time": round(elapsed, 4),
-        "cpu": round(cpu, 4),
-        "stderr": stderr.decode("utf-8", "replace"),
-    }
-    if setup[:1] != b"K":
-        rec.update(
-            status="sandbox_error",
-            detail=("case set-up failed: " + setup[1:].decode("utf-8", "replace"))
-            if setup
-            else f"case process died during set-up (wait status {status})",
-        )
-        return rec
-    exc, diag_errno, detail = _parse_diag(diag_raw)
-    text = stdout.decode("utf-8", "replace")
+    rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(cpu, 4)}
+    rec["stderr"] = out["stderr"].decode("utf-8", "replace")
+    failed = _setup_failure("case", setup, status)
+    if failed is not None:
+        return {**rec, **failed}
+    text = out["stdout"].decode("utf-8", "replace")
     rec["stdout"] = text if mode == "stdin" else text[:2000]
     if timed_out:
-        rec.update(_wall_timeout(job, start, end, stalled))
-    elif out_size >= cap or diag_errno == errno.EFBIG:
-        rec.update(status="output_limit", detail=f"output exceeded {cap} bytes")
-    else:
-        failure = _classify_exit(job, status, cpu, exc, detail, stderr)
-        if failure is not None:
-            rec.update(status=failure[0], detail=failure[1])
-        elif mode == "stdin":
-            rec.update(status="ok", detail="")
-        elif not res:
-            rec.update(status="runtime_error", detail="exited before the function returned")
-        elif len(res) > cap:
-            rec.update(status="output_limit", detail=f"return value exceeded {cap} bytes")
-        else:
-            rec.update(status="ok", detail="", res=res.decode("utf-8", "replace"))
-    return rec
+        return {**rec, **_wall_timeout(job, start, end, stalled)}
+    return {**rec, **_case_verdict(job, cap, status, cpu, out)}
+
+
+def _case_verdict(job: dict, cap: int, status: int, cpu: float, out: dict) -> dict:
+    """Status (and the returned value's JSON) of a stdin or call case that ended within its wall-clock limit."""
+    exc, diag_errno, detail = _parse_diag(out["diag"])
+    if out["out_size"] >= cap or diag_errno == errno.EFBIG:
+        return {"status": "output_limit", "detail": f"output exceeded {cap} bytes"}
+    failure = _classify_exit(job, status, cpu, exc, detail, out["stderr"])
+    if failure is not None:
+        return {"status": failure[0], "detail": failure[1]}
+    if job["mode"] == "stdin":
+        return {"status": "ok", "detail": ""}
+    if not out["res"]:
+        return {"status": "runtime_error", "detail": "exited before the function returned"}
+    if len(out["res"]) > cap:
+        return {"status": "output_limit", "detail": f"return value exceeded {cap} bytes"}
+    return {"status": "ok", "detail": "", "res": out["res"].decode("utf-8", "replace")}
 
 
 def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
@@ -1095,85 +1068,46 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
     (``check_fd``) that only the judge reads: the harness, and so every case process forked from it,
     never holds them in memory, so a program cannot dig them out of its own address space.
     """
-    work = job["work_dir"]
     files = _CaseFiles(i, ("out", "err", "diag", "jout", "jdiag", "res"))
     pipes: list[int] = []
     try:
         req_r, req_w = os.pipe()  # judge -> candidate
         resp_r, resp_w = os.pipe()  # candidate -> judge
-        setup_c_r, setup_c_w = os.pipe()
-        setup_j_r, setup_j_w = os.pipe()
-        pipes = [req_r, req_w, resp_r, resp_w, setup_c_r, setup_c_w, setup_j_r, setup_j_w]
+        pipes = [req_r, req_w, resp_r, resp_w]
         start = time.monotonic()
         deadline, latest = _case_deadlines(job, start, total_deadline)
         # the judge first: a program that forks up to the process limit cannot keep it from starting
-        jpid = os.fork()
-        if jpid == 0:
-            extra = {
-                "diag": files["jdiag"],
-                "res": files["res"],
-                "chan_r": resp_r,
-                "chan_w": req_w,
-                "nonce": job["nonce_fd"],
-                "check": job["check_fd"],
-            }
-            _case_child(
-                job,
-                plan,
-                None,
-                files["jout"],
-                files["jout"],
-                extra,
-                setup_j_w,
-                1 << 20,
-                lambda: _judge_main(job, extra),
-                judge=True,
-            )  # never returns
+        jextra = {"diag": files["jdiag"], "res": files["res"], "chan_r": resp_r, "chan_w": req_w}
+        jextra.update(nonce=job["nonce_fd"], check=job["check_fd"])
+        judge = lambda: _judge_main(job, jextra)  # noqa: E731
+        jpid, setup_j_r = _fork_case(job, plan, files, (None, "jout", "jout"), jextra, 1 << 20, judge, judge=True)
+        pipes.append(setup_j_r)
+        cextra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
         try:
-            cpid = os.fork()
+            serve = lambda: _serve_candidate(job, code, cextra)  # noqa: E731
+            cpid, setup_c_r = _fork_case(job, plan, files, (None, "out", "err"), cextra, int(job["caps"][i]), serve)
         except BaseException:
             os.kill(jpid, signal.SIGKILL)
             os.waitpid(jpid, 0)
             raise
-        if cpid == 0:
-            extra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
-            _case_child(
-                job,
-                plan,
-                None,
-                files["out"],
-                files["err"],
-                extra,
-                setup_c_w,
-                int(job["caps"][i]),
-                lambda: _serve_candidate(job, code, extra),
-            )  # never returns
-        for fd in pipes:
-            if fd not in (setup_c_r, setup_j_r):
-                os.close(fd)
-        pipes = [setup_c_r, setup_j_r]
+        pipes.append(setup_c_r)
+        for fd in pipes[:4]:
+            os.close(fd)
+        pipes = pipes[4:]
         jstatus, jru, timed_out, stalled = _wait_case(jpid, deadline, start, latest)
         end = time.monotonic()
-        elapsed = end - start
         cand_done = _exited_already(cpid)
-        try:
-            os.killpg(cpid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.kill(cpid, signal.SIGKILL)
-        except OSError:
-            pass
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(cpid, signal.SIGKILL)
+            except OSError:
+                pass
         _, cstatus, cru = os.wait4(cpid, 0)
         _cleanup_case_processes([cpid, jpid], pidns)
-        setup_c = os.read(setup_c_r, 65536)
-        setup_j = os.read(setup_j_r, 65536)
-        stdout = files.read("out", 2000)
-        stderr = files.read("err", 2000, tail=True)
-        cdiag = files.read("diag", 65536)
-        jout = files.read("jout", 2000, tail=True)
-        jdiag = files.read("jdiag", 65536)
-        res = files.read("res", 4096)
+        setup_c, setup_j = os.read(setup_c_r, 65536), os.read(setup_j_r, 65536)
+        out = {"stdout": files.read("out", 2000), "stderr": files.read("err", 2000, tail=True)}
+        out.update(cdiag=files.read("diag", 65536), jout=files.read("jout", 2000, tail=True))
+        out.update(jdiag=files.read("jdiag", 65536), res=files.read("res", 4096))
     finally:
         for fd in pipes:
             try:
@@ -1181,61 +1115,49 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             except OSError:
                 pass
         files.close()
-    _clear_dir(work)
-
+    _clear_dir(job["work_dir"])
     ccpu = cru.ru_utime + cru.ru_stime
-    rec = {
-        "event": "case",
-        "i": i,
-        "time": round(elapsed, 4),
-        "cpu": round(ccpu, 4),
-        "stderr": stderr.decode("utf-8", "replace"),
-        "stdout": stdout.decode("utf-8", "replace"),
-    }
+    rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(ccpu, 4)}
+    rec.update(stderr=out["stderr"].decode("utf-8", "replace"), stdout=out["stdout"].decode("utf-8", "replace"))
     for who, setup, st in (("candidate", setup_c, cstatus), ("judge", setup_j, jstatus)):
-        if setup[:1] != b"K":
-            rec.update(
-                status="sandbox_error",
-                detail=(f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace"))
-                if setup
-                else f"{who} process died during set-up (wait status {st})",
-            )
-            return rec
-    jexc, _, jdetail = _parse_diag(jdiag)
-    cexc, _, cdetail = _parse_diag(cdiag)
+        failed = _setup_failure(who, setup, st)
+        if failed is not None:
+            return {**rec, **failed}
+    ended = {"timed_out": timed_out, "cand_done": cand_done, "cstatus": cstatus, "ccpu": ccpu, "jstatus": jstatus}
+    ended.update(jcpu=jru.ru_utime + jru.ru_stime, window=(start, end, stalled))
+    return {**rec, **_check_verdict(job, out, ended)}
+
+
+def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
+    """Status of a HumanEval case from the judge's diagnosis: only a judge that exited 0 with the nonce passes."""
+    jexc, _, jdetail = _parse_diag(out["jdiag"])
+    cexc, _, cdetail = _parse_diag(out["cdiag"])
     if jexc == "CheckSourceError":
-        rec.update(status="check_error", detail=jdetail.split(": ", 1)[-1])
-        return rec
-    if timed_out:
-        rec.update(_wall_timeout(job, start, end, stalled))
-        return rec
-    if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and res:
-        rec.update(status="ok", detail="", res=res.decode("ascii", "replace"))
-        return rec
+        return {"status": "check_error", "detail": jdetail.split(": ", 1)[-1]}
+    if ended["timed_out"]:
+        return _wall_timeout(job, *ended["window"])
+    jstatus = ended["jstatus"]
+    if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and out["res"]:
+        return {"status": "ok", "detail": "", "res": out["res"].decode("ascii", "replace")}
     if jexc == "UnsupportedArgument":  # the check passed something the wire format cannot carry
-        rec.update(status="sandbox_error", detail=f"judge: {jdetail}")
-        return rec
+        return {"status": "sandbox_error", "detail": f"judge: {jdetail}"}
     if jexc == "CandidateExited":
         failure = None
-        if cand_done:
-            failure = _classify_exit(job, cstatus, ccpu, cexc, cdetail, stderr)
-        if failure is not None:
-            rec.update(status=failure[0], detail=failure[1])
-        else:
-            rec.update(status="no_record", detail="the program exited or closed its channel before check() completed")
-        return rec
+        if ended["cand_done"]:
+            failure = _classify_exit(job, ended["cstatus"], ended["ccpu"], cexc, cdetail, out["stderr"])
+        if failure is None:
+            return {
+                "status": "no_record",
+                "detail": "the program exited or closed its channel before check() completed",
+            }
+        return {"status": failure[0], "detail": failure[1]}
     if jexc == "CandidateBadValue":
-        rec.update(status="bad_value", detail=jdetail)
-        return rec
+        return {"status": "bad_value", "detail": jdetail}
     if jexc == "AssertionError":
-        rec.update(status="assertion", detail=jdetail or "AssertionError")
-        return rec
-    jcpu = jru.ru_utime + jru.ru_stime
-    failure = _classify_exit(job, jstatus, jcpu, jexc, jdetail, jout)
-    if failure is None:
-        failure = ("no_record", "check() did not complete")
-    rec.update(status=failure[0], detail=failure[1])
-    return rec
+        return {"status": "assertion", "detail": jdetail or "AssertionError"}
+    failure = _classify_exit(job, jstatus, ended["jcpu"], jexc, jdetail, out["jout"])
+    failure = failure or ("no_record", "check() did not complete")
+    return {"status": failure[0], "detail": failure[1]}
 
 
 def _clear_dir(path: str) -> None:
@@ -1273,25 +1195,17 @@ def _rmtree_force(path: str) -> None:
 
 
 def _close_fds_except(keep: set[int]) -> None:
-    try:
-        fds = [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: close the whole range around the kept descriptors
-        top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        top = 65536 if top == resource.RLIM_INFINITY or top > 65536 else top
-        lo = 0
-        for k in sorted(keep) + [top]:
+    """Close every descriptor of this process but ``keep``."""
+    lo = 0
+    for k in sorted(keep):
+        if lo < k:  # (an empty range would reach close_range(2) as "up to the largest descriptor")
             os.closerange(lo, k)
-            lo = k + 1
-        return
-    for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        lo = k + 1
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    os.closerange(lo, top if 0 < top < (1 << 20) else 1 << 20)  # close_range(2): one system call
 
 
-def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, run, judge: bool = False) -> None:
+def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, run, judge: bool) -> None:
     """Fork of the harness for one test case (candidate or judge): set up the sandbox, report, run, _exit."""
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
