@@ -1412,59 +1412,65 @@ class _CheckSourceError(BaseException):
     """The check (or prompt) source does not compile: the tests entry is malformed."""
 
 
-def _judge_main(job, extra) -> int:
-    """Judge process: trusted check() against a plain-data proxy of the program; writes the nonce on success."""
-    import builtins
+class _Judge:
+    """The judge process's side of a HumanEval case: the trusted ``check()`` against a plain-data proxy of the
+    program, which answers each call over a pipe (see the module docstring). A failure of the program is kept
+    (``bad``) and raised again on every later call, so a ``check()`` that swallows it cannot pass."""
 
-    rfd, wfd = extra["chan_r"], extra["chan_w"]
-    state = {"bad": None}
-    g = {"__name__": "__main__", "__builtins__": builtins}
-    safe_exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
+    def __init__(self, job: dict, extra: dict):
+        import builtins
 
-    def fail(cls, msg):
-        if state["bad"] is None:
-            state["bad"] = (cls, msg)
+        self.job, self.extra, self.builtins = job, extra, builtins
+        self.bad: tuple | None = None
+        self.g = {"__name__": "__main__", "__builtins__": builtins}
+        self.exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
+
+    def fail(self, cls, msg: str):
+        if self.bad is None:
+            self.bad = (cls, msg)
         raise cls(msg)
 
-    def receive():
-        if state["bad"] is not None:
-            raise state["bad"][0](state["bad"][1])
+    def raise_if_bad(self) -> None:
+        if self.bad is not None:
+            raise self.bad[0](self.bad[1])
+
+    def receive(self) -> list:
+        self.raise_if_bad()
         try:
-            frame = _recv_frame(rfd)
+            frame = _recv_frame(self.extra["chan_r"])
         except ValueError as e:
-            fail(_CandidateBadValue, str(e))
+            self.fail(_CandidateBadValue, str(e))
         except OSError as e:
-            fail(_CandidateExited, f"channel error: {e}")
+            self.fail(_CandidateExited, f"channel error: {e}")
         if frame is None:
-            fail(_CandidateExited, "the program exited before check() completed")
+            self.fail(_CandidateExited, "the program exited before check() completed")
         try:
             msg = _wire_loads(frame)
         except ValueError as e:
-            fail(_CandidateBadValue, f"malformed answer: {e}")
+            self.fail(_CandidateBadValue, f"malformed answer: {e}")
         if type(msg) is not list or not msg or type(msg[0]) is not str:
-            fail(_CandidateBadValue, "malformed answer")
+            self.fail(_CandidateBadValue, "malformed answer")
         return msg
 
-    def call(name, args, kwargs):
-        if state["bad"] is not None:
-            raise state["bad"][0](state["bad"][1])
+    def call(self, name: str, args: tuple, kwargs: dict):
+        """One call of the program's function ``name``: its plain-data result, or the builtin exception it raised."""
+        self.raise_if_bad()
         try:
-            payload = _wire_dumps(
-                ["c", name, _wire_encode(list(args)), [[k, _wire_encode(v)] for k, v in kwargs.items()]]
-            )
+            kw = [[k, _wire_encode(v)] for k, v in kwargs.items()]
+            payload = _wire_dumps(["c", name, _wire_encode(list(args)), kw])
         except (TypeError, ValueError, RecursionError, OverflowError) as e:
-            fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
+            self.fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
         try:
-            _send_frame(wfd, payload)
+            _send_frame(self.extra["chan_w"], payload)
         except OSError as e:
-            fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
-        msg = receive()
+            self.fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
+        msg = self.receive()
         if msg[0] == "r" and len(msg) == 2:
             return msg[1]
         if msg[0] == "e" and len(msg) == 3 and type(msg[1]) is str and type(msg[2]) is str:
             # the program raised: re-raise a builtin exception of that name (checks may expect it)
             exc = None
-            cls = safe_exceptions.get(msg[1])
+            cls = self.exceptions.get(msg[1])
             if cls is not None:
                 try:
                     exc = cls(msg[2])
@@ -1472,25 +1478,20 @@ def _judge_main(job, extra) -> int:
                     exc = None
             raise exc if exc is not None else RuntimeError(f"{msg[1]}: {msg[2]}")
         if msg[0] == "x" and len(msg) == 2:
-            fail(_CandidateBadValue, f"return value is not plain data: {msg[1]}")
-        fail(_CandidateBadValue, "malformed answer")
+            self.fail(_CandidateBadValue, f"return value is not plain data: {msg[1]}")
+        self.fail(_CandidateBadValue, "malformed answer")
 
-    def proxy_for(name):
+    def proxy_for(self, name: str):
         def proxy(*args, **kwargs):
-            return call(name, args, kwargs)
+            return self.call(name, args, kwargs)
 
         proxy.__name__ = proxy.__qualname__ = name
         return proxy
 
-    def global_names(co, out):
-        out.update(co.co_names)
-        for c in co.co_consts:
-            if isinstance(c, types.CodeType):
-                global_names(c, out)
-        return out
-
-    def body():
-        fd = extra["check"]
+    def run(self) -> None:
+        """Compile and run the trusted prompt and check, wait for the program, run ``check(candidate)``; only then
+        read the parent's nonce and write it where only the judge writes."""
+        fd = self.extra["check"]
         src = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
         os.close(fd)
         try:
@@ -1499,29 +1500,41 @@ def _judge_main(job, extra) -> int:
         except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
             raise _CheckSourceError(f"{type(e).__name__}: {e}") from None
         del src
+        g = self.g
         if prelude_code is not None:
             exec(prelude_code, g)  # trusted prompt: helper functions the check may use
         exec(check_code, g)
-        ready = receive()  # the program ran its top-level code and defines the entry point
+        ready = self.receive()  # the program ran its top-level code and defines the entry point
         if ready[0] != "ready" or len(ready) != 2 or type(ready[1]) is not list:
-            fail(_CandidateBadValue, "malformed start-up message")
+            self.fail(_CandidateBadValue, "malformed start-up message")
         offered = {n for n in ready[1] if type(n) is str}
-        entry = job["entry_point"]
-        for name in global_names(check_code, set()):
-            if name in offered and name not in g and not hasattr(builtins, name):
-                g[name] = proxy_for(name)  # a helper only the program defines (no prompt given)
-        g[entry] = proxy_for(entry)
+        entry = self.job["entry_point"]
+        for name in _global_names(check_code, set()):
+            if name in offered and name not in g and not hasattr(self.builtins, name):
+                g[name] = self.proxy_for(name)  # a helper only the program defines (no prompt given)
+        g[entry] = self.proxy_for(entry)
         check = g.get("check")
         if not callable(check):
             raise NameError("the check source does not define check(candidate)")
         check(g[entry])
-        if state["bad"] is not None:  # check() swallowed a failure of the program
-            raise state["bad"][0](state["bad"][1])
-        nonce = os.read(extra["nonce"], 4096)  # only now: check() has returned normally
-        _write_all(extra["res"], nonce)
+        self.raise_if_bad()  # check() swallowed a failure of the program
+        nonce = os.read(self.extra["nonce"], 4096)  # only now: check() has returned normally
+        _write_all(self.extra["res"], nonce)
 
+
+def _global_names(co, out: set) -> set:
+    """Every global name the code object (and the code nested in it) refers to."""
+    out.update(co.co_names)
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            _global_names(c, out)
+    return out
+
+
+def _judge_main(job, extra) -> int:
+    """Judge process: run :class:`_Judge`; a failure's name and message go to its diagnosis file."""
     try:
-        body()
+        _Judge(job, extra).run()
     except BaseException as e:  # noqa: BLE001
         name = {
             _CandidateExited: "CandidateExited",
