@@ -1238,6 +1238,24 @@ def verify_math(
     its deadline while the other workers serve every call. The deadlines hold in all cases because they are
     enforced by killing worker processes.
     """
+    num_workers = _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb)
+    rel_tol = _check_rel_tol(rel_tol)
+    answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
+    gold_texts = [_normalize_gold(g) for g in golds]
+    with _LOCK:
+        todo = _new_work(gold_texts, answers, timeout, rel_tol)
+    out = _Outcomes()
+    if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
+        _run_batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+    with _LOCK:
+        _memoise(out, timeout, rel_tol)
+        return [
+            _result(raw, gold, answer, out, timeout, rel_tol) for raw, gold, answer in zip(golds, gold_texts, answers)
+        ]
+
+
+def _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb) -> int:
+    """Validate :func:`verify_math`'s arguments (ValueError); the number of workers to use."""
     if isinstance(completions, (str, bytes)) or not hasattr(completions, "__len__"):
         raise ValueError("completions must be a list (one completion per row), got " + type(completions).__name__)
     if isinstance(golds, (str, bytes)) or not hasattr(golds, "__len__"):
@@ -1257,79 +1275,71 @@ def verify_math(
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
     if not (isinstance(memory_limit_mb, int) and memory_limit_mb >= 0):
         raise ValueError(f"memory_limit_mb must be an integer >= 0 (0: no cap), got {memory_limit_mb!r}")
-    rel_tol = _check_rel_tol(rel_tol)
+    return num_workers
 
-    answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
-    gold_texts = [_normalize_gold(g) for g in golds]
 
-    with _LOCK:
-        # what must go to the workers: each gold whose parseability is unknown, and each new (gold, answer) pair
-        todo: dict[str, dict[str, None]] = {}  # gold -> distinct answers (an ordered set)
-        for gold, answer in zip(gold_texts, answers):
-            if gold is None:
-                continue
-            parseable = _GOLD_CACHE.get(gold)
-            if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
-                continue
-            if answer is None or (gold, answer, rel_tol) in _ANSWER_CACHE:
-                if parseable is None:
-                    todo.setdefault(gold, {})
-                continue
-            todo.setdefault(gold, {})[answer] = None
-    out = _Outcomes()
-    if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
-        _run_batch(
-            {g: list(a) for g, a in todo.items()}, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out
-        )
-    with _LOCK:
-        # memoise deterministic outcomes
-        for gold, seconds in out.ok.items():
-            _cache_put(_GOLD_CACHE, gold, seconds)
-            _GOLD_TIMEOUTS.pop(gold, None)
-        for gold in out.cacheable_golds:
-            _cache_put(_GOLD_CACHE, gold, False)
-        for gold in out.timed_out_golds:
-            seconds = max(float(timeout), _GOLD_TIMEOUTS.get(gold, 0.0))
-            _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
-        for (gold, answer), (reason, parsed, _) in out.answers.items():
-            if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
-                _cache_put(_ANSWER_CACHE, (gold, answer, rel_tol), (reason, parsed))
+def _new_work(gold_texts, answers, timeout: float, rel_tol: float | None) -> dict[str, list[str]]:
+    """What must go to the workers (under ``_LOCK``): gold -> its distinct new answers, for each gold whose
+    parseability is unknown or that has an answer not memoised yet."""
+    todo: dict[str, dict[str, None]] = {}  # gold -> distinct answers (an ordered set)
+    for gold, answer in zip(gold_texts, answers):
+        if gold is None:
+            continue
+        parseable = _GOLD_CACHE.get(gold)
+        if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
+            continue
+        if answer is None or (gold, answer, rel_tol) in _ANSWER_CACHE:
+            if parseable is None:
+                todo.setdefault(gold, {})
+            continue
+        todo.setdefault(gold, {})[answer] = None
+    return {g: list(a) for g, a in todo.items()}
 
-        results: list[MathResult] = []
-        for raw, gold, answer in zip(golds, gold_texts, answers):
-            if gold is None:
-                results.append(MathResult(None, "gold_unparseable", answer, None, None, _missing_gold_detail(raw)))
-                continue
-            if gold not in out.golds and gold not in out.ok:
-                if _GOLD_CACHE.get(gold) is False:
-                    out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
-                elif _GOLD_CACHE.get(gold) is None:
-                    seconds = _gold_timed_out_before(gold, timeout)
-                    if seconds is not None:
-                        out.golds[gold] = (
-                            "gold_unparseable",
-                            f"parsing the gold answer took longer than {seconds:g}s (remembered from an earlier call)",
-                        )
-            if gold in out.golds:
-                reason, detail = out.golds[gold]
-                results.append(MathResult(None, reason, answer, gold, None, detail))
-                continue
-            if answer is None:
-                results.append(MathResult(0.0, "no_answer", None, gold, None, "no complete \\boxed{} answer"))
-                continue
-            got = out.answers.get((gold, answer))
-            if got is None:
-                cached = _ANSWER_CACHE.get((gold, answer, rel_tol))
-                if cached is not None:
-                    _ANSWER_CACHE.move_to_end((gold, answer, rel_tol))
-                    got = (cached[0], cached[1], "")
-                else:  # cannot happen unless the pool lost the item; never a silent 0
-                    got = ("error", None, "no verdict was produced for this answer")
-            reason, parsed, detail = got
-            if reason == "no_answer" and not detail:
-                detail = "math-verify found no expression in the final answer"
-            results.append(MathResult(_REWARD_OF[reason], reason, answer, gold, parsed, detail))
-    return results
+
+def _memoise(out: _Outcomes, timeout: float, rel_tol: float | None) -> None:
+    """Remember a call's deterministic outcomes (under ``_LOCK``)."""
+    for gold, seconds in out.ok.items():
+        _cache_put(_GOLD_CACHE, gold, seconds)
+        _GOLD_TIMEOUTS.pop(gold, None)
+    for gold in out.cacheable_golds:
+        _cache_put(_GOLD_CACHE, gold, False)
+    for gold in out.timed_out_golds:
+        seconds = max(float(timeout), _GOLD_TIMEOUTS.get(gold, 0.0))
+        _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
+    for (gold, answer), (reason, parsed, _) in out.answers.items():
+        if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
+            _cache_put(_ANSWER_CACHE, (gold, answer, rel_tol), (reason, parsed))
+
+
+def _result(raw, gold: str | None, answer: str | None, out: _Outcomes, timeout: float, rel_tol) -> MathResult:
+    """One row's :class:`MathResult` from this call's outcomes and the memo (under ``_LOCK``)."""
+    if gold is None:
+        return MathResult(None, "gold_unparseable", answer, None, None, _missing_gold_detail(raw))
+    if gold not in out.golds and gold not in out.ok:
+        if _GOLD_CACHE.get(gold) is False:
+            out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
+        elif _GOLD_CACHE.get(gold) is None:
+            seconds = _gold_timed_out_before(gold, timeout)
+            if seconds is not None:
+                why = f"parsing the gold answer took longer than {seconds:g}s (remembered from an earlier call)"
+                out.golds[gold] = ("gold_unparseable", why)
+    if gold in out.golds:
+        reason, detail = out.golds[gold]
+        return MathResult(None, reason, answer, gold, None, detail)
+    if answer is None:
+        return MathResult(0.0, "no_answer", None, gold, None, "no complete \\boxed{} answer")
+    got = out.answers.get((gold, answer))
+    if got is None:
+        cached = _ANSWER_CACHE.get((gold, answer, rel_tol))
+        if cached is not None:
+            _ANSWER_CACHE.move_to_end((gold, answer, rel_tol))
+            got = (cached[0], cached[1], "")
+        else:  # cannot happen unless the pool lost the item; never a silent 0
+            got = ("error", None, "no verdict was produced for this answer")
+    reason, parsed, detail = got
+    if reason == "no_answer" and not detail:
+        detail = "math-verify found no expression in the final answer"
+    return MathResult(_REWARD_OF[reason], reason, answer, gold, parsed, detail)
 
 
 _TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
