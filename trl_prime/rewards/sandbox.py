@@ -1096,13 +1096,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         pipes = pipes[4:]
         jstatus, jru, timed_out, stalled = _wait_case(jpid, deadline, start, latest)
         end = time.monotonic()
-        cand_done = _exited_already(cpid)
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(cpid, signal.SIGKILL)
-            except OSError:
-                pass
-        _, cstatus, cru = os.wait4(cpid, 0)
+        cand_done, cstatus, cru = _end_candidate(cpid)
         _cleanup_case_processes([cpid, jpid], pidns)
         setup_c, setup_j = os.read(setup_c_r, 65536), os.read(setup_j_r, 65536)
         out = {"stdout": files.read("out", 2000), "stderr": files.read("err", 2000, tail=True)}
@@ -1126,6 +1120,18 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
     ended = {"timed_out": timed_out, "cand_done": cand_done, "cstatus": cstatus, "ccpu": ccpu, "jstatus": jstatus}
     ended.update(jcpu=jru.ru_utime + jru.ru_stime, window=(start, end, stalled))
     return {**rec, **_check_verdict(job, out, ended)}
+
+
+def _end_candidate(pid: int) -> tuple[bool, int, object]:
+    """Kill the candidate of a check case once the judge is done: ``(it had exited already, wait status, rusage)``."""
+    done = _exited_already(pid)
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _, status, ru = os.wait4(pid, 0)
+    return done, status, ru
 
 
 def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
