@@ -95,7 +95,8 @@ Isolation layers (each run reports the ones that were active in :attr:`SandboxRu
 ``proc_fresh``, ``tmpfs_work`` (``SandboxConfig.disk_mb`` MiB: writes beyond it fail with ENOSPC), ``uid_drop``,
 ``caps_dropped``), each checked from inside where it can be; ``process_group`` and ``tmpdir``; the rlimits per
 case process (``rlimit_cpu``, ``rlimit_as`` (memory per process), ``rlimit_fsize`` (also caps stdout),
-``rlimit_nofile``, ``rlimit_core``, and ``rlimit_nproc`` where the kernel enforces it: a non-root caller);
+``rlimit_nofile``, ``rlimit_core``, and ``rlimit_nproc`` where the kernel enforces it: a non-root caller, counting
+the jail's processes, or in the fallback the caller's uid's);
 ``cgroup_pids`` (a fresh pids cgroup with ``pids.max``: stops fork bombs, ``pids.events`` tells when the cap was
 hit, and its members are killed at the end: in the fallback, the daemons a pid namespace would have ended);
 ``no_new_privs``; ``landlock_signal`` (Landlock ABI >= 6: no signals to, and no abstract unix sockets of,
@@ -667,8 +668,7 @@ def _plan_layers(job: dict) -> dict:
     plan = {
         "landlock_signal": not {"landlock", "landlock_signal"} & disable and _landlock_abi() >= 6,
         "seccomp": "seccomp" not in disable and _seccomp_supported() is not None,
-        # RLIMIT_NPROC counts the processes of the jail's user namespace only, and never binds a root caller
-        "nproc": job["max_processes"] if job["jail"] and job["host_uid"] != 0 and "rlimit_nproc" not in disable else 0,
+        "nproc": _nproc_limit(job) if job["host_uid"] != 0 and "rlimit_nproc" not in disable else 0,
     }
     if plan["seccomp"]:
         try:
@@ -680,6 +680,23 @@ def _plan_layers(job: dict) -> dict:
         plan[k] = plan[k] and k in applied
     plan["nproc"] = plan["nproc"] if "rlimit_nproc" in applied else 0
     return plan
+
+
+def _nproc_limit(job: dict) -> int:
+    """RLIMIT_NPROC for a non-root caller (it never binds root): in the jail it counts the processes of the jail's
+    user namespace only; in the fallback every process of the caller's uid, so those running already are added."""
+    if job["jail"]:
+        return job["max_processes"]
+    running = 0
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Threads:")))
+            if int(fields["Uid"].split()[0]) == os.getuid():  # the real uid
+                running += int(fields["Threads"])
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return running + job["max_processes"]
 
 
 def _probe_layers(plan: dict) -> list[str]:
@@ -1987,7 +2004,7 @@ def _remove_run_dir(base: str) -> None:
 # guarantee -> layers that give it (any one is enough); a run without all of them warns once per combination
 _GUARANTEES = {
     "file reads (training data beside the code, keys, tokens)": ("fs_minimal",),
-    "non-root uid": ("uid_drop",),
+    "non-root uid": ("uid_drop",),  # (not lost when the caller is not root)
     "network": ("netns",),
     "process count": ("cgroup_pids", "rlimit_nproc"),
     "leftover processes": ("pidns", "cgroup_pids"),
@@ -2001,7 +2018,10 @@ _GUARANTEES = {
 
 def _maybe_warn(layers: tuple[str, ...], notes: tuple[str, ...]) -> None:
     """Warn (once per combination, as a RuntimeWarning and on the log) about every guarantee no layer gave."""
-    missing = tuple(sorted(k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)))
+    missing = {k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)}
+    if os.geteuid() != 0:
+        missing.discard("non-root uid")  # the fallback runs the program as the caller's own, non-root uid
+    missing = tuple(sorted(missing))
     if not missing:
         return
     with _WARN_LOCK:
