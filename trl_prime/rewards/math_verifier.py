@@ -923,72 +923,85 @@ def _run_batch(
     the same time take turns on the workers instead of a large batch holding back a small one.
     """
     try:
-        cur = [_acquire_pool(num_workers)]  # the pool in use (replaced should pebble give up on it)
+        batch = _Batch(todo, timeout, memory_limit_mb, rel_tol, num_workers, out)
     except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
         out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
         return
-    pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
-    backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
+    batch.run()
 
-    def submit(kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
+
+class _Batch:
+    """One call's tasks on the shared pool (see :func:`_run_batch`)."""
+
+    def __init__(self, todo, timeout: float, memory_limit_mb: int, rel_tol, num_workers: int, out: _Outcomes):
+        self.pool = _acquire_pool(num_workers)  # replaced should pebble give up on it
+        self.todo, self.timeout, self.memory_limit_mb, self.rel_tol = todo, timeout, memory_limit_mb, rel_tol
+        self.num_workers, self.out = num_workers, out
+        self.pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
+        self.backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
+
+    def submit(self, kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
         if attempt == 1:
-            backlog.append((kind, gold, answer, 1))
+            self.backlog.append((kind, gold, answer, 1))
         else:  # a retry of a step whose worker died goes first
-            backlog.appendleft((kind, gold, answer, attempt))
+            self.backlog.appendleft((kind, gold, answer, attempt))
 
-    def flush() -> None:
-        while backlog and len(pending) < num_workers:
-            schedule(*backlog.popleft())
+    def flush(self) -> None:
+        while self.backlog and len(self.pending) < self.num_workers:
+            self.schedule(*self.backlog.popleft())
 
-    def schedule(kind: str, gold: str, answer: str | None, attempt: int) -> None:
-        # a result is given up on past its deadline + a worker's start + one deadline per call sharing the pool
+    def schedule(self, kind: str, gold: str, answer: str | None, attempt: int) -> None:
+        """Hand one step to the pool; its result is given up on past its deadline + a worker's start + one deadline
+        per call sharing the pool."""
+        failed = {gold: [] if answer is None else [answer]}
         try:
-            if not cur[0].pool.active:  # (pebble starts its workers here)
-                cur[0] = _swap_pool(cur[0], num_workers)
+            if not self.pool.pool.active:  # (pebble starts its workers here)
+                self.pool = _swap_pool(self.pool, self.num_workers)
         except Exception as e:  # noqa: BLE001 - the workers cannot start: an infrastructure failure
-            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
-            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            self.out.fail_all(failed, f"math worker pool unavailable: {type(e).__name__}: {e}")
             return
-        pool = cur[0]
-        grace = _STARTUP_TIMEOUT + timeout * max(1, pool.users)
+        timeout = self.timeout
         if kind == "g":
-            args, limit = (gold, timeout, memory_limit_mb), timeout
+            fn, args, limit = _worker_gold, (gold, timeout, self.memory_limit_mb), timeout
         else:
             known = _GOLD_CACHE.get(gold)
             gold_seconds = known if isinstance(known, float) and not isinstance(known, bool) else timeout
-            args, limit = (gold, answer, timeout, memory_limit_mb, rel_tol), timeout + gold_seconds + 0.25
-        fn = _worker_gold if kind == "g" else _worker_answer
+            fn, args = _worker_answer, (gold, answer, timeout, self.memory_limit_mb, self.rel_tol)
+            limit = timeout + gold_seconds + 0.25
         try:
-            fut = pool.pool.schedule(fn, args=args, timeout=limit)
+            fut = self.pool.pool.schedule(fn, args=args, timeout=limit)
         except Exception as e:  # noqa: BLE001 - the pool stopped (e.g. at exit)
-            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
-            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            self.out.fail_all(failed, f"math worker pool unavailable: {type(e).__name__}: {e}")
             return
-        pending[fut] = (kind, gold, answer, attempt, time.monotonic() + limit + grace)
+        grace = _STARTUP_TIMEOUT + timeout * max(1, self.pool.users)
+        self.pending[fut] = (kind, gold, answer, attempt, time.monotonic() + limit + grace)
 
-    try:
-        for gold, answers in todo.items():
-            if gold in _GOLD_CACHE:
-                for a in answers:
-                    submit("a", gold, a)
-            else:
-                submit("g", gold, None)
-        flush()
-        while pending:
-            done, _ = futures_wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
-            now = time.monotonic()
-            for fut in [f for f, job in pending.items() if f not in done and now > job[4]]:
-                kind, gold, answer, _, _ = pending.pop(fut)
+    def run(self) -> None:
+        try:
+            for gold, answers in self.todo.items():
+                if gold in _GOLD_CACHE:
+                    for a in answers:
+                        self.submit("a", gold, a)
+                else:
+                    self.submit("g", gold, None)
+            self.flush()
+            while self.pending:
+                done, _ = futures_wait(list(self.pending), timeout=0.5, return_when=FIRST_COMPLETED)
+                now = time.monotonic()
+                for fut in [f for f, job in self.pending.items() if f not in done and now > job[4]]:
+                    _, gold, answer, _, _ = self.pending.pop(fut)
+                    fut.cancel()
+                    failed = {gold: [] if answer is None else [answer]}
+                    self.out.fail_all(failed, "no result from the math worker pool")
+                for fut in done:
+                    kind, gold, answer, attempt, _ = self.pending.pop(fut)
+                    args = (kind, gold, answer, attempt, self.timeout, self.memory_limit_mb, self.todo)
+                    _collect(fut, *args, self.out, self.submit)
+                self.flush()
+        finally:
+            for fut in self.pending:
                 fut.cancel()
-                out.fail_all({gold: [] if answer is None else [answer]}, "no result from the math worker pool")
-            for fut in done:
-                kind, gold, answer, attempt, _ = pending.pop(fut)
-                _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit)
-            flush()
-    finally:
-        for fut in pending:
-            fut.cancel()
-        _release_pool(cur[0])
+            _release_pool(self.pool)
 
 
 def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit) -> None:
