@@ -574,7 +574,6 @@ def _worker_init(math_module: str = "math_verify") -> None:  # pragma: no cover 
     import logging
     import resource
     import signal
-    from itertools import product
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _W.get("module") == math_module:
@@ -584,106 +583,110 @@ def _worker_init(math_module: str = "math_verify") -> None:  # pragma: no cover 
     try:
         mv = __import__(math_module, fromlist=["parse"])
         grader = __import__(math_module + ".grader", fromlist=["sympy_numeric_eq"])
-        from sympy import Basic, Integer, MatrixBase, Mul, Pow, S, Symbol, preorder_traversal
+        import sympy
     except Exception as e:  # noqa: BLE001
         _W["broken"] = f"cannot start a math worker ({sys.executable}): {type(e).__name__}: {e}"
         return
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
-    config = [mv.LatexExtractionConfig(boxed_match_priority=0)]
-    rel_tol: list[float | None] = [DEFAULT_REL_TOL]  # of the task being served
-    abs_tol: list[str | None] = [None]  # half a unit in the last place of a plain-decimal answer or gold, if any
-
-    def parse_box(text: str) -> list:
-        try:
-            return mv.parse(
-                "\\boxed{" + _normalize_forms(text) + "}",
-                extraction_config=config,
-                fallback_mode="first_match",
-                parsing_timeout=None,  # no signal.alarm: the pool kills the worker on deadline
-                raise_on_error=True,
-            )
-        except MemoryError:
-            raise
-        except Exception:  # what math-verify does with raise_on_error=False
-            return []
-
-    def same(gold: list, answer: list) -> bool:
-        # == math_verify.verify(gold, answer) (any over the product), but lets MemoryError through
-        for g, a in product(gold, answer):
-            try:
-                if mv.verify(g, a, timeout_seconds=None, raise_on_error=True):
-                    return True
-            except MemoryError:
-                raise
-            except Exception:
-                continue
-        return False
-
-    def show(parsed: list) -> str | None:
-        for x in parsed:
-            if isinstance(x, (Basic, MatrixBase)):
-                try:
-                    return str(x)[:_PARSED_MAX_CHARS]
-                except Exception:
-                    return None
-        return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
-
-    def letter_product(parsed: list) -> bool:
-        # math-verify's reading of a word: a product of one-letter symbols (and e = E, repeated letters as powers)
-        expr = next((x for x in parsed if isinstance(x, Basic)), None)
-        if expr is None or not isinstance(expr, (Mul, Pow, Symbol)):
-            return False
-        for node in preorder_traversal(expr):
-            if isinstance(node, (Mul, Pow, Symbol)) or node in (S.Exp1, S.ImaginaryUnit):
-                continue
-            if isinstance(node, Integer) and node > 0:  # exponents of repeated letters
-                continue
-            return False  # a function, number, relation, set...: math-verify read real math
-        return True
-
-    hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
-
-    def limits(seconds: float, mb: int) -> None:
-        """RLIMIT_CPU backstop (should the pool die while we spin) and the soft RLIMIT_AS of this task."""
-        try:
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
-            resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard_cpu) if hard_cpu >= 0 else soft, hard_cpu))
-        except (ValueError, OSError):
-            pass
-        if _W.get("memory") != mb:
-            soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
-            if hard_as != resource.RLIM_INFINITY:
-                soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
-            try:
-                resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
-                _W["memory"] = mb
-            except (ValueError, OSError):
-                pass
-
-    probe = parse_box(_PROBE)
-    hook_problem = _install_numeric_hook(
+    _W.update(mv=mv, sympy=sympy, config=[mv.LatexExtractionConfig(boxed_match_priority=0)], golds=OrderedDict())
+    _W.update(hard_cpu=resource.getrlimit(resource.RLIMIT_CPU)[1], hard_as=resource.getrlimit(resource.RLIMIT_AS)[1])
+    # of the task being served: the relative tolerance, and half a unit in the last place of a plain-decimal answer
+    # or gold, if any
+    _W.update(rel_tol=[DEFAULT_REL_TOL], abs_tol=[None], probe=_w_parse_box(_PROBE))
+    rel_tol, abs_tol = _W["rel_tol"], _W["abs_tol"]
+    _W["hook_problem"] = _install_numeric_hook(
         grader,
         lambda a, b: rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0]),
-        lambda g, a: same(parse_box(g), parse_box(a)),
+        lambda g, a: _w_same(_w_parse_box(g), _w_parse_box(a)),
     )
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
-        same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
-        same(parse_box(a), probe)
-    _W.update(
-        parse_box=parse_box,
-        same=same,
-        show=show,
-        letter_product=letter_product,
-        limits=limits,
-        probe=probe,
-        rel_tol=rel_tol,
-        abs_tol=abs_tol,
-        hook_problem=hook_problem,
-        golds=OrderedDict(),
-        is_math=lambda parsed: any(isinstance(x, (Basic, MatrixBase)) for x in parsed),
-    )
+        _w_same(_w_parse_box(a), _w_parse_box(b))  # warm-up: lazy imports and regex compilation
+        _w_same(_w_parse_box(a), _W["probe"])
+
+
+def _w_parse_box(text: str) -> list:  # pragma: no cover - in the worker
+    """math-verify's parse of ``text`` as the content of a box ([] when it finds nothing; MemoryError passes)."""
+    try:
+        return _W["mv"].parse(
+            "\\boxed{" + _normalize_forms(text) + "}",
+            extraction_config=_W["config"],
+            fallback_mode="first_match",
+            parsing_timeout=None,  # no signal.alarm: the pool kills the worker on deadline
+            raise_on_error=True,
+        )
+    except MemoryError:
+        raise
+    except Exception:  # what math-verify does with raise_on_error=False
+        return []
+
+
+def _w_same(gold: list, answer: list) -> bool:  # pragma: no cover - in the worker
+    """``math_verify.verify(gold, answer)`` (any over the product), but lets MemoryError through."""
+    from itertools import product
+
+    for g, a in product(gold, answer):
+        try:
+            if _W["mv"].verify(g, a, timeout_seconds=None, raise_on_error=True):
+                return True
+        except MemoryError:
+            raise
+        except Exception:
+            continue
+    return False
+
+
+def _w_is_math(parsed: list) -> bool:  # pragma: no cover - in the worker
+    sympy = _W["sympy"]
+    return any(isinstance(x, (sympy.Basic, sympy.MatrixBase)) for x in parsed)
+
+
+def _w_show(parsed: list) -> str | None:  # pragma: no cover - in the worker
+    """A short text of the parsed expression (for ``MathResult.parsed``)."""
+    sympy = _W["sympy"]
+    for x in parsed:
+        if isinstance(x, (sympy.Basic, sympy.MatrixBase)):
+            try:
+                return str(x)[:_PARSED_MAX_CHARS]
+            except Exception:
+                return None
+    return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
+
+
+def _w_letter_product(parsed: list) -> bool:  # pragma: no cover - in the worker
+    """Whether math-verify read a word: a product of one-letter symbols (e = E, repeated letters as powers)."""
+    sympy = _W["sympy"]
+    expr = next((x for x in parsed if isinstance(x, sympy.Basic)), None)
+    if expr is None or not isinstance(expr, (sympy.Mul, sympy.Pow, sympy.Symbol)):
+        return False
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (sympy.Mul, sympy.Pow, sympy.Symbol)) or node in (sympy.S.Exp1, sympy.S.ImaginaryUnit):
+            continue
+        if isinstance(node, sympy.Integer) and node > 0:  # exponents of repeated letters
+            continue
+        return False  # a function, number, relation, set...: math-verify read real math
+    return True
+
+
+def _w_limits(seconds: float, mb: int) -> None:  # pragma: no cover - in the worker
+    """RLIMIT_CPU backstop (should the pool die while we spin) and the soft RLIMIT_AS of this task."""
+    import resource
+
+    hard_cpu, hard_as = _W["hard_cpu"], _W["hard_as"]
+    try:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
+        resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard_cpu) if hard_cpu >= 0 else soft, hard_cpu))
+    except (ValueError, OSError):
+        pass
+    if _W.get("memory") != mb:
+        soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
+        if hard_as != resource.RLIM_INFINITY:
+            soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
+            _W["memory"] = mb
+        except (ValueError, OSError):
+            pass
 
 
 def _worker_gold(gold_text: str, seconds: float, memory_mb: int) -> tuple:  # pragma: no cover - in the worker
@@ -694,26 +697,26 @@ def _worker_gold(gold_text: str, seconds: float, memory_mb: int) -> tuple:  # pr
     if "broken" in _W:
         return "broken", _W["broken"], None, 0.0
     t0 = time.monotonic()
-    _W["limits"](seconds, memory_mb)
+    _w_limits(seconds, memory_mb)
     golds = _W["golds"]
     if gold_text in golds:
         golds.move_to_end(gold_text)
         status, gold, word = golds[gold_text]
     else:
         try:
-            gold = _W["parse_box"](gold_text)
-            status = "ok" if _W["is_math"](gold) else "unparseable"
+            gold = _w_parse_box(gold_text)
+            status = "ok" if _w_is_math(gold) else "unparseable"
             word = None
-            if status == "ok" and _is_word_gold(gold_text) and _W["letter_product"](gold):
+            if status == "ok" and _is_word_gold(gold_text) and _w_letter_product(gold):
                 word = _text_key(gold_text)  # a word, not a product of variables: compared as text
             elif status == "ok":
-                _W["same"](gold, _W["probe"])  # a gold whose every comparison hangs fails here, under its deadline
+                _w_same(gold, _W["probe"])  # a gold whose every comparison hangs fails here, under its deadline
         except MemoryError:
             return "memory", None, _W["hook_problem"], time.monotonic() - t0
         golds[gold_text] = (status, gold, word)
         if len(golds) > 1024:
             golds.popitem(last=False)
-    shown = ("text: " + word) if word is not None else _W["show"](gold)
+    shown = ("text: " + word) if word is not None else _w_show(gold)
     return status, shown, _W["hook_problem"], time.monotonic() - t0
 
 
@@ -738,20 +741,20 @@ def _worker_answer(
     t0 = time.monotonic()
     _W["rel_tol"][0] = None if _W["hook_problem"] else rel_tol
     try:
-        _W["limits"](seconds, memory_mb)
-        parsed = _W["parse_box"](answer)
+        _w_limits(seconds, memory_mb)
+        parsed = _w_parse_box(answer)
         if not parsed:
             return "no_answer", None
         units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
         _W["abs_tol"][0] = max(units, key=float) if units else None  # the coarser written precision
-        verdict = "correct" if _W["same"](gold, parsed) else "wrong"
+        verdict = "correct" if _w_same(gold, parsed) else "wrong"
     except MemoryError:
         return "memory", None
     finally:
         _W["abs_tol"][0] = None
     if time.monotonic() - t0 > seconds:
         return "timeout", None
-    return verdict, _W["show"](parsed)
+    return verdict, _w_show(parsed)
 
 
 # --------------------------------------------------------------------------------------------------------------
