@@ -7,8 +7,16 @@ size of a training step. Every ``(gold, answer)`` pair is distinct, so the verif
 never helps. The pool is started before timing (it is started once per training run); ``cold`` reports the first
 batch including pool start-up separately.
 
-Code: ``trl_prime.rewards.verify_code`` (one sandbox per program: the bubblewrap jail, Landlock, resource limits,
-wall-clock timeout per case) on simple stdin/stdout programs with two test cases each (correct and wrong ones).
+Math from threads (issue 28): ``--threads`` (8) threads call ``verify_math`` at once, each with a batch of
+``--thread-batch`` distinct clean answers; then the same with one more batch holding a poisoned answer (a power tower
+that runs into its ``--poison-timeout`` deadline) started just before them. The poison holds one worker for its
+whole deadline, so the clean batches may lose at most that worker's share of the pool: their latency may grow by a
+factor of ``workers / (workers - 1)``, never by the deadline. Reported: the clean batches' latencies without and
+with the poison, that bound, and the poisoned batch's own latency.
+
+Code: ``trl_prime.rewards.verify_code`` (one sandbox per program: the bubblewrap jail with its rlimits, pids cgroup,
+seccomp and wall-clock timeout per case; the run reports whether the jail was active) on simple stdin/stdout
+programs with two test cases each (correct and wrong ones).
 
 Examples::
 
@@ -136,6 +144,71 @@ def bench_math(n: int, batch: int, timeout: float) -> dict:
     }
 
 
+POISON = "So the result is $\\boxed{9^{9^{9^{9}}}}$."  # math-verify runs into any deadline on it
+
+
+def _thread_round(batches: list[tuple[list[str], list[str]]], timeout: float, poisoned: bool) -> list[float]:
+    """Verify each batch in its own thread, all at once (a poisoned first batch 0.3 s ahead, so that its tower is
+    on a worker); each batch's latency in seconds (the poisoned one first)."""
+    import threading
+
+    from trl_prime.rewards.math_verifier import verify_math
+
+    took: dict[int, float] = {}
+
+    def call(i: int) -> None:
+        t0 = time.perf_counter()
+        verify_math(*batches[i], timeout=timeout)
+        took[i] = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(batches))]
+    threads[0].start()
+    if poisoned:
+        time.sleep(0.3)
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join()
+    return [took[i] for i in range(len(batches))]
+
+
+def bench_math_threads(threads: int, per_thread: int, timeout: float, rounds: int = 3) -> dict:
+    """``rounds`` clean rounds and ``rounds`` poisoned ones (fresh answers each); medians over the rounds of each
+    round's median and slowest clean batch."""
+    from trl_prime.rewards.math_verifier import shutdown_math_workers, start_math_workers
+
+    comps, golds = math_items((2 * rounds * (threads + 1) + 4) * per_thread, seed=3)
+    batches = [(comps[i : i + per_thread], golds[i : i + per_thread]) for i in range(0, len(comps), per_thread)]
+    workers = start_math_workers()
+    _thread_round(batches[-4:], timeout, False)  # warm-up (each worker's first answers)
+    clean, mixed, poisoned = [], [], []
+    for r in range(rounds):
+        chunk = batches[2 * r * (threads + 1) : 2 * (r + 1) * (threads + 1)]
+        clean.append(_thread_round(chunk[:threads], timeout, False))
+        poison = (chunk[threads][0] + [POISON], chunk[threads][1] + ["1"])
+        took = _thread_round([poison, *chunk[threads + 1 : 2 * threads + 1]], timeout, True)
+        poisoned.append(took[0])
+        mixed.append(took[1:])
+    shutdown_math_workers()
+    med = statistics.median
+    clean_max, mixed_max = med(max(x) for x in clean), med(max(x) for x in mixed)
+    bound = clean_max * workers / max(workers - 1, 1)
+    return {
+        "threads": threads,
+        "answers_per_batch": per_thread,
+        "rounds": rounds,
+        "workers": workers,
+        "poison_timeout_s": timeout,
+        "clean_only_median_s": med(med(x) for x in clean),
+        "clean_only_max_s": clean_max,
+        "with_poison_clean_median_s": med(med(x) for x in mixed),
+        "with_poison_clean_max_s": mixed_max,
+        "one_worker_share_bound_s": bound,
+        "within_bound": mixed_max <= bound,
+        "poisoned_batch_s": med(poisoned),
+    }
+
+
 def bench_code(n: int, timeout: float) -> dict:
     from trl_prime.rewards.code_verifier import verify_code
 
@@ -147,6 +220,7 @@ def bench_code(n: int, timeout: float) -> dict:
     total = time.perf_counter() - t0
     cpu = _cpu_seconds() - c0
     reasons = Counter(r.reason for r in res)
+    jail = all("jail" in r.layers for r in res if r.layers)
     expected_correct = sum(1 for c in comps if "print(n * " in c or "vals[:1]" in c)
     return {
         "programs": n,
@@ -158,6 +232,7 @@ def bench_code(n: int, timeout: float) -> dict:
         "timeout_s": timeout,
         "reasons": dict(reasons),
         "programs_seen": expected_correct,
+        "jail": jail,
     }
 
 
@@ -166,6 +241,10 @@ def main(argv=None) -> dict:
     p.add_argument("--math-answers", type=int, default=1024)
     p.add_argument("--math-batch", type=int, default=64, help="completions per verify call (a training step)")
     p.add_argument("--math-timeout", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=8, help="threads calling verify_math at once (0: skip)")
+    p.add_argument("--thread-batch", type=int, default=16, help="distinct answers per thread's batch")
+    p.add_argument("--poison-timeout", type=float, default=4.0, help="the poisoned round's deadline per answer")
+    p.add_argument("--thread-rounds", type=int, default=3, help="clean and poisoned rounds each (medians reported)")
     p.add_argument("--code-programs", type=int, default=64)
     p.add_argument("--code-timeout", type=float, default=5.0, help="wall-clock seconds per test case")
     p.add_argument(
@@ -178,7 +257,9 @@ def main(argv=None) -> dict:
     for name in ("math_answers", "math_batch", "code_programs"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    for name in ("math_timeout", "code_timeout"):
+    if opts.threads < 0 or opts.thread_batch < 1 or opts.thread_rounds < 1:
+        p.error("--threads must be >= 0, --thread-batch and --thread-rounds >= 1")
+    for name in ("math_timeout", "code_timeout", "poison_timeout"):
         if not getattr(opts, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(opts, name)}")
     out = {"machine": _common.machine(), "options": vars(opts)}
@@ -194,11 +275,25 @@ def main(argv=None) -> dict:
         f"math: {m['cpu_seconds']:.2f} CPU s = {m['answers_per_cpu_s']:.0f} answers per CPU second "
         f"(x{os.cpu_count()} cores = {m['answers_per_cpu_s'] * os.cpu_count():.0f} answers/s on an idle machine)"
     )
+    if opts.threads:
+        t = out["math_threads"] = bench_math_threads(
+            opts.threads, opts.thread_batch, opts.poison_timeout, opts.thread_rounds
+        )
+        print(
+            f"math threads: {t['threads']} threads x {t['answers_per_batch']} answers on {t['workers']} workers: clean "
+            f"batches {t['clean_only_median_s']:.2f} s median / {t['clean_only_max_s']:.2f} s max alone, "
+            f"{t['with_poison_clean_median_s']:.2f} / {t['with_poison_clean_max_s']:.2f} s next to a poisoned batch "
+            f"(one worker's share bound {t['one_worker_share_bound_s']:.2f} s: "
+            f"{'within' if t['within_bound'] else 'EXCEEDED'}); the poisoned batch {t['poisoned_batch_s']:.2f} s "
+            f"(deadline {t['poison_timeout_s']:g} s); medians of {t['rounds']} rounds",
+            flush=True,
+        )
     c = bench_code(opts.code_programs, opts.code_timeout)
     out["code"] = c
     print(
         f"code: {c['programs']} programs ({c['test_cases']} test cases) in {c['seconds']:.2f} s = "
-        f"{c['programs_per_s']:.1f} programs/s (timeout {c['timeout_s']:g} s per case) reasons {c['reasons']}"
+        f"{c['programs_per_s']:.1f} programs/s (timeout {c['timeout_s']:g} s per case; jail "
+        f"{'on' if c['jail'] else 'OFF'}) reasons {c['reasons']}"
     )
     print(
         f"code: {c['cpu_seconds']:.2f} CPU s = {c['programs_per_cpu_s']:.1f} programs per CPU second "

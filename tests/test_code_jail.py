@@ -86,15 +86,14 @@ def test_reward_hack_on_data_beside_the_code_scores_zero(project):
     assert r.stdout[0].strip() == "not found"
 
 
-def test_the_hack_test_can_fail_without_the_file_layers(project):
-    """The same hack with neither the jail nor Landlock (as the sandbox stood before issue 28): it scores 1.0. With
-    the fallback's Landlock read rule it scores 0 again."""
-    r = _hack(project, disable=("jail", "landlock"))
-    assert "fs_minimal" not in r.layers and "landlock_read" not in r.layers
-    assert (r.reward, r.reason) == (1.0, "passed"), r
+def test_the_hack_test_can_fail_without_the_jail(project):
+    """The same hack in the fallback (as the sandbox stood before issue 28, less its Landlock read rule): it scores
+    1.0 -- the first guarantee the fallback's warning names as lost; ``require=("jail",)`` refuses to run it."""
     r = _hack(project, disable=("jail",))
-    if "landlock_read" in r.layers:
-        assert (r.reward, r.reason) == (0.0, "failed") and r.stdout[0].strip() == "not found", r
+    assert "fs_minimal" not in r.layers
+    assert (r.reward, r.reason) == (1.0, "passed"), r
+    r = _hack(project, disable=("jail",), require=("jail",))
+    assert (r.reward, r.reason) == (None, "sandbox_error") and "required sandbox layers" in r.detail, r
 
 
 WHO = r"""

@@ -102,8 +102,7 @@ REASONS: dict[str, tuple[str, str]] = {
     ),
     "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
     "memory": (
-        "no case passed; the first failing case ran out of memory (RLIMIT_AS, or the sandbox's "
-        "memory cgroup OOM-killed one of its processes)",
+        "no case passed; the first failing case ran out of memory (its RLIMIT_AS)",
         "0.0",
     ),
     "output_limit": (
@@ -518,10 +517,6 @@ def _judge(run: SandboxRun, spec: _Spec) -> CodeResult:
         else:
             reasons.append("runtime_error")
             details.append(case.detail or case.status)
-        if reasons[-1] in ("failed", "runtime_error", "timeout") and case.oom:
-            # the sandbox's memory cgroup OOM-killed a process of this case (perhaps a child)
-            reasons[-1] = "memory"
-            details[-1] = "a process was killed by the sandbox's memory limit; " + (details[-1] or "")
     total = len(reasons)
     passed = sum(r == "passed" for r in reasons)
     first_fail = next((i for i, r in enumerate(reasons) if r != "passed"), None)

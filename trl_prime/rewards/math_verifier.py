@@ -559,10 +559,6 @@ def _completion_text(completion: Any, index: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker process (runs `python -c _BOOT <this file>`; imports nothing of the calling program)
-# --------------------------------------------------------------------------------------------------------------
-
-# --------------------------------------------------------------------------------------------------------------
 # Worker side (runs in the pool's processes)
 # --------------------------------------------------------------------------------------------------------------
 
@@ -578,7 +574,6 @@ def _worker_init(math_module: str = "math_verify") -> None:  # pragma: no cover 
     import logging
     import resource
     import signal
-    from itertools import product
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _W.get("module") == math_module:
@@ -588,106 +583,110 @@ def _worker_init(math_module: str = "math_verify") -> None:  # pragma: no cover 
     try:
         mv = __import__(math_module, fromlist=["parse"])
         grader = __import__(math_module + ".grader", fromlist=["sympy_numeric_eq"])
-        from sympy import Basic, Integer, MatrixBase, Mul, Pow, S, Symbol, preorder_traversal
+        import sympy
     except Exception as e:  # noqa: BLE001
         _W["broken"] = f"cannot start a math worker ({sys.executable}): {type(e).__name__}: {e}"
         return
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # also silences "timeout disabled" warnings
-    config = [mv.LatexExtractionConfig(boxed_match_priority=0)]
-    rel_tol: list[float | None] = [DEFAULT_REL_TOL]  # of the task being served
-    abs_tol: list[str | None] = [None]  # half a unit in the last place of a plain-decimal answer or gold, if any
-
-    def parse_box(text: str) -> list:
-        try:
-            return mv.parse(
-                "\\boxed{" + _normalize_forms(text) + "}",
-                extraction_config=config,
-                fallback_mode="first_match",
-                parsing_timeout=None,  # no signal.alarm: the pool kills the worker on deadline
-                raise_on_error=True,
-            )
-        except MemoryError:
-            raise
-        except Exception:  # what math-verify does with raise_on_error=False
-            return []
-
-    def same(gold: list, answer: list) -> bool:
-        # == math_verify.verify(gold, answer) (any over the product), but lets MemoryError through
-        for g, a in product(gold, answer):
-            try:
-                if mv.verify(g, a, timeout_seconds=None, raise_on_error=True):
-                    return True
-            except MemoryError:
-                raise
-            except Exception:
-                continue
-        return False
-
-    def show(parsed: list) -> str | None:
-        for x in parsed:
-            if isinstance(x, (Basic, MatrixBase)):
-                try:
-                    return str(x)[:_PARSED_MAX_CHARS]
-                except Exception:
-                    return None
-        return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
-
-    def letter_product(parsed: list) -> bool:
-        # math-verify's reading of a word: a product of one-letter symbols (and e = E, repeated letters as powers)
-        expr = next((x for x in parsed if isinstance(x, Basic)), None)
-        if expr is None or not isinstance(expr, (Mul, Pow, Symbol)):
-            return False
-        for node in preorder_traversal(expr):
-            if isinstance(node, (Mul, Pow, Symbol)) or node in (S.Exp1, S.ImaginaryUnit):
-                continue
-            if isinstance(node, Integer) and node > 0:  # exponents of repeated letters
-                continue
-            return False  # a function, number, relation, set...: math-verify read real math
-        return True
-
-    hard_cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    hard_as = resource.getrlimit(resource.RLIMIT_AS)[1]
-
-    def limits(seconds: float, mb: int) -> None:
-        """RLIMIT_CPU backstop (should the pool die while we spin) and the soft RLIMIT_AS of this task."""
-        try:
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
-            resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard_cpu) if hard_cpu >= 0 else soft, hard_cpu))
-        except (ValueError, OSError):
-            pass
-        if _W.get("memory") != mb:
-            soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
-            if hard_as != resource.RLIM_INFINITY:
-                soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
-            try:
-                resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
-                _W["memory"] = mb
-            except (ValueError, OSError):
-                pass
-
-    probe = parse_box(_PROBE)
-    hook_problem = _install_numeric_hook(
+    _W.update(mv=mv, sympy=sympy, config=[mv.LatexExtractionConfig(boxed_match_priority=0)], golds=OrderedDict())
+    _W.update(hard_cpu=resource.getrlimit(resource.RLIMIT_CPU)[1], hard_as=resource.getrlimit(resource.RLIMIT_AS)[1])
+    # of the task being served: the relative tolerance, and half a unit in the last place of a plain-decimal answer
+    # or gold, if any
+    _W.update(rel_tol=[DEFAULT_REL_TOL], abs_tol=[None], probe=_w_parse_box(_PROBE))
+    rel_tol, abs_tol = _W["rel_tol"], _W["abs_tol"]
+    _W["hook_problem"] = _install_numeric_hook(
         grader,
         lambda a, b: rel_tol[0] is None or not _relatively_different(a, b, rel_tol[0], abs_tol[0]),
-        lambda g, a: same(parse_box(g), parse_box(a)),
+        lambda g, a: _w_same(_w_parse_box(g), _w_parse_box(a)),
     )
     for a, b in (("\\frac{1}{2}", "0.5"), ("x^2+1", "1+x^{2}"), ("[0,1)", "\\{1,2\\}"), ("x=3", "3")):
-        same(parse_box(a), parse_box(b))  # warm-up: lazy imports and regex compilation
-        same(parse_box(a), probe)
-    _W.update(
-        parse_box=parse_box,
-        same=same,
-        show=show,
-        letter_product=letter_product,
-        limits=limits,
-        probe=probe,
-        rel_tol=rel_tol,
-        abs_tol=abs_tol,
-        hook_problem=hook_problem,
-        golds=OrderedDict(),
-        is_math=lambda parsed: any(isinstance(x, (Basic, MatrixBase)) for x in parsed),
-    )
+        _w_same(_w_parse_box(a), _w_parse_box(b))  # warm-up: lazy imports and regex compilation
+        _w_same(_w_parse_box(a), _W["probe"])
+
+
+def _w_parse_box(text: str) -> list:  # pragma: no cover - in the worker
+    """math-verify's parse of ``text`` as the content of a box ([] when it finds nothing; MemoryError passes)."""
+    try:
+        return _W["mv"].parse(
+            "\\boxed{" + _normalize_forms(text) + "}",
+            extraction_config=_W["config"],
+            fallback_mode="first_match",
+            parsing_timeout=None,  # no signal.alarm: the pool kills the worker on deadline
+            raise_on_error=True,
+        )
+    except MemoryError:
+        raise
+    except Exception:  # what math-verify does with raise_on_error=False
+        return []
+
+
+def _w_same(gold: list, answer: list) -> bool:  # pragma: no cover - in the worker
+    """``math_verify.verify(gold, answer)`` (any over the product), but lets MemoryError through."""
+    from itertools import product
+
+    for g, a in product(gold, answer):
+        try:
+            if _W["mv"].verify(g, a, timeout_seconds=None, raise_on_error=True):
+                return True
+        except MemoryError:
+            raise
+        except Exception:
+            continue
+    return False
+
+
+def _w_is_math(parsed: list) -> bool:  # pragma: no cover - in the worker
+    sympy = _W["sympy"]
+    return any(isinstance(x, (sympy.Basic, sympy.MatrixBase)) for x in parsed)
+
+
+def _w_show(parsed: list) -> str | None:  # pragma: no cover - in the worker
+    """A short text of the parsed expression (for ``MathResult.parsed``)."""
+    sympy = _W["sympy"]
+    for x in parsed:
+        if isinstance(x, (sympy.Basic, sympy.MatrixBase)):
+            try:
+                return str(x)[:_PARSED_MAX_CHARS]
+            except Exception:
+                return None
+    return str(parsed[0])[:_PARSED_MAX_CHARS] if parsed else None
+
+
+def _w_letter_product(parsed: list) -> bool:  # pragma: no cover - in the worker
+    """Whether math-verify read a word: a product of one-letter symbols (e = E, repeated letters as powers)."""
+    sympy = _W["sympy"]
+    expr = next((x for x in parsed if isinstance(x, sympy.Basic)), None)
+    if expr is None or not isinstance(expr, (sympy.Mul, sympy.Pow, sympy.Symbol)):
+        return False
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, (sympy.Mul, sympy.Pow, sympy.Symbol)) or node in (sympy.S.Exp1, sympy.S.ImaginaryUnit):
+            continue
+        if isinstance(node, sympy.Integer) and node > 0:  # exponents of repeated letters
+            continue
+        return False  # a function, number, relation, set...: math-verify read real math
+    return True
+
+
+def _w_limits(seconds: float, mb: int) -> None:  # pragma: no cover - in the worker
+    """RLIMIT_CPU backstop (should the pool die while we spin) and the soft RLIMIT_AS of this task."""
+    import resource
+
+    hard_cpu, hard_as = _W["hard_cpu"], _W["hard_as"]
+    try:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(ru.ru_utime + ru.ru_stime + seconds) + 10
+        resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard_cpu) if hard_cpu >= 0 else soft, hard_cpu))
+    except (ValueError, OSError):
+        pass
+    if _W.get("memory") != mb:
+        soft = (int(mb) << 20) if mb and mb > 0 else resource.RLIM_INFINITY
+        if hard_as != resource.RLIM_INFINITY:
+            soft = hard_as if soft == resource.RLIM_INFINITY else min(soft, hard_as)
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard_as))
+            _W["memory"] = mb
+        except (ValueError, OSError):
+            pass
 
 
 def _worker_gold(gold_text: str, seconds: float, memory_mb: int) -> tuple:  # pragma: no cover - in the worker
@@ -698,26 +697,26 @@ def _worker_gold(gold_text: str, seconds: float, memory_mb: int) -> tuple:  # pr
     if "broken" in _W:
         return "broken", _W["broken"], None, 0.0
     t0 = time.monotonic()
-    _W["limits"](seconds, memory_mb)
+    _w_limits(seconds, memory_mb)
     golds = _W["golds"]
     if gold_text in golds:
         golds.move_to_end(gold_text)
         status, gold, word = golds[gold_text]
     else:
         try:
-            gold = _W["parse_box"](gold_text)
-            status = "ok" if _W["is_math"](gold) else "unparseable"
+            gold = _w_parse_box(gold_text)
+            status = "ok" if _w_is_math(gold) else "unparseable"
             word = None
-            if status == "ok" and _is_word_gold(gold_text) and _W["letter_product"](gold):
+            if status == "ok" and _is_word_gold(gold_text) and _w_letter_product(gold):
                 word = _text_key(gold_text)  # a word, not a product of variables: compared as text
             elif status == "ok":
-                _W["same"](gold, _W["probe"])  # a gold whose every comparison hangs fails here, under its deadline
+                _w_same(gold, _W["probe"])  # a gold whose every comparison hangs fails here, under its deadline
         except MemoryError:
             return "memory", None, _W["hook_problem"], time.monotonic() - t0
         golds[gold_text] = (status, gold, word)
         if len(golds) > 1024:
             golds.popitem(last=False)
-    shown = ("text: " + word) if word is not None else _W["show"](gold)
+    shown = ("text: " + word) if word is not None else _w_show(gold)
     return status, shown, _W["hook_problem"], time.monotonic() - t0
 
 
@@ -742,20 +741,20 @@ def _worker_answer(
     t0 = time.monotonic()
     _W["rel_tol"][0] = None if _W["hook_problem"] else rel_tol
     try:
-        _W["limits"](seconds, memory_mb)
-        parsed = _W["parse_box"](answer)
+        _w_limits(seconds, memory_mb)
+        parsed = _w_parse_box(answer)
         if not parsed:
             return "no_answer", None
         units = [u for u in (_half_unit(gold_text), _half_unit(answer)) if u is not None]
         _W["abs_tol"][0] = max(units, key=float) if units else None  # the coarser written precision
-        verdict = "correct" if _W["same"](gold, parsed) else "wrong"
+        verdict = "correct" if _w_same(gold, parsed) else "wrong"
     except MemoryError:
         return "memory", None
     finally:
         _W["abs_tol"][0] = None
     if time.monotonic() - t0 > seconds:
         return "timeout", None
-    return verdict, _W["show"](parsed)
+    return verdict, _w_show(parsed)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -928,72 +927,85 @@ def _run_batch(
     the same time take turns on the workers instead of a large batch holding back a small one.
     """
     try:
-        cur = [_acquire_pool(num_workers)]  # the pool in use (replaced should pebble give up on it)
+        batch = _Batch(todo, timeout, memory_limit_mb, rel_tol, num_workers, out)
     except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
         out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
         return
-    pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
-    backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
+    batch.run()
 
-    def submit(kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
+
+class _Batch:
+    """One call's tasks on the shared pool (see :func:`_run_batch`)."""
+
+    def __init__(self, todo, timeout: float, memory_limit_mb: int, rel_tol, num_workers: int, out: _Outcomes):
+        self.pool = _acquire_pool(num_workers)  # replaced should pebble give up on it
+        self.todo, self.timeout, self.memory_limit_mb, self.rel_tol = todo, timeout, memory_limit_mb, rel_tol
+        self.num_workers, self.out = num_workers, out
+        self.pending: dict[Any, tuple] = {}  # future -> (kind, gold, answer, attempt, deadline of our own wait)
+        self.backlog: deque[tuple] = deque()  # (kind, gold, answer, attempt) not handed to the pool yet
+
+    def submit(self, kind: str, gold: str, answer: str | None, attempt: int = 1) -> None:
         if attempt == 1:
-            backlog.append((kind, gold, answer, 1))
+            self.backlog.append((kind, gold, answer, 1))
         else:  # a retry of a step whose worker died goes first
-            backlog.appendleft((kind, gold, answer, attempt))
+            self.backlog.appendleft((kind, gold, answer, attempt))
 
-    def flush() -> None:
-        while backlog and len(pending) < num_workers:
-            schedule(*backlog.popleft())
+    def flush(self) -> None:
+        while self.backlog and len(self.pending) < self.num_workers:
+            self.schedule(*self.backlog.popleft())
 
-    def schedule(kind: str, gold: str, answer: str | None, attempt: int) -> None:
-        # a result is given up on past its deadline + a worker's start + one deadline per call sharing the pool
+    def schedule(self, kind: str, gold: str, answer: str | None, attempt: int) -> None:
+        """Hand one step to the pool; its result is given up on past its deadline + a worker's start + one deadline
+        per call sharing the pool."""
+        failed = {gold: [] if answer is None else [answer]}
         try:
-            if not cur[0].pool.active:  # (pebble starts its workers here)
-                cur[0] = _swap_pool(cur[0], num_workers)
+            if not self.pool.pool.active:  # (pebble starts its workers here)
+                self.pool = _swap_pool(self.pool, self.num_workers)
         except Exception as e:  # noqa: BLE001 - the workers cannot start: an infrastructure failure
-            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
-            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            self.out.fail_all(failed, f"math worker pool unavailable: {type(e).__name__}: {e}")
             return
-        pool = cur[0]
-        grace = _STARTUP_TIMEOUT + timeout * max(1, pool.users)
+        timeout = self.timeout
         if kind == "g":
-            args, limit = (gold, timeout, memory_limit_mb), timeout
+            fn, args, limit = _worker_gold, (gold, timeout, self.memory_limit_mb), timeout
         else:
             known = _GOLD_CACHE.get(gold)
             gold_seconds = known if isinstance(known, float) and not isinstance(known, bool) else timeout
-            args, limit = (gold, answer, timeout, memory_limit_mb, rel_tol), timeout + gold_seconds + 0.25
-        fn = _worker_gold if kind == "g" else _worker_answer
+            fn, args = _worker_answer, (gold, answer, timeout, self.memory_limit_mb, self.rel_tol)
+            limit = timeout + gold_seconds + 0.25
         try:
-            fut = pool.pool.schedule(fn, args=args, timeout=limit)
+            fut = self.pool.pool.schedule(fn, args=args, timeout=limit)
         except Exception as e:  # noqa: BLE001 - the pool stopped (e.g. at exit)
-            why = f"math worker pool unavailable: {type(e).__name__}: {e}"
-            out.fail_all({gold: [] if answer is None else [answer]}, why)
+            self.out.fail_all(failed, f"math worker pool unavailable: {type(e).__name__}: {e}")
             return
-        pending[fut] = (kind, gold, answer, attempt, time.monotonic() + limit + grace)
+        grace = _STARTUP_TIMEOUT + timeout * max(1, self.pool.users)
+        self.pending[fut] = (kind, gold, answer, attempt, time.monotonic() + limit + grace)
 
-    try:
-        for gold, answers in todo.items():
-            if gold in _GOLD_CACHE:
-                for a in answers:
-                    submit("a", gold, a)
-            else:
-                submit("g", gold, None)
-        flush()
-        while pending:
-            done, _ = futures_wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
-            now = time.monotonic()
-            for fut in [f for f, job in pending.items() if f not in done and now > job[4]]:
-                kind, gold, answer, _, _ = pending.pop(fut)
+    def run(self) -> None:
+        try:
+            for gold, answers in self.todo.items():
+                if gold in _GOLD_CACHE:
+                    for a in answers:
+                        self.submit("a", gold, a)
+                else:
+                    self.submit("g", gold, None)
+            self.flush()
+            while self.pending:
+                done, _ = futures_wait(list(self.pending), timeout=0.5, return_when=FIRST_COMPLETED)
+                now = time.monotonic()
+                for fut in [f for f, job in self.pending.items() if f not in done and now > job[4]]:
+                    _, gold, answer, _, _ = self.pending.pop(fut)
+                    fut.cancel()
+                    failed = {gold: [] if answer is None else [answer]}
+                    self.out.fail_all(failed, "no result from the math worker pool")
+                for fut in done:
+                    kind, gold, answer, attempt, _ = self.pending.pop(fut)
+                    args = (kind, gold, answer, attempt, self.timeout, self.memory_limit_mb, self.todo)
+                    _collect(fut, *args, self.out, self.submit)
+                self.flush()
+        finally:
+            for fut in self.pending:
                 fut.cancel()
-                out.fail_all({gold: [] if answer is None else [answer]}, "no result from the math worker pool")
-            for fut in done:
-                kind, gold, answer, attempt, _ = pending.pop(fut)
-                _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit)
-            flush()
-    finally:
-        for fut in pending:
-            fut.cancel()
-        _release_pool(cur[0])
+            _release_pool(self.pool)
 
 
 def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, out, submit) -> None:
@@ -1253,6 +1265,24 @@ def verify_math(
     its deadline while the other workers serve every call. The deadlines hold in all cases because they are
     enforced by killing worker processes.
     """
+    num_workers = _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb)
+    rel_tol = _check_rel_tol(rel_tol)
+    answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
+    gold_texts = [_normalize_gold(g) for g in golds]
+    with _LOCK:
+        todo = _new_work(gold_texts, answers, timeout, rel_tol)
+    out = _Outcomes()
+    if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
+        _run_batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+    with _LOCK:
+        _memoise(out, timeout, rel_tol)
+        return [
+            _result(raw, gold, answer, out, timeout, rel_tol) for raw, gold, answer in zip(golds, gold_texts, answers)
+        ]
+
+
+def _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb) -> int:
+    """Validate :func:`verify_math`'s arguments (ValueError); the number of workers to use."""
     if isinstance(completions, (str, bytes)) or not hasattr(completions, "__len__"):
         raise ValueError("completions must be a list (one completion per row), got " + type(completions).__name__)
     if isinstance(golds, (str, bytes)) or not hasattr(golds, "__len__"):
@@ -1272,79 +1302,71 @@ def verify_math(
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
     if not (isinstance(memory_limit_mb, int) and memory_limit_mb >= 0):
         raise ValueError(f"memory_limit_mb must be an integer >= 0 (0: no cap), got {memory_limit_mb!r}")
-    rel_tol = _check_rel_tol(rel_tol)
+    return num_workers
 
-    answers = [extract_answer(_completion_text(c, i), extraction) for i, c in enumerate(completions)]
-    gold_texts = [_normalize_gold(g) for g in golds]
 
-    with _LOCK:
-        # what must go to the workers: each gold whose parseability is unknown, and each new (gold, answer) pair
-        todo: dict[str, dict[str, None]] = {}  # gold -> distinct answers (an ordered set)
-        for gold, answer in zip(gold_texts, answers):
-            if gold is None:
-                continue
-            parseable = _GOLD_CACHE.get(gold)
-            if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
-                continue
-            if answer is None or (gold, answer, rel_tol) in _ANSWER_CACHE:
-                if parseable is None:
-                    todo.setdefault(gold, {})
-                continue
-            todo.setdefault(gold, {})[answer] = None
-    out = _Outcomes()
-    if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
-        _run_batch(
-            {g: list(a) for g, a in todo.items()}, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out
-        )
-    with _LOCK:
-        # memoise deterministic outcomes
-        for gold, seconds in out.ok.items():
-            _cache_put(_GOLD_CACHE, gold, seconds)
-            _GOLD_TIMEOUTS.pop(gold, None)
-        for gold in out.cacheable_golds:
-            _cache_put(_GOLD_CACHE, gold, False)
-        for gold in out.timed_out_golds:
-            seconds = max(float(timeout), _GOLD_TIMEOUTS.get(gold, 0.0))
-            _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
-        for (gold, answer), (reason, parsed, _) in out.answers.items():
-            if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
-                _cache_put(_ANSWER_CACHE, (gold, answer, rel_tol), (reason, parsed))
+def _new_work(gold_texts, answers, timeout: float, rel_tol: float | None) -> dict[str, list[str]]:
+    """What must go to the workers (under ``_LOCK``): gold -> its distinct new answers, for each gold whose
+    parseability is unknown or that has an answer not memoised yet."""
+    todo: dict[str, dict[str, None]] = {}  # gold -> distinct answers (an ordered set)
+    for gold, answer in zip(gold_texts, answers):
+        if gold is None:
+            continue
+        parseable = _GOLD_CACHE.get(gold)
+        if parseable is False or (parseable is None and _gold_timed_out_before(gold, timeout) is not None):
+            continue
+        if answer is None or (gold, answer, rel_tol) in _ANSWER_CACHE:
+            if parseable is None:
+                todo.setdefault(gold, {})
+            continue
+        todo.setdefault(gold, {})[answer] = None
+    return {g: list(a) for g, a in todo.items()}
 
-        results: list[MathResult] = []
-        for raw, gold, answer in zip(golds, gold_texts, answers):
-            if gold is None:
-                results.append(MathResult(None, "gold_unparseable", answer, None, None, _missing_gold_detail(raw)))
-                continue
-            if gold not in out.golds and gold not in out.ok:
-                if _GOLD_CACHE.get(gold) is False:
-                    out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
-                elif _GOLD_CACHE.get(gold) is None:
-                    seconds = _gold_timed_out_before(gold, timeout)
-                    if seconds is not None:
-                        out.golds[gold] = (
-                            "gold_unparseable",
-                            f"parsing the gold answer took longer than {seconds:g}s (remembered from an earlier call)",
-                        )
-            if gold in out.golds:
-                reason, detail = out.golds[gold]
-                results.append(MathResult(None, reason, answer, gold, None, detail))
-                continue
-            if answer is None:
-                results.append(MathResult(0.0, "no_answer", None, gold, None, "no complete \\boxed{} answer"))
-                continue
-            got = out.answers.get((gold, answer))
-            if got is None:
-                cached = _ANSWER_CACHE.get((gold, answer, rel_tol))
-                if cached is not None:
-                    _ANSWER_CACHE.move_to_end((gold, answer, rel_tol))
-                    got = (cached[0], cached[1], "")
-                else:  # cannot happen unless the pool lost the item; never a silent 0
-                    got = ("error", None, "no verdict was produced for this answer")
-            reason, parsed, detail = got
-            if reason == "no_answer" and not detail:
-                detail = "math-verify found no expression in the final answer"
-            results.append(MathResult(_REWARD_OF[reason], reason, answer, gold, parsed, detail))
-    return results
+
+def _memoise(out: _Outcomes, timeout: float, rel_tol: float | None) -> None:
+    """Remember a call's deterministic outcomes (under ``_LOCK``)."""
+    for gold, seconds in out.ok.items():
+        _cache_put(_GOLD_CACHE, gold, seconds)
+        _GOLD_TIMEOUTS.pop(gold, None)
+    for gold in out.cacheable_golds:
+        _cache_put(_GOLD_CACHE, gold, False)
+    for gold in out.timed_out_golds:
+        seconds = max(float(timeout), _GOLD_TIMEOUTS.get(gold, 0.0))
+        _cache_put(_GOLD_TIMEOUTS, gold, seconds, _GOLD_TIMEOUT_CACHE_SIZE)
+    for (gold, answer), (reason, parsed, _) in out.answers.items():
+        if reason in ("correct", "wrong", "no_answer") and len(gold) + len(answer) <= _CACHE_MAX_CHARS:
+            _cache_put(_ANSWER_CACHE, (gold, answer, rel_tol), (reason, parsed))
+
+
+def _result(raw, gold: str | None, answer: str | None, out: _Outcomes, timeout: float, rel_tol) -> MathResult:
+    """One row's :class:`MathResult` from this call's outcomes and the memo (under ``_LOCK``)."""
+    if gold is None:
+        return MathResult(None, "gold_unparseable", answer, None, None, _missing_gold_detail(raw))
+    if gold not in out.golds and gold not in out.ok:
+        if _GOLD_CACHE.get(gold) is False:
+            out.golds[gold] = ("gold_unparseable", "math-verify could not parse the gold answer")
+        elif _GOLD_CACHE.get(gold) is None:
+            seconds = _gold_timed_out_before(gold, timeout)
+            if seconds is not None:
+                why = f"parsing the gold answer took longer than {seconds:g}s (remembered from an earlier call)"
+                out.golds[gold] = ("gold_unparseable", why)
+    if gold in out.golds:
+        reason, detail = out.golds[gold]
+        return MathResult(None, reason, answer, gold, None, detail)
+    if answer is None:
+        return MathResult(0.0, "no_answer", None, gold, None, "no complete \\boxed{} answer")
+    got = out.answers.get((gold, answer))
+    if got is None:
+        cached = _ANSWER_CACHE.get((gold, answer, rel_tol))
+        if cached is not None:
+            _ANSWER_CACHE.move_to_end((gold, answer, rel_tol))
+            got = (cached[0], cached[1], "")
+        else:  # cannot happen unless the pool lost the item; never a silent 0
+            got = ("error", None, "no verdict was produced for this answer")
+    reason, parsed, detail = got
+    if reason == "no_answer" and not detail:
+        detail = "math-verify found no expression in the final answer"
+    return MathResult(_REWARD_OF[reason], reason, answer, gold, parsed, detail)
 
 
 _TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")

