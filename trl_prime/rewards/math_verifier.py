@@ -1170,6 +1170,8 @@ def _stop_before_multiprocessing_joins() -> None:
     if _FINALIZER_PID[0] != os.getpid():
         _FINALIZER_PID[0] = os.getpid()
         util.Finalize(None, _at_exit, exitpriority=100)
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
