@@ -1016,6 +1016,9 @@ GROUPS = [
             "prime_rloo_double",
             "prime_rloo_prm2x",
             "prime_rloo_dpo",
+            "prime_rloo_warm_prm",
+            "prime_rloo_stabilised",
+            "prime_rloo_released",
         ],
     ),
     ("GRPO family", ["grpo", "prime_grpo", "prime_grpo_process_std", "prl", "prof_grpo"]),
@@ -1036,6 +1039,8 @@ def plot(result: dict, folder: str, tag: str) -> list[str]:
         summ = result["summary"][key]
         groups = [(t, [m for m in ms if m in summ]) for t, ms in GROUPS]
         groups = [(t, ms) for t, ms in groups if ms]
+        if not groups:  # no plotted method among the runs
+            continue
         fig, axes = plt.subplots(1, len(groups), figsize=(max(7.0, 5 * len(groups)), 4.0), sharey=True, squeeze=False)
         for ax, (title, ms) in zip(axes[0], groups):
             for m in ms:
