@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import pytest
@@ -135,6 +136,52 @@ def test_fallback_warns_loudly_naming_the_lost_guarantees(monkeypatch, caplog):
     message = str(caught[0].message)
     assert "file reads (training data beside the code" in message and "disabled" in message
     assert any("THE JAIL IS NOT RUNNING" in r.getMessage() for r in caplog.records)  # on the log too
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback's capability and uid drop apply to a root caller")
+def test_fallback_run_by_root_keeps_no_capability(tmp_path):
+    """Without the jail, a root caller's program keeps no capability (no mount, module, ptrace, raw I/O), runs as
+    uid/gid 65534 where that user can read the interpreter (else uid 0 is named lost in the warning), and is the
+    OOM killer's first choice."""
+    victim = tmp_path / "victim"
+    victim.write_text("data")
+    os.chmod(victim, 0o600)
+    probe = (
+        WHO.replace("REPO", repr(REPO))
+        + f"""
+try:
+    os.chown({str(victim)!r}, 1234, 1234)
+    print("chown succeeded")
+except OSError as e:
+    print("chown", type(e).__name__)
+print("oom", open("/proc/self/oom_score_adj").read().strip())
+"""
+    )
+    sbx._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        run = run_program(probe, mode="stdin", inputs=[""], config=SandboxConfig(disable=("jail",)))
+    assert run.ok and run.cases[0].status == "ok", run
+    lines = run.cases[0].stdout.splitlines()
+    out = json.loads(lines[0])
+    assert out["caps"] == "0000000000000000" and lines[1:] == ["chown PermissionError", "oom 1000"]
+    assert "caps_dropped" in run.layers and "jail" not in run.layers and victim.stat().st_uid == 0
+    message = " ".join(str(w.message) for w in caught)
+    assert "THE JAIL IS NOT RUNNING" in message and "no capabilities" not in message
+    if sbx._readable_by_others([sys.executable, *sys.path, tempfile.gettempdir()]):
+        assert (out["uid"], out["gid"], out["setuid0"]) == (
+            65534,
+            65534,
+            "PermissionError",
+        ) and "uid_drop" in run.layers
+    else:  # nobody could not read the interpreter: the program stays uid 0 (without capabilities), named lost
+        assert out["uid"] == 0 and "uid_drop" not in run.layers and "non-root uid" in message
+    # switched off, the capabilities are back (the layer is what makes the difference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cfg = SandboxConfig(disable=("jail", "caps_dropped", "uid_drop"))
+        run = run_program(WHO.replace("REPO", repr(REPO)), mode="stdin", inputs=[""], config=cfg)
+    assert json.loads(run.cases[0].stdout)["caps"] != "0000000000000000" and "caps_dropped" not in run.layers
 
 
 def test_require_jail_refuses_where_bwrap_cannot_start(tmp_path):

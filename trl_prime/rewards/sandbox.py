@@ -166,8 +166,8 @@ LAYERS: dict[str, str] = {
     "tmpfs_work": "work dir is a size-limited tmpfs (disk quota)",
     "proc_fresh": "fresh /proc of the sandbox's pid namespace",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
-    "caps_dropped": "all capability sets empty (the jail's)",
-    "uid_drop": "the program runs as uid/gid 65534 (the jail's)",
+    "caps_dropped": "all capability sets empty (the jail's; in the fallback dropped by each case process)",
+    "uid_drop": "the program runs as uid/gid 65534 (the jail's; in the fallback when the caller is root)",
     "landlock_signal": "Landlock: no signals / abstract sockets outside the case process's domain",
     "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, prlimit on others, ... denied",
     "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
@@ -175,7 +175,9 @@ LAYERS: dict[str, str] = {
 }
 
 # Layers that can be switched off with SandboxConfig(disable=...) (for debugging and fallback tests).
-_DISABLEABLE = frozenset({"jail", "cgroup_pids", "landlock", "landlock_signal", "rlimit_nproc", "seccomp"})
+_DISABLEABLE = frozenset(
+    {"jail", "cgroup_pids", "landlock", "landlock_signal", "rlimit_nproc", "seccomp", "uid_drop", "caps_dropped"}
+)
 
 _MODES = ("stdin", "fn", "check")
 _NOBODY = 65534
@@ -662,13 +664,76 @@ def _bootstrap_main(job_fd: str) -> None:
     os._exit(code)  # in the jail's pid namespace this kills every remaining process inside
 
 
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_caps() -> None:
+    """Empty every capability set (bounding and ambient by prctl, then effective/permitted/inheritable by capset):
+    the fallback's case processes keep none of a root caller's (no mount, module, ptrace, raw I/O, DAC override)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read().strip())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        _prctl(_PR_CAPBSET_DROP, cap)
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    if _libc().capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), (_CapData * 2)()) != 0:
+        raise _oserror("capset")
+    with open("/proc/self/status") as f:
+        if any(int(line.split()[1], 16) for line in f if line.startswith("Cap")):
+            raise OSError(errno.EPERM, "capabilities still present after dropping them")
+
+
+def _readable_by_others(paths) -> bool:
+    """True when every existing path, and each folder above it, can be reached and read by an unrelated user."""
+    import stat
+
+    for p in filter(os.path.exists, filter(None, paths)):
+        p = os.path.realpath(p)
+        folder = os.path.dirname(p)
+        while True:  # every folder above must let others through
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return False
+            if folder == os.sep:
+                break
+            folder = os.path.dirname(folder)
+        mode = os.stat(p).st_mode
+        need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+        if mode & need != need:
+            return False
+    return True
+
+
 def _plan_layers(job: dict) -> dict:
     """Which per-case layers to apply, verified in a throw-away probe process."""
     disable = set(job["disable"])
+    # the fallback run by root: the case processes drop to uid/gid 65534 (which clears every capability) where that
+    # user can reach the interpreter and the work dir; the jail maps its own uid 65534
+    uid_drop = (
+        not job["jail"]
+        and os.geteuid() == 0
+        and "uid_drop" not in disable
+        and _readable_by_others([sys.executable, *sys.path, os.path.dirname(os.path.dirname(job["work_dir"]))])
+    )
     plan = {
+        "oom_adj": True,
+        "uid_drop": uid_drop,
+        "caps_dropped": not job["jail"] and "caps_dropped" not in disable,  # the jail has none already
         "landlock_signal": not {"landlock", "landlock_signal"} & disable and _landlock_abi() >= 6,
         "seccomp": "seccomp" not in disable and _seccomp_supported() is not None,
-        "nproc": _nproc_limit(job) if job["host_uid"] != 0 and "rlimit_nproc" not in disable else 0,
+        "nproc": _nproc_limit(job, _NOBODY if uid_drop else os.getuid())
+        if (job["host_uid"] != 0 or uid_drop) and "rlimit_nproc" not in disable
+        else 0,
     }
     if plan["seccomp"]:
         try:
@@ -676,15 +741,16 @@ def _plan_layers(job: dict) -> dict:
         except (OSError, AssertionError):
             plan["seccomp"] = False
     applied = _probe_layers(plan)
-    for k in ("landlock_signal", "seccomp"):
+    for k in ("oom_adj", "caps_dropped", "uid_drop", "landlock_signal", "seccomp"):
         plan[k] = plan[k] and k in applied
     plan["nproc"] = plan["nproc"] if "rlimit_nproc" in applied else 0
     return plan
 
 
-def _nproc_limit(job: dict) -> int:
-    """RLIMIT_NPROC for a non-root caller (it never binds root): in the jail it counts the processes of the jail's
-    user namespace only; in the fallback every process of the caller's uid, so those running already are added."""
+def _nproc_limit(job: dict, uid: int) -> int:
+    """RLIMIT_NPROC for a non-root case process (it never binds root): in the jail it counts the processes of the
+    jail's user namespace only; in the fallback every process of ``uid`` (the caller's, or 65534 after the uid drop),
+    so those running already are added."""
     if job["jail"]:
         return job["max_processes"]
     running = 0
@@ -692,7 +758,7 @@ def _nproc_limit(job: dict) -> int:
         try:
             with open(f"/proc/{name}/status") as f:
                 fields = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Threads:")))
-            if int(fields["Uid"].split()[0]) == os.getuid():  # the real uid
+            if int(fields["Uid"].split()[0]) == uid:  # the real uid
                 running += int(fields["Threads"])
         except (OSError, ValueError, KeyError, IndexError):
             continue
@@ -718,11 +784,27 @@ def _probe_layers(plan: dict) -> list[str]:
     return b"".join(chunks).decode().split("\n")
 
 
+def _oom_adj() -> None:
+    """Any OOM killer (the host's) takes a case process before the trainer."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def _uid_drop() -> None:
+    """uid/gid 65534 (real, effective, saved) and no supplementary groups: the kernel clears every capability."""
+    os.setgroups([])
+    os.setresgid(_NOBODY, _NOBODY, _NOBODY)
+    os.setresuid(_NOBODY, _NOBODY, _NOBODY)
+
+
 def _apply_case_layers(plan: dict, strict: bool) -> list[str]:
-    """Per-process layers, in dependency order (seccomp last: it forbids prlimit on others). ``strict=False``
-    records instead of raising."""
+    """Per-process layers, in dependency order (the uid drop after what needs root; seccomp last: it forbids
+    prlimit on others). ``strict=False`` records instead of raising."""
     steps = [
         ("rlimit_nproc", plan["nproc"], lambda: resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc"],) * 2)),
+        ("oom_adj", plan["oom_adj"], _oom_adj),
+        ("uid_drop", plan["uid_drop"], _uid_drop),
+        ("caps_dropped", plan["caps_dropped"], _drop_caps),
         ("landlock_signal", plan["landlock_signal"], _landlock_scope),
         ("seccomp", plan["seccomp"], lambda: _seccomp_install(plan["_seccomp"])),
     ]
@@ -749,7 +831,10 @@ def _harness_setup(job: dict, layers: list[str], notes: list[str]) -> dict:
     plan = _plan_layers(job)
     layers += ["rlimit_cpu", "rlimit_fsize", "rlimit_nofile", "rlimit_core"]
     layers += ["rlimit_as"] if job["memory_bytes"] else []
-    layers += [k for k in ("landlock_signal", "seccomp") if plan[k]] + (["rlimit_nproc"] if plan["nproc"] else [])
+    layers += [k for k in ("uid_drop", "caps_dropped", "landlock_signal", "seccomp") if plan[k]]
+    layers += ["rlimit_nproc"] if plan["nproc"] else []
+    if plan["uid_drop"]:
+        os.chown(job["work_dir"], _NOBODY, _NOBODY)
     layers += ["judge_process"] if job["mode"] == "check" else []
     missing = [r for r in job["require"] if r not in layers]
     if missing:
@@ -2005,6 +2090,7 @@ def _remove_run_dir(base: str) -> None:
 _GUARANTEES = {
     "file reads (training data beside the code, keys, tokens)": ("fs_minimal",),
     "non-root uid": ("uid_drop",),  # (not lost when the caller is not root)
+    "no capabilities (mount, modules, ptrace, raw I/O, file ownership)": ("caps_dropped",),  # (as the uid)
     "network": ("netns",),
     "process count": ("cgroup_pids", "rlimit_nproc"),
     "leftover processes": ("pidns", "cgroup_pids"),
@@ -2021,6 +2107,7 @@ def _maybe_warn(layers: tuple[str, ...], notes: tuple[str, ...]) -> None:
     missing = {k for k, alts in _GUARANTEES.items() if not any(a in layers for a in alts)}
     if os.geteuid() != 0:
         missing.discard("non-root uid")  # the fallback runs the program as the caller's own, non-root uid
+        missing.discard("no capabilities (mount, modules, ptrace, raw I/O, file ownership)")
     missing = tuple(sorted(missing))
     if not missing:
         return
@@ -2209,6 +2296,7 @@ def _launch(cfg: SandboxConfig, run: dict, nonce: str | None, check_data: bytes)
             work = _JAIL_WORK
         else:
             base = tempfile.mkdtemp(prefix="trl_prime_sbx_", dir=cfg.tmp_root)
+            os.chmod(base, 0o711)  # a root caller's program runs as uid 65534: it must reach its work dir
             work = os.path.join(base, "work")
             os.mkdir(work, 0o700)
         cg = _pids_cgroup_create(cfg)

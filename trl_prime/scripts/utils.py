@@ -659,7 +659,8 @@ def check_run(script_args: RLScriptArguments, training_args, model_args) -> None
     model_path = check_model(model_args.model_name_or_path, model_args.model_revision)
     if script_args.reward_model_name_or_path:
         check_model(script_args.reward_model_name_or_path, field_name="reward_model_name_or_path")
-    copies = 2 if (script_args.trainer or "").startswith("prime_") else 1  # the policy, and the implicit PRM
+    saves_prm = script_args.trainer in METHOD_TRAINERS and get_trainer(script_args.trainer).saves_prm
+    copies = 2 if saves_prm else 1  # the policy, and the implicit PRM
     check_output_dir(training_args.output_dir, copies * weights_bytes(model_path))
     resume_checkpoint(training_args)
     check_learning_rates(training_args)
