@@ -37,7 +37,7 @@ mounts), which is checked once per interpreter, the same bootstrap runs directly
 dir with the rlimits, the pids cgroup, the Landlock scope and seccomp, and a ``RuntimeWarning`` (also logged)
 says THE JAIL IS NOT RUNNING and names each guarantee lost: file reads (every file the caller can read is
 readable, training data included), filesystem writes and file metadata, the non-root uid (a root caller's
-program runs as root), the network, host unix sockets, the host's process list, leftover processes (without
+program drops every capability, and to uid 65534 where that user can read the interpreter), the network, host unix sockets, the host's process list, leftover processes (without
 the pids cgroup), and the disk quota (``RLIMIT_FSIZE`` caps each file only). ``SandboxConfig(require=("jail",))``
 refuses to run without the jail (an infrastructure failure, reward None).
 
