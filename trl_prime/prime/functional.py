@@ -373,46 +373,35 @@ def rloo_advantages(
     )
 
 
-def _rloo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
-    """``prime_advantages(estimator="rloo")``: PRIME Eq. 5 (:func:`rloo_advantages`)."""
-    return _prime_advantages_impl(
-        process_rewards,
-        outcome_rewards,
-        mask,
-        group_ids,
-        num_generations,
-        terms=_rloo_terms,
-        fn="prime_advantages",
-        **options,
-    )[0]
+def _terms_estimator(terms, doc: str):
+    """A ``prime_advantages`` estimator from its return terms (the three group estimators share everything else)."""
+
+    def estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
+        return _prime_advantages_impl(
+            process_rewards,
+            outcome_rewards,
+            mask,
+            group_ids,
+            num_generations,
+            terms=terms,
+            fn="prime_advantages",
+            **options,
+        )[0]
+
+    estimator.__doc__ = doc
+    return estimator
 
 
-def _grpo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
-    """``prime_advantages(estimator="grpo")``: PRIME Appendix B.3, Eq. 8 (:mod:`trl_prime.prime.estimators`)."""
-    return _prime_advantages_impl(
-        process_rewards,
-        outcome_rewards,
-        mask,
-        group_ids,
-        num_generations,
-        terms=_grpo_terms,
-        fn="prime_advantages",
-        **options,
-    )[0]
-
-
-def _reinforce_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
-    """``prime_advantages(estimator="reinforce")``: PRIME Appendix B.3, Eq. 7, no baseline."""
-    return _prime_advantages_impl(
-        process_rewards,
-        outcome_rewards,
-        mask,
-        group_ids,
-        num_generations,
-        terms=_reinforce_terms,
-        fn="prime_advantages",
-        **options,
-    )[0]
+_rloo_estimator = _terms_estimator(
+    _rloo_terms, """``prime_advantages(estimator="rloo")``: PRIME Eq. 5 (:func:`rloo_advantages`)."""
+)
+_grpo_estimator = _terms_estimator(
+    _grpo_terms,
+    """``prime_advantages(estimator="grpo")``: PRIME Appendix B.3, Eq. 8 (:mod:`trl_prime.prime.estimators`).""",
+)
+_reinforce_estimator = _terms_estimator(
+    _reinforce_terms, """``prime_advantages(estimator="reinforce")``: PRIME Appendix B.3, Eq. 7, no baseline."""
+)
 
 
 def _ppo_estimator(process_rewards, outcome_rewards, mask, group_ids, *, num_generations=None, **options):
