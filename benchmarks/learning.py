@@ -116,6 +116,14 @@ METHODS = {
     "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
     "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
+    # levers on the online PRM (issue 26): class-balanced CE, several PRM updates per round, both
+    "prime_rloo_balanced": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_class_balance": True}),
+    "prime_rloo_epochs4": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_epochs": 4}),
+    "prime_rloo_balanced_epochs4": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prm_class_balance": True, "prm_epochs": 4},
+    ),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
     # the released code's stabilisers at the paper's ratio: advantages whitened, process rewards batch-normalised

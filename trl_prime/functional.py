@@ -30,6 +30,7 @@ Each method's equations live in its package (:mod:`trl_prime.prime.functional` a
 
 from trl_prime.implicit_prm.functional import (
     aggregate_step_rewards,
+    class_balanced_weights,
     implicit_prm_loss,
     implicit_token_rewards,
     join_steps,
@@ -112,6 +113,7 @@ __all__ = [
     "token_logps",
     "sequence_logps",
     "implicit_prm_loss",
+    "class_balanced_weights",
     "step_rewards",
     "aggregate_step_rewards",
     "split_steps",

@@ -33,6 +33,7 @@ __all__ = [
     "token_logps",
     "sequence_logps",
     "implicit_prm_loss",
+    "class_balanced_weights",
     "step_rewards",
     "aggregate_step_rewards",
     "split_steps",
@@ -261,12 +262,14 @@ def implicit_prm_loss(
     beta: float = 0.05,
     loss_type: str = "ce",
     group_ids: GroupIds | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Implicit PRM loss on outcome labels only, with ``r(y) = beta * sum_t (prm - ref)_t * mask_t``.
 
     * ``"ce"`` (default): ``mean_b BCE(sigmoid(r_b), label_b)``; labels in [0, 1] (fractional allowed), each
       log term clamped at -100 as ``torch.nn.functional.binary_cross_entropy`` does (computed with
-      ``logsigmoid`` for accuracy).
+      ``logsigmoid`` for accuracy). With ``row_weights`` the weighted mean ``sum_b w_b BCE_b / sum_b w_b`` (e.g.
+      :func:`class_balanced_weights`).
     * ``"dpo"``: mean over every pair (a, b) inside a group with ``label_a > label_b`` of
       ``-logsigmoid(r_a - r_b)``.
     * ``"nca"``: same pairs, ``-logsigmoid(r_a) - 0.5 logsigmoid(-r_a) - 0.5 logsigmoid(-r_b)``.
@@ -287,12 +290,14 @@ def implicit_prm_loss(
         beta: Implicit reward scale.
         loss_type: ``"ce"`` | ``"dpo"`` | ``"kto"`` | ``"nca"``.
         group_ids: ``(B,)`` prompt ids for the DPO/NCA pairs; ``None`` = all rows form one group.
+        row_weights: ``(B,)`` non-negative float weights of the ``"ce"`` rows; ``None`` = all 1.
 
     Returns:
         Scalar loss in the dtype of ``prm_logps``.
 
     Raises:
-        ValueError: on an unknown ``loss_type``, mismatched shapes or labels outside [0, 1].
+        ValueError: on an unknown ``loss_type``, mismatched shapes, labels outside [0, 1], or ``row_weights``
+            that are negative, non-finite, of the wrong shape, or given with a loss other than ``"ce"``.
 
     Source: PRIME §3.1 / Algorithm 1 line 8 (CE); Implicit PRM §3-4 (CE, DPO, KTO, NCA instantiations).
     """
@@ -300,8 +305,10 @@ def implicit_prm_loss(
     r, y, valid = _sequence_rewards_and_labels(prm_logps, ref_logps, mask, labels, beta)
     B = r.shape[0]
     zero = r.sum() * 0.0
+    if row_weights is not None and loss_type != "ce":
+        raise ValueError(f"`row_weights` weight the 'ce' loss only; got loss_type={loss_type!r}.")
     if loss_type == "ce":
-        loss = _prm_ce_loss(r, y, valid, zero)
+        loss = _prm_ce_loss(r, y, valid, zero, _checked_row_weights(row_weights, B, r))
     elif loss_type == "kto":
         loss = _prm_kto_loss(r, y, valid, zero)
     else:  # dpo / nca: every (better, worse) pair inside a group
@@ -313,15 +320,65 @@ def implicit_prm_loss(
     return loss.to(prm_logps.dtype)
 
 
-def _prm_ce_loss(r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """Implicit PRM cross-entropy (PRIME §3.1): mean over labelled rows of ``BCE(sigmoid(r), y)``, logs >= -100."""
+def _checked_row_weights(row_weights: torch.Tensor | None, B: int, r: torch.Tensor) -> torch.Tensor | None:
+    if row_weights is None:
+        return None
+    _check_rows("row_weights", row_weights, B)
+    w = row_weights.to(device=r.device, dtype=r.dtype)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("`row_weights` must be finite and >= 0.")
+    return w
+
+
+def _prm_ce_loss(
+    r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, zero: torch.Tensor, w: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Implicit PRM cross-entropy (PRIME §3.1): (weighted) mean over labelled rows of ``BCE(sigmoid(r), y)``, logs
+    >= -100."""
     if not bool(valid.any()):
         return zero
     yv = torch.where(valid, y, torch.zeros_like(y))
     logp = F.logsigmoid(r).clamp(min=-100.0)
     log1mp = F.logsigmoid(-r).clamp(min=-100.0)
     per_row = -(yv * logp + (1.0 - yv) * log1mp)
-    return per_row[valid].mean()
+    if w is None:
+        return per_row[valid].mean()
+    total = w[valid].sum()
+    if not bool(total > 0):
+        return zero
+    return (per_row[valid] * w[valid]).sum() / total
+
+
+def class_balanced_weights(
+    labels: torch.Tensor, *, pos_mass: float | None = None, neg_mass: float | None = None
+) -> torch.Tensor:
+    """Row weights that give the positive and the negative labels equal total weight in the PRM's cross-entropy.
+
+    ``w_b = l_b / P + (1 - l_b) / N`` with ``P = sum_b l_b`` and ``N = sum_b (1 - l_b)`` over the labelled rows: with
+    0/1 labels each positive row weighs ``1/P`` and each negative ``1/N``, so a batch of 1 right in 8 no longer
+    teaches the PRM mainly the base rate (most of PRIME's kept groups are 1 right of 8: plain CE first moves every
+    sequence reward down). Fractional labels split their weight between the two sides. When either side is empty
+    the weights are all 1 (the plain mean). Rows with a NaN label get weight 0.
+
+    Args:
+        labels: ``(B,)`` float labels in [0, 1] or NaN.
+        pos_mass, neg_mass: ``P`` and ``N`` over the *global* batch (a distributed trainer reduces them over its
+            processes); default: those of ``labels``.
+
+    Returns:
+        ``(B,)`` float32 weights (for ``implicit_prm_loss(..., row_weights=)``).
+
+    Source: class-balanced cross-entropy (the inverse-frequency weighting of e.g. King & Zeng 2001), applied to the
+    implicit PRM's CE objective (PRIME Algorithm 1 line 8); a lever on the online PRM, not part of PRIME itself.
+    """
+    y = labels.to(torch.float32)
+    valid = ~torch.isnan(y)
+    yv = torch.where(valid, y, torch.zeros_like(y))
+    P = float(yv.sum()) if pos_mass is None else float(pos_mass)
+    N = float(torch.where(valid, 1.0 - yv, torch.zeros_like(yv)).sum()) if neg_mass is None else float(neg_mass)
+    if P <= 0 or N <= 0:
+        return valid.to(torch.float32)
+    return torch.where(valid, yv / P + (1.0 - yv) / N, torch.zeros_like(yv))
 
 
 def _prm_kto_loss(r: torch.Tensor, y: torch.Tensor, valid: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:

@@ -108,6 +108,23 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "gradients flow through its own rows only."
         },
     )
+    prm_class_balance: bool = field(
+        default=False,
+        metadata={
+            "help": "prm_loss='ce': weight the rows so that positive and negative labels carry equal total weight "
+            "over the global batch (trl_prime.functional.class_balanced_weights). Plain CE on groups of mostly 1 right "
+            "in K first learns the base rate. Not in PRIME (paper: off); a lever measured in benchmarks/RESULTS.md."
+        },
+    )
+    prm_epochs: int = field(
+        default=1,
+        metadata={
+            "help": "PRM updates (optimizer steps) per generation round on its kept rows (PRIME Algorithm 1 line 8: "
+            "1). The token rewards come from the first update's forward (prm_update='single') or a forward after the "
+            "last (prm_update='double'); the later updates train the PRM for the next round. Each update is guarded "
+            "like the first, and a skipped policy step drops them all. >= 1."
+        },
+    )
     prm_label: str = field(
         default="identity",
         metadata={
@@ -403,6 +420,13 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError(f"`prm_micro_batch_size`={self.prm_micro_batch_size} must be >= 1 (or None).")
         if self.prm_max_grad_norm is not None and self.prm_max_grad_norm <= 0:
             raise ValueError(f"`prm_max_grad_norm`={self.prm_max_grad_norm} must be > 0, or None to disable clipping.")
+        if self.prm_epochs < 1:
+            raise ValueError(f"`prm_epochs`={self.prm_epochs} must be >= 1 (PRM updates per round; paper: 1).")
+        if self.prm_class_balance and self.prm_loss != "ce":
+            raise ValueError(
+                f"`prm_class_balance`=True weights the cross-entropy rows, but `prm_loss`={self.prm_loss!r}. Set "
+                "prm_loss='ce', or prm_class_balance=False (the pairwise losses are balanced by construction)."
+            )
         if self.prm_warmup_steps < 0:
             raise ValueError(f"`prm_warmup_steps`={self.prm_warmup_steps} must be >= 0.")
         if self.prm_ref_model is not None and self.prm_reference == "policy":

@@ -438,6 +438,9 @@ class PRMOptimizer(ModelOptimizer):
     def _num_micro(self) -> int:
         return 1 if self.args.prm_loss != "ce" else super()._num_micro()  # pairwise / KTO: every local row at once
 
+    def _total_updates(self, max_steps: int) -> int:
+        return super()._total_updates(max_steps) * getattr(self.args, "prm_epochs", 1)  # prm_epochs per round
+
     def _micro_batch(self) -> int:
         return self.holder.micro_batch_size if self.args.prm_loss == "ce" else self._local_batch()
 

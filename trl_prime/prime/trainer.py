@@ -1080,17 +1080,22 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         # every group filtered out, or non-finite rewards / log-probs in this batch (global decisions): no PRM step
         if n_global == 0 or self.guard_poisoned:
             return self._prm_scores(input_ids, attention_mask, T, unscored, mm), {"loss": float("nan")}
-        pair_info: dict[str, Any] = {"group_ids": None, "global_labels": None}
-        with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
-            if self.args.prm_loss == "ce":
-                prm_logps, loss_sum = self._prm_ce_backward(
-                    input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm
-                )
-            else:
-                prm_logps, loss_sum, pair_info = self._prm_global_loss_backward(
-                    input_ids, attention_mask, completion_mask, labels, ref_logps, mm
-                )
-        loss_value = self.accelerator.reduce(loss_sum, reduction="sum").item()
+        weights = self._prm_row_weights(labels)
+
+        def backward_pass():
+            with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
+                if self.args.prm_loss == "ce":
+                    lp, loss_sum = self._prm_ce_backward(
+                        input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights
+                    )
+                    info = {"group_ids": None, "global_labels": None}
+                else:
+                    lp, loss_sum, info = self._prm_global_loss_backward(
+                        input_ids, attention_mask, completion_mask, labels, ref_logps, mm
+                    )
+            return lp, self.accelerator.reduce(loss_sum, reduction="sum").item(), info
+
+        prm_logps, loss_value, pair_info = backward_pass()
         prm_logps, stats = self._step_prm(
             prm_logps,
             ref_logps,
@@ -1098,10 +1103,32 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             loss_value,
             unscored,
             lambda: self._prm_scores(input_ids, attention_mask, T, unscored, mm),
+            more_updates=lambda: self._more_prm_updates(backward_pass),
         )
         if "grad_norm" in stats:  # the PRM's optimizer stepped
             self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
         return prm_logps, stats
+
+    def _prm_row_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
+        """``(B,)`` class-balanced CE weights of the local rows over the global label masses
+        (``prm_class_balance``), or ``None`` (the plain mean)."""
+        if not self.args.prm_class_balance:
+            return None
+        valid = ~torch.isnan(labels)
+        y = torch.where(valid, labels, torch.zeros_like(labels)).to(torch.float32)
+        masses = torch.stack([y.sum(), torch.where(valid, 1.0 - y, torch.zeros_like(y)).sum()])
+        pos, neg = self.accelerator.reduce(masses, reduction="sum").tolist()
+        return F.class_balanced_weights(labels, pos_mass=pos, neg_mass=neg).to(labels.device)
+
+    def _more_prm_updates(self, backward_pass) -> None:
+        """PRM updates 2..``prm_epochs`` of a round on its kept rows (after its first update was applied): each a
+        backward over the same rows and a guarded, immediate optimizer step; a non-finite loss or gradient norm ends
+        them (that step skipped; ``prm/extra_updates_skipped``)."""
+        for _ in range(self.args.prm_epochs - 1):
+            _, loss_value, _ = backward_pass()
+            if self.prm_optim.step(loss_finite=math.isfinite(loss_value)) is None:
+                self._metrics["train"]["prm/extra_updates_skipped"].append(1.0)
+                return
 
     def _defers_model_steps(self) -> bool:
         """Whether the PRM's (and the critic's) optimizer step waits for the policy's (:meth:`_guard_after_policy_step`):
@@ -1116,7 +1143,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         )
 
     def _resolve_held_steps(self, apply: bool) -> None:
-        """Take (``apply``) or drop the PRM's and the critic's held optimizer steps."""
+        """Take (``apply``) or drop the PRM's and the critic's held optimizer steps, and with them the PRM's later
+        updates of that round (``prm_epochs > 1``), which run once its first step is taken."""
+        more, self._held_prm_updates = getattr(self, "_held_prm_updates", None), None
         for optim in (self.prm_optim, getattr(self, "value_optim", None)):
             if optim is not None and optim.pending:
                 if apply:
@@ -1124,6 +1153,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
                 else:
                     optim.discard_pending()
                     self._metrics["train"]["guard/held_steps_dropped"].append(1.0)
+        if apply and more is not None:
+            more()
 
     def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
         # the policy's guarded step decided: the PRM (and critic) steps held for it follow it, except that an empty
@@ -1154,10 +1185,12 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             loss_labels=pair_info["global_labels"],
         )
 
-    def _prm_ce_backward(self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm):
+    def _prm_ce_backward(
+        self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights=None
+    ):
         """The cross-entropy PRM loss by micro-batches of the rows that train, one backward each (each loss scaled by
-        its rows' share of the ``n_global`` labelled rows). Returns ``((B, T) float32 detached log-probs of every
-        scored row, the local loss sum)``."""
+        its rows' share of the ``n_global`` labelled rows, or with ``weights`` (B,) (class-balanced) of the global
+        weight). Returns ``((B, T) float32 detached log-probs of every scored row, the local loss sum)``."""
         prm, mb = self.implicit_prm, self.implicit_prm.micro_batch_size
         B, T = completion_mask.shape
         valid = ~torch.isnan(labels)
@@ -1172,13 +1205,18 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             free_rows = grad_rows[:0]
         all_logps = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
         loss_sum = torch.zeros((), device=labels.device)
+        if weights is not None:
+            weight_total = self.accelerator.reduce(weights.sum().to(torch.float32), reduction="sum").item()
         for s in range(0, grad_rows.numel(), mb):
             rows = grad_rows[s : s + mb]
             with self.accelerator.autocast():  # the forward only; the loss and the backward run outside it
                 lp = completion_logps(
                     prm.model, input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows)
                 )
-            share = valid[rows].sum().item() / n_global
+            if weights is None:
+                share = valid[rows].sum().item() / n_global
+            else:  # the class-balanced weights sum to 2 over the global batch (1 per side; n_global if one is empty)
+                share = weights[rows].sum().item() / weight_total
             loss = (
                 F.implicit_prm_loss(
                     prm_logps=lp,
@@ -1187,6 +1225,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
                     labels=labels[rows],
                     beta=self.args.prm_beta,
                     loss_type="ce",
+                    row_weights=None if weights is None else weights[rows],
                 )
                 * share
             )
@@ -1213,11 +1252,13 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         # the loss is the global one on every rank: the reduce-sum of the shares must count it once
         return lp.detach(), loss.detach() / self.accelerator.num_processes, pair_info
 
-    def _step_prm(self, prm_logps, ref_logps, completion_mask, loss_value, unscored, rescore):
+    def _step_prm(self, prm_logps, ref_logps, completion_mask, loss_value, unscored, rescore, more_updates=None):
         """The PRM's optimizer step after the backward passes, guarded: before it, rows whose PRM log-probs or token
         rewards (the update's own forward) are non-finite or beyond ``prm_max_abs_token_reward`` poison the batch and
         drop the step, named in the log (collective); a non-finite loss or gradient norm skips it (weights unchanged)
-        and poisons the batch. ``rescore()`` gives the log-probs after the step (``prm_update="double"``)."""
+        and poisons the batch. ``rescore()`` gives the log-probs after the step (``prm_update="double"``);
+        ``more_updates()`` takes the round's further updates (``prm_epochs > 1``): now, or with a held step when it
+        is taken (:meth:`_resolve_held_steps`)."""
         a = self.args
         checked = {"loss": loss_value, "token_rewards_checked": True}
         bad = self._inspect_token_rewards(prm_logps, ref_logps, completion_mask, unscored)
@@ -1232,6 +1273,11 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             return prm_logps, checked
         if self.prm_optim.engine is not None:  # the engine stepped (and scheduled) inside backward
             lr = self.prm_optim.learning_rate
+        if a.prm_epochs > 1 and more_updates is not None:
+            if self.prm_optim.pending:  # held for the policy's step: the later updates follow it, or drop with it
+                self._held_prm_updates = more_updates
+            else:
+                more_updates()
         if a.prm_update == "double":
             prm_logps = rescore()
         return prm_logps, {
