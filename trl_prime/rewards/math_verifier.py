@@ -1,105 +1,51 @@
 """Math outcome verifier: final answers checked with ``math-verify`` under hard timeouts.
 
-What counts as the final answer
--------------------------------
-* The content of the **last top-level** ``\\boxed{...}`` (or ``\\fbox{...}``) of the completion, nested braces
-  and escaped braces (``\\{ \\}``) handled. Only complete boxes count: when the last box opened is never closed
-  (a truncated completion), the completion has no final answer - an earlier, complete box is an
-  intermediate result and is not credited.
-* Nothing else by default: a completion without a box scores 0 with reason ``no_answer`` even when the
-  right number appears somewhere in its text. ``extraction="boxed_or_answer_phrase"`` additionally accepts,
-  when there is no box, the rest of the line after the last "final answer is / the answer is / answer:"
-  phrase (opt-in: it can credit prose such as "the answer is not 3").
+The user guide (docs/guides/verifiers.md, "How ``math_reward`` judges") explains the judge; in short:
 
-Gold answers may be plain (``"42"``, ``"\\frac{1}{2}"``, ``"$x^2$"``, ``"[0, 1)"``), a full solution whose last
-``\\boxed{}`` holds the answer (MATH), or a GSM8K solution ending in ``#### 72``. Both sides are parsed the
-same way (as the content of a box) with ``math-verify``; ``math_verify.verify(gold, answer)`` is the judge.
-
-Numeric golds (``int``, ``float``, numpy / 0-d tensor scalars) are written out in plain positional notation
-before parsing - ints as ints, floats as the exact decimal of their shortest round-trip repr (``1e-05`` ->
-``"0.00001"``, ``1e16`` -> ``"10000000000000000"``) - never in scientific notation, which math-verify would read
-with ``e`` as Euler's number. A non-finite numeric gold (``nan``, ``inf``) is ``gold_unparseable``.
-
-Word golds: a plain gold made only of letters and spaces with at least one word of two or more letters
-(``"banana"``, ``"yes"``, ``"no solution"``, ``"Monday"``), which math-verify can only read as a product of
-one-letter variables (so any anagram would be "equal"), is compared as text instead: both sides are normalised
-(``\\text{}``/``\\textbf{}``/``\\mathrm{}``-style wrappers, spacing commands and the backslash of other commands
-removed, case and whitespace ignored, a trailing period dropped) and must be equal: ``\\text{Banana}`` and
-``BANANA`` match the gold ``banana``, ``nabana`` does not. Single letters (multiple-choice ``"A"``, a variable
-``"x"``), anything with a digit, operator or command (``"x^2+y"``, ``"\\alpha"``, ``"2ab"``), words math-verify
-reads as math (``"inf"``, ``"sin x"``) and ``\\text{...}``-wrapped golds keep the math-verify judge. (So a
-gold ``"xy"`` is the word "xy": write a product of variables as ``"x y"`` or ``"x \\cdot y"``.)
-
-Pre-pass: forms math-verify 0.9 mis-parses (found on MATH-500 answer forms) are rewritten, in golds and answers
-alike, before math-verify sees them (math-verify stays the judge): upright constants ``\\mathrm{e}``,
-``\\text{e}``, ``\\operatorname{e}``, ``{\\rm e}`` (and ``i``) become ``e`` / ``i`` (math-verify reports the gold
-``\\frac{1}{\\mathrm{e}}`` unparseable and reads the answer ``2\\mathrm{e}`` as ``2``); the imaginary unit after a
-digit becomes a separate token, whatever the spacing (``5i``, ``5 i``, ``5\\,i`` -> ``5 i``: math-verify makes
-``i`` real in ``6 - 5i`` and complex in ``6 - 5 i``, so they never matched); thin-space thousands separators are
-dropped in runs of three-digit groups (``5\\,600`` -> ``5600``, which math-verify reads as 605), while
-``(1,\\,2)``, ``2\\,x`` or ``0.123\\,456`` are left alone.
-
-Numbers: math-verify rounds floats to 6 decimals (and chops differences below ~1e-15), so all small numbers
-looked equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` = ``\\frac{1}{2^{99}}``). A numeric "equal" of
-math-verify now also needs agreement to a relative tolerance, ``rel_tol`` (default ``1e-4``; see
-:func:`verify_math`), or, when the final answer or the gold is written as one plain decimal number, agreement
-by less than half a unit in its last written decimal place (a correctly rounded decimal stays right: ``0.001429`` =
-``\\frac{1}{700}``, ``0.000143`` = ``\\frac{1}{7000}``; ``0.0000002`` != ``0.0000001``, which differ by a whole
-unit of their 7th decimal). This can only turn "equal" into "not equal", and changes nothing above ~0.01 in
-magnitude. If the installed math-verify cannot take the tolerance (its numeric comparison is no longer
-``math_verify.grader.sympy_numeric_eq``), the workers fall back to math-verify's verdict alone
-(``rel_tol=None``) and one ``RuntimeWarning`` says so.
+* The final answer is the content of the **last complete top-level** ``\\boxed{...}`` / ``\\fbox{...}`` (nested
+  and escaped braces handled); a last box never closed (a truncated completion) means no answer, and a number in
+  the prose never counts. ``extraction="boxed_or_answer_phrase"`` also reads, when there is no box, the rest of the
+  line after the last "final answer is / the answer is / answer:" (opt-in: it credits "the answer is not 3").
+* Golds may be plain (``"42"``, ``"[0, 1)"``), a MATH solution (its last box) or GSM8K's ``#### 72``. Numeric golds
+  (also numpy / 0-d tensor scalars) are written out positionally (``1e-05`` -> ``"0.00001"``: math-verify reads
+  ``e`` as Euler's number); ``nan``/``inf`` are ``gold_unparseable``. A word gold (letters and spaces, one word of
+  two or more letters: ``"banana"``, ``"no solution"``) that math-verify reads as a product of one-letter variables
+  is compared as normalised text (wrappers, spacing, case and a trailing period ignored); write a product of
+  variables as ``"x y"``.
+* Pre-pass (golds and answers): upright ``\\mathrm{e}``/``\\text{i}``/``{\\rm e}`` -> ``e``/``i``; a digit's
+  imaginary unit as its own token (``5i``, ``5\\,i`` -> ``5 i``); thin-space thousands (``5\\,600`` -> ``5600``,
+  read as 605 otherwise); a sentence's full stop after a whole number (``5.`` -> ``5``). Rationale per form in
+  :func:`_normalize_forms`.
+* Numbers math-verify calls equal (it rounds to 6 decimals) must also agree to ``rel_tol`` (default ``1e-4``), or,
+  when the answer or gold is one plain decimal, by less than half a unit in its last written place
+  (``0.001429`` = ``\\frac{1}{700}``; ``0.0000002`` != ``0.0000001``). This only turns "equal" into "not equal".
+  When the installed math-verify no longer compares through ``math_verify.grader.sympy_numeric_eq``, the workers
+  use its verdict alone and one ``RuntimeWarning`` says so.
 
 Known blind spots (math-verify 0.9 readings this verifier does not correct):
 
 * Subscript bases are ignored: ``52_9`` equals ``52_8`` (both read as 52), ``1011_2`` is 1011, not 11.
-* Scientific notation in an answer reads ``e`` as Euler's number: ``1e6`` is ``6e``, not 1000000 (write
-  ``10^6`` or ``1\\times 10^{6}``; numeric golds are written out without exponent, see above).
-* ``i`` is a symbol, not the imaginary unit: ``(1+i)^2`` does not equal ``2i`` and ``i^2`` does not equal
-  ``-1``; answers match a complex gold only in the same simplified form.
-* A gold that is a single letter (``x``, ``i``) matches only that letter, not an expression equal to it
-  (``\\frac{2i}{2}``).
+* Scientific notation in an answer reads ``e`` as Euler's number: ``1e6`` is ``6e`` (write ``10^6``).
+* ``i`` is a symbol, not the imaginary unit: ``(1+i)^2`` does not equal ``2i``.
+* A single-letter gold (``x``, ``i``) matches only that letter.
 * Repeating decimals (``0.\\overline{3}``) cannot be parsed: such a gold is ``gold_unparseable``.
-* Thousands separated by other spacing than ``\\,`` (``5\\;600``, ``5~600``, ``5 600``) are not one number.
+* Thousands separated by other spacing than ``\\,`` (``5\\;600``, ``5~600``) are not one number.
 
-Where the work happens
-----------------------
-Parsing and verification run in a persistent pool of worker *processes* (``pebble.ProcessPool``). Workers are
-forked from a forkserver that has imported only this module and ``math-verify`` and warmed the judge up
-(``trl_prime.rewards._math_worker``); nothing of the calling process is re-imported (not even its ``__main__``, so
-scripts without an ``if __name__ == "__main__"`` guard are safe), and no worker is forked from a process with
-threads or a GPU context. Each step - parsing a gold answer, or parsing and verifying one answer - is one task
-with its own wall-clock deadline (``timeout`` seconds; an answer's task also allows the time its gold's parse
-took, and a step that finishes past ``timeout`` still counts as a timeout); a worker that misses it is killed
-and replaced by pebble, so the deadline holds from any thread or event loop (math-verify's own ``signal.alarm``
-timeouts are disabled in the workers). Calls from any number of threads share the workers at once, so one
-call's slow answer holds one worker, never the other calls. Workers run with ``RLIMIT_AS``
-(``memory_limit_mb``) and a per-step ``RLIMIT_CPU`` backstop, so a completion that makes the parser hang or eat
-memory costs the calling process nothing. The pool is created lazily, sized to the machine, reused across
-calls, dropped in a forked child (which starts its own) and stopped at interpreter exit. Identical
-``(gold, answer)`` pairs are verified once per batch, and deterministic outcomes
-(``correct``/``wrong``/``no_answer``/``gold_unparseable``) are memoised across calls; this is the only fast path
-(exact memoisation of math-verify's own verdict, never a different judge).
+Where the work happens: a ``pebble.ProcessPool`` whose workers are forked from this module's own forkserver, which
+has imported only this module and math-verify (``trl_prime.rewards._math_worker``) and never the caller's
+``__main__`` (scripts without a main guard are safe; no worker forks from a process with threads or CUDA). Each
+step (a gold's parse with one probe comparison, or an answer's parse and comparison) is one task with a
+wall-clock deadline of ``timeout`` seconds (an answer's also allows its gold's parse time); pebble kills and
+replaces a worker that misses it, so the deadline holds from any thread. Workers run under ``RLIMIT_AS``
+(``memory_limit_mb``) and a per-step ``RLIMIT_CPU`` backstop. Calls from all threads share the pool; identical
+pairs are verified once per batch and deterministic outcomes are memoised (the only fast path); golds whose parse
+timed out are remembered per ``timeout``. The pool starts lazily, is dropped in a forked child and stops at exit.
 
-Reasons (every result has exactly one; ``reward`` in brackets)
--------------------------------------------------------------
-* ``correct`` (1.0): math-verify says the final answer equals the gold answer.
-* ``wrong`` (0.0): a final answer was found and it is not equal to the gold answer.
-* ``no_answer`` (0.0): no final answer could be extracted (no complete box, empty box).
-* ``gold_unparseable`` (None): math-verify finds no mathematical expression in the gold answer (or it is
-  empty, or a non-finite number, or parsing it timed out). Every completion of that gold gets None (NaN in TRL:
-  skipped) and is counted, whatever the completion holds. Parsing a gold includes one probe comparison (against
-  ``0``) under the same deadline, so a gold whose every comparison would hang (``9^{9^{9^{9}}}``) fails here once
-  instead of making each completion a ``timeout``; such gold timeouts are remembered (bounded cache, per
-  ``timeout`` value or less), so later calls do not pay the deadline again.
-* ``timeout`` (0.0): parsing/verifying the answer exceeded ``timeout`` seconds (the worker was killed and
-  replaced) or raised ``MemoryError`` under the worker's memory cap. (A ``MemoryError`` that math-verify itself
-  swallows while parsing makes the answer unparseable, i.e. ``wrong``.)
-* ``error`` (None): infrastructure failure - workers cannot start, or a worker died twice on the same item.
-  Never a silent 0.
-
-Not supported: ``\\boxed 5`` without braces (counts as no answer), several boxes meant as one answer (only the
-last counts; put a tuple or set in one box).
+Reasons (``reward`` in brackets): ``correct`` (1.0); ``wrong`` (0.0); ``no_answer`` (0.0: no complete, non-empty
+box); ``gold_unparseable`` (None: empty, non-finite, unparseable, or its parse timed out; NaN in TRL, counted);
+``timeout`` (0.0: the step passed ``timeout`` or hit the memory cap); ``error`` (None: the workers cannot start, or
+one died twice on the same item; never a silent 0). Not supported: ``\\boxed 5`` without braces, several boxes meant
+as one answer.
 """
 
 from __future__ import annotations
@@ -113,8 +59,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Sequence as _SequenceABC
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as futures_wait
@@ -1374,35 +1319,17 @@ def _result(raw, gold: str | None, answer: str | None, out: _Outcomes, timeout: 
 _TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
 
 
-class _PerThread:
-    """Storage of one value per thread (the thread's last call), with a default for threads that made none."""
-
-    __slots__ = ("_local", "_default")
+class _LastCall:
+    """``reward.last_counts`` / ``reward.last_results``: the value of the last call made **in the current thread**
+    (``default()`` in a thread that made none), read like that dict or list (``==``, ``dict(...)``, ``list(...)``).
+    Concurrent callers in different threads never see each other's batches (coroutines of one event loop share it:
+    read it right after the call)."""
 
     def __init__(self, default: Callable[[], Any]):
-        self._local = threading.local()
-        self._default = default
+        self._local, self._default = threading.local(), default
 
     def _get(self):
-        value = getattr(self._local, "value", None)
-        return self._default() if value is None else value
-
-    def _set(self, value) -> None:
-        self._local.value = value
-
-
-class LastCounts(_PerThread, Mapping):
-    """``reward.last_counts``: ``{reason: count}`` of the last call made **in the current thread**.
-
-    A read-only mapping (compare it with ``==``, copy it with ``dict(...)``); each thread sees its own last call, so
-    concurrent callers in different threads (an evaluation's thread pool) never read each other's counts. (Coroutines
-    sharing one event-loop thread share it too: read it right after the call, before the next ``await``.)
-    """
-
-    __slots__ = ()
-
-    def __init__(self):
-        super().__init__(lambda: dict.fromkeys(REASONS, 0))
+        return getattr(self._local, "value", None) or self._default()
 
     def __getitem__(self, key):
         return self._get()[key]
@@ -1413,28 +1340,11 @@ class LastCounts(_PerThread, Mapping):
     def __len__(self):
         return len(self._get())
 
-    def __repr__(self):
-        return repr(self._get())
-
-
-class LastResults(_PerThread, _SequenceABC):
-    """``reward.last_results``: the :class:`MathResult` list of the last call made **in the current thread**."""
-
-    __slots__ = ()
-
-    def __init__(self):
-        super().__init__(list)
-
-    def __getitem__(self, index):
-        return self._get()[index]
-
-    def __len__(self):
-        return len(self._get())
+    def keys(self):
+        return self._get().keys()
 
     def __eq__(self, other):
-        if isinstance(other, (list, tuple, LastResults)):
-            return list(self) == list(other)
-        return NotImplemented
+        return self._get() == (other._get() if isinstance(other, _LastCall) else other)
 
     __hash__ = None
 
@@ -1443,12 +1353,14 @@ class LastResults(_PerThread, _SequenceABC):
 
 
 def _remember_last_call(fn: Callable, counts: dict, results: list) -> None:
-    for name, value, view in (("last_counts", counts, LastCounts), ("last_results", results, LastResults)):
-        current = getattr(fn, name, None)
-        if not isinstance(current, view):  # never set, or replaced by the user: install a per-thread view
-            current = view()
-            setattr(fn, name, current)
-        current._set(value)
+    for name, value, default in (("last_counts", counts, _zero_counts), ("last_results", results, list)):
+        if not isinstance(getattr(fn, name, None), _LastCall):  # never set, or replaced by the user
+            setattr(fn, name, _LastCall(default))
+        getattr(fn, name)._local.value = value
+
+
+def _zero_counts() -> dict[str, int]:
+    return dict.fromkeys(REASONS, 0)
 
 
 def _score(
@@ -1544,9 +1456,9 @@ def make_math_reward(
         f"TRL reward: math-verify check of the last \\boxed{{}} against column {answer_column!r} "
         "(see trl_prime.rewards.math_verifier.make_math_reward)."
     )
-    reward.last_counts = LastCounts()
+    reward.last_counts = _LastCall(_zero_counts)
     reward.required_columns = (answer_column,)  # checked by the trl-prime trainers at start-up
-    reward.last_results = LastResults()
+    reward.last_results = _LastCall(list)
     return reward
 
 
@@ -1580,6 +1492,6 @@ _DEFAULT_OPTIONS = dict(
     memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB,
     rel_tol=DEFAULT_REL_TOL,
 )
-math_reward.last_counts = LastCounts()
+math_reward.last_counts = _LastCall(_zero_counts)
 math_reward.required_columns = ("solution",)  # type: ignore[attr-defined]  # checked at trainer start-up
-math_reward.last_results = LastResults()
+math_reward.last_results = _LastCall(list)
