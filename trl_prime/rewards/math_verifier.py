@@ -350,17 +350,10 @@ def _half_unit(text: str | None) -> str | None:
 
 
 def _relatively_different(a: Any, b: Any, rel_tol: float, abs_tol: str | None = None) -> bool:
-    """Whether two SymPy expressions are numbers that differ by more than ``rel_tol`` relative to the larger
-    (and, when ``abs_tol`` is given, also by ``abs_tol`` or more: half a unit in the last written decimal place
-    of a plain-decimal answer or gold, see :func:`_half_unit`).
-
-    Used (in the workers) to veto math-verify's numeric "equal", which rounds floats to 6 decimals and chops
-    differences below ~1e-15 absolute. Compared: ``a`` and ``b`` when neither has a free symbol (numbers, also
-    complex; a percentage ``9\\%`` is compared both as 0.09 and as 9, as math-verify accepts either); else, when
-    the symbols cancel in ``a - b`` (``x - 2^{-99}`` vs ``x - 2^{-98}``, the sides of two equations), their
-    symbol-free terms. ``|a - b| <= rel_tol * max(|a|, |b|)`` or ``|a - b| < abs_tol`` at 50 significant digits
-    counts as close. Anything
-    else (symbols left in ``a - b``, sets, non-finite values, an evaluation error) is not judged here: False.
+    """Whether two SymPy numbers differ by more than ``rel_tol`` relative to the larger and, with ``abs_tol`` (see
+    :func:`_half_unit`), by ``abs_tol`` or more; evaluated at 50 digits. Vetoes math-verify's numeric "equal" in
+    the workers. With free symbols, only when they cancel in ``a - b`` (two equations): their symbol-free terms; a
+    percentage is compared both as 0.09 and as 9. Anything else (symbols left, sets, non-finite, an error): False.
     """
     from sympy import Abs, Basic, Float, Mul, Rational, UnevaluatedExpr
 
@@ -411,14 +404,9 @@ def _install_numeric_hook(
 ) -> str | None:
     """Make math-verify's numeric "equal" also require ``accept(a, b)``; returns None, or why it could not.
 
-    Wraps ``grader.sympy_numeric_eq`` (``grader`` is ``math_verify.grader``, through which math-verify 0.8/0.9
-    compares every pair of numbers, also inside tuples, sets, intervals, matrices and equations), then checks with
-    ``same(gold_text, answer_text)`` (a full math-verify comparison) that the wrapper is in use and works:
-    ``\\frac{1}{3}`` must still equal ``0.333333`` (equal only through the numeric comparison) and
-    ``\\frac{1}{2^{98}}`` must no longer equal ``\\frac{1}{2^{99}}`` (``accept`` must reject that pair, as it does
-    for any ``rel_tol`` below 1/2). When the function is missing or the check fails (a math-verify that compares
-    numbers elsewhere, or where the wrapper raises), ``grader`` is left as it was and the
-    returned message says so; the worker then runs with math-verify's verdict alone (``rel_tol=None``).
+    Wraps ``grader.sympy_numeric_eq`` (through which math-verify 0.8/0.9 compares every pair of numbers), then
+    checks with ``same(gold, answer)`` that the wrapper is used: ``\\frac{1}{3}`` must still equal ``0.333333`` and
+    ``\\frac{1}{2^{98}}`` no longer equal ``\\frac{1}{2^{99}}``. Otherwise ``grader`` is restored.
     """
     try:
         from importlib.metadata import version
@@ -856,31 +844,10 @@ def _swap_pool(broken: _Pool, num_workers: int) -> _Pool:
     return _acquire_pool(num_workers)
 
 
-def _run_batch(
-    todo: dict[str, list[str]],
-    timeout: float,
-    memory_limit_mb: int,
-    rel_tol: float | None,
-    num_workers: int,
-    out: _Outcomes,
-) -> None:
-    """Verify ``todo`` (gold -> distinct answers; golds of unknown parseability are parsed first) on the pool.
-
-    Every step is one pebble task with a hard deadline (the worker is killed and replaced past it); tasks of all
-    calling threads share the workers, so one call's slow answer holds one worker, not the others' calls. A call
-    keeps at most ``num_workers`` tasks in the pool's queue (the rest wait in its own backlog), so calls running at
-    the same time take turns on the workers instead of a large batch holding back a small one.
-    """
-    try:
-        batch = _Batch(todo, timeout, memory_limit_mb, rel_tol, num_workers, out)
-    except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
-        out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
-        return
-    batch.run()
-
-
 class _Batch:
-    """One call's tasks on the shared pool (see :func:`_run_batch`)."""
+    """One call's steps on the shared pool: ``todo`` maps gold -> distinct answers (golds of unknown parseability
+    are parsed first). Each step is one pebble task with a hard deadline; a call keeps at most ``num_workers`` tasks
+    in the pool's queue (the rest in its backlog), so concurrent calls take turns on the workers."""
 
     def __init__(self, todo, timeout: float, memory_limit_mb: int, rel_tol, num_workers: int, out: _Outcomes):
         self.pool = _acquire_pool(num_workers)  # replaced should pebble give up on it
@@ -984,7 +951,7 @@ def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, o
         if status == "broken":
             out.fail_all({gold: todo[gold]}, shown)
         elif status == "ok":
-            out.gold_ok(gold, float(seconds))
+            out.ok[gold] = float(seconds)
             with _LOCK:
                 _cache_put(_GOLD_CACHE, gold, float(seconds))
             for a in todo[gold]:
@@ -1016,9 +983,6 @@ class _Outcomes:
         self.answers: dict[tuple[str, str], tuple[str, str | None, str]] = {}
         self.cacheable_golds: set[str] = set()
         self.timed_out_golds: set[str] = set()
-
-    def gold_ok(self, gold: str, seconds: float) -> None:
-        self.ok[gold] = seconds
 
     def gold_failed(self, gold: str, reason: str, detail: str, timed_out: bool = False, cacheable: bool = False):
         self.golds.setdefault(gold, (reason, detail))
@@ -1180,21 +1144,12 @@ def verify_math(
         extraction: ``"boxed"`` (default; only the last ``\\boxed{}``/``\\fbox{}`` is a final answer) or
             ``"boxed_or_answer_phrase"`` (see :func:`extract_answer`).
         memory_limit_mb: address-space cap (``RLIMIT_AS``) of each worker, in MiB; 0 disables it.
-        rel_tol: relative tolerance for numbers (default ``1e-4``, the tolerance of the ToRA / Qwen2.5-Math
-            graders' ``numeric_equal``). math-verify stays the judge and rounds floats to 6 *decimals*, which makes
-            every two numbers below ~1e-6 equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` =
-            ``\\frac{1}{2^{99}}``); a numeric "equal" of math-verify (also for the elements of tuples, sets,
-            intervals, matrices and the sides of equations) therefore also needs
-            ``|a - b| <= rel_tol * max(|a|, |b|)``. It only ever turns "equal" into "not equal": above ~0.01 in
-            magnitude math-verify's verdicts are unchanged (``0.333333`` = ``\\frac{1}{3}``, ``3.141593`` = ``\\pi``,
-            ``0.5`` = ``\\frac{1}{2}``; ``3.14159`` != ``\\pi`` and ``0.33`` != ``\\frac{1}{3}`` as before). A
-            correctly rounded decimal stays right: when the answer or the gold is one plain decimal number
-            (``0.001429``), a difference below half a unit in its last written decimal place (``5e-7``; the
-            coarser of the two when both are; an exact tie is out) also counts as agreement, so ``0.001429`` =
-            ``\\frac{1}{700}`` and ``0.000143`` = ``\\frac{1}{7000}``, while ``0.0000002`` != ``0.0000001`` (a whole
-            unit apart). Decimals inside tuples, sets or expressions get ``rel_tol`` alone. None: math-verify's
-            verdict alone; also what the workers fall back to, with one ``RuntimeWarning``, when the installed
-            math-verify cannot take the tolerance (tested: 0.9).
+        rel_tol: relative tolerance for numbers (default ``1e-4``, as in the ToRA / Qwen2.5-Math graders): a
+            numeric "equal" of math-verify (also inside tuples, sets, intervals, matrices, equations) also needs
+            ``|a - b| <= rel_tol * max(|a|, |b|)``, or, for one plain decimal answer or gold, a difference below
+            half a unit in its last written place (see the module docstring). It only turns "equal" into "not
+            equal". None: math-verify's verdict alone (also the fallback, warned once, when the installed
+            math-verify cannot take it).
 
     Returns:
         One :class:`MathResult` per completion, in order. ``reason`` is one of :data:`REASONS`: ``correct``
@@ -1207,10 +1162,8 @@ def verify_math(
         ValueError: ``completions`` and ``golds`` differ in length or are not sequences, a completion or gold has
             an unsupported type, or ``timeout``/``num_workers``/``extraction``/``rel_tol`` is invalid.
 
-    Thread-safe: calls from any number of threads (or from inside a running event loop, which it blocks) share
-    the workers at once: each step is one task of the pool, so a call's slow answer holds one worker for at most
-    its deadline while the other workers serve every call. The deadlines hold in all cases because they are
-    enforced by killing worker processes.
+    Thread-safe: calls from any number of threads (or a running event loop, which it blocks) share the workers;
+    a slow answer holds one worker for at most its deadline, enforced by killing the worker.
     """
     num_workers = _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb)
     rel_tol = _check_rel_tol(rel_tol)
@@ -1220,7 +1173,12 @@ def verify_math(
         todo = _new_work(gold_texts, answers, timeout, rel_tol)
     out = _Outcomes()
     if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
-        _run_batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+        try:
+            batch = _Batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+        except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
+            out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
+        else:
+            batch.run()
     with _LOCK:
         _memoise(out, timeout, rel_tol)
         return [

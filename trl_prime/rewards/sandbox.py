@@ -846,47 +846,33 @@ def _cleanup_case_processes(pgids, pidns: bool) -> None:
         time.sleep(0.001)
 
 
-# The harness wakes at least every _TICK seconds while a case runs; a wake-up later than _STALL_GAP seconds
-# beyond the one it asked for means the harness itself did not run (its processes stopped or frozen from
-# outside, the machine stalled). A limit's deadline moves later by the stalled seconds (by at most one
-# ``timeout`` per case and per run, so the harness still reports within the parent's startup_grace + total_timeout
-# + timeout); a limit is the program's only if the harness ran for the whole limit (see _limit_reached).
-_TICK = 0.25
-_STALL_GAP = 2.0
-# seconds the harness lost to stalls so far in this run (harness process only)
-_HARNESS_STALLED = [0.0]
-# monotonic time at which the harness started its first case (the start of the total limit's window)
-_RUN_START = [0.0]
+# stall detection (module docstring, "Time limits"); in the harness: seconds lost to stalls, start of the first case
+_TICK, _STALL_GAP = 0.25, 2.0
+_HARNESS_STALLED, _RUN_START = [0.0], [0.0]
 
 
 def _total_deadline(job: dict) -> float:
-    """The run's total wall-clock deadline: ``total_timeout`` after the first case, moved later by the seconds the
-    harness was stalled (by at most ``timeout``)."""
+    """``total_timeout`` after the first case, plus the stalled seconds (at most ``timeout``)."""
     return _RUN_START[0] + job["total_timeout"] + min(_HARNESS_STALLED[0], job["timeout"])
 
 
 def _case_deadlines(job: dict, start: float, total_deadline: float) -> tuple[float, float]:
-    """(deadline, latest deadline) of a case started at ``start``: its wall-clock deadline, and how far stalls of
-    the harness may move it (one more ``timeout``, never past the run's total deadline plus ``timeout``)."""
+    """(deadline, latest deadline stalls may move it to) of a case started at ``start``."""
     latest = min(start + 2 * job["timeout"], _RUN_START[0] + job["total_timeout"] + job["timeout"])
     return min(start + job["timeout"], total_deadline), latest
 
 
 def _limit_reached(start: float, end: float, lost: float, limit: float) -> bool:
-    """Whether a wall-clock ``limit`` whose window ran from ``start`` to ``end`` (monotonic seconds) really ran
-    out: the harness was running for at least ``limit`` seconds of the window, i.e. ``(end - start) - lost >=
-    limit`` with ``lost`` the seconds it was stalled in the window (1 ms of slack for float rounding). When it
-    did not, a stall cut the window short: the timeout is the sandbox's, not the program's."""
+    """Whether a wall-clock ``limit`` over the window ``start``..``end`` really ran out: the harness ran for at least
+    ``limit`` of it, ``lost`` seconds being stalls (1 ms of slack for rounding); else the timeout is the sandbox's."""
     return (end - start) - lost >= limit - 1e-3
 
 
 def _wait_case(pid: int, deadline: float, since: float | None = None, latest: float | None = None):
-    """Wait for ``pid`` until ``deadline``, then kill it.
+    """Wait for ``pid`` until ``deadline`` (each stall moves it later, up to ``latest``), then kill it.
 
-    Returns (wait status, rusage, timed_out, stalled). ``stalled``: seconds the harness itself was not running
-    while it waited (sum of the wake-ups late by more than ``_STALL_GAP``, counted from ``since``); also added to
-    ``_HARNESS_STALLED``. Each stall moves ``deadline`` later by its length, up to ``latest`` (default:
-    ``deadline``, i.e. never).
+    Returns (wait status, rusage, timed_out, stalled): ``stalled`` the seconds of wake-ups late by more than
+    ``_STALL_GAP`` since ``since``, also added to ``_HARNESS_STALLED``.
     """
     timed_out, stalled = False, 0.0
     prev, asked = (time.monotonic() if since is None else since), 0.0
@@ -922,10 +908,8 @@ def _wait_case(pid: int, deadline: float, since: float | None = None, latest: fl
 
 
 def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
-    """Status and detail of a case (started at ``start``) whose wall-clock deadline ran out at ``end``: the
-    program's ``timeout`` when the case's limit or the run's total limit really ran out (:func:`_limit_reached`
-    on the case's window with the ``stalled`` seconds in it, or on the run's window with all stalls so far), else
-    a ``sandbox_error``: stalls of the harness cut the window short."""
+    """Status and detail of a case whose wall-clock deadline ran out at ``end``: the program's ``timeout`` when the
+    case's or the run's limit really ran out (:func:`_limit_reached`), else ``sandbox_error``."""
     case = _limit_reached(start, end, stalled, job["timeout"])
     run = _limit_reached(_RUN_START[0], end, _HARNESS_STALLED[0], job["total_timeout"])
     if not (case or run):
