@@ -77,10 +77,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "0.0",
     ),
     "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
-    "memory": (
-        "no case passed; the first failing case ran out of memory (its RLIMIT_AS)",
-        "0.0",
-    ),
+    "memory": ("no case passed; the first failing case ran out of memory (its RLIMIT_AS)", "0.0"),
     "output_limit": (
         "no case passed; the first failing case wrote more than the output cap, the file-size "
         "limit or the work dir's disk quota allows",
