@@ -1,63 +1,39 @@
 """Code outcome verifier: run a completion's program against test cases in a sandbox.
 
-Public API
-----------
-- :func:`code_reward` -- a TRL reward function (``reward_funcs=[code_reward]``), one float per completion
-  (``None`` when the completion cannot be scored; TRL turns it into NaN and excludes it).
-- :func:`make_code_reward` -- the same with non-default limits / worker count / tests column.
-- :func:`verify_code` -- per-completion :class:`CodeResult` (reward, reason, passed/total, layers, ...).
-- :func:`extract_code` -- the program of a completion.
-- :func:`default_deadline` -- the outer deadline of one completion (every call has one).
-- :data:`REASONS` -- every reason with its meaning and reward.
+Public API: :func:`code_reward` (TRL reward function), :func:`make_code_reward`, :func:`verify_code` (one
+:class:`CodeResult` per completion), :func:`extract_code`, :func:`default_deadline`, :data:`REASONS`.
 
-Program (:func:`extract_code`): fences are recognised only at the start of a line (after optional
-indentation), so a ```` ``` ```` inside a string or a comment of the code does not end the block; a
-fence closes at a line holding only backticks (at least as many as opened it). The program is the last
-block tagged Python (```` ```python ````, ```` ```py ````, ```` ```python3 ```` and the other spellings
-in ``_PY_TAGS``, case-insensitive); if there is none, the last untagged block (```` ``` ````); else the
-last block of any language; an unterminated final fence counts (truncated generations); with no fence
-at all, the whole text. Conversational completions (a list of ``{"role", "content"}`` messages) use the
-last message.
+Program (:func:`extract_code`): fences count only at the start of a line (after optional indentation) and close at
+a line of backticks only (at least as many as opened it). The program is the last block tagged Python
+(```` ```python ````, ```` ```py ```` and the other spellings in ``_PY_TAGS``, case-insensitive), else the last
+untagged block, else the last block of any language; an unterminated final fence counts (truncated generations);
+with no fence, the whole text. Conversational completions use the last message.
 
-Tests (one entry per completion, a dict or its JSON string):
+Tests (one entry per completion, a dict or its JSON string; keys whose value is ``None`` count as absent):
 
 - ``{"stdin_stdout": [{"input": str, "output": str}, ...]}``: the program reads stdin and prints.
-- ``{"fn_name": str, "inputs": [[args...], ...], "outputs": [value, ...]}``: ``fn_name`` (a top-level
-  function, or a method of a ``Solution`` class, LeetCode style) is called with each argument list.
-- ``{"check": str, "entry_point": str}`` (HumanEval; ``"test"`` is accepted for ``"check"``, and an
-  optional ``"prompt"`` is prepended when the program does not define ``entry_point`` itself): the
-  program runs; a separate judge process runs the (trusted) prompt, the check source and
-  ``check(<entry_point>)`` against a plain-data proxy of the program (see
-  :mod:`trl_prime.rewards.sandbox`); one test case. Give the ``prompt`` whenever the check uses helper
-  functions of the prompt (HumanEval/32 ``poly``, /38 ``encode_cyclic``, /50 ``encode_shift``): the
-  judge then takes them from the prompt instead of from the program.
-- APPS / TACO / Eurus-2-RL-Data style ``{"inputs": [...], "outputs": [...]}`` with an optional
-  ``fn_name``: without ``fn_name`` the inputs are stdin strings (a list of lines is joined with
-  newlines), with it they are argument lists.
+- ``{"fn_name": str, "inputs": [[args...], ...], "outputs": [value, ...]}``: ``fn_name`` (a top-level function or
+  a method of a ``Solution`` class) is called with each argument list.
+- ``{"check": str, "entry_point": str}`` (HumanEval; ``"test"`` is accepted for ``"check"``; an optional
+  ``"prompt"`` is prepended when the program does not define ``entry_point``): a separate judge process runs the
+  trusted prompt, the check and ``check(<entry_point>)`` against a plain-data proxy of the program (see
+  :mod:`trl_prime.rewards.sandbox`); one test case. Give the ``prompt`` when the check uses its helpers
+  (HumanEval/32 ``poly``, /38 ``encode_cyclic``, /50 ``encode_shift``).
+- APPS / TACO / Eurus-2-RL-Data ``{"inputs": [...], "outputs": [...]}`` with optional ``fn_name``: without it the
+  inputs are stdin strings (a list of lines is joined with newlines).
 
-Keys whose value is ``None`` count as absent (``datasets`` fills missing struct fields with None).
-A malformed entry does not stop training: that completion gets ``None`` with reason ``bad_tests`` and a
-``RuntimeWarning`` naming the entry, the field and the fix (``verify_code(..., strict=True)`` raises the
-``ValueError`` instead). Stdin/stdout test strings must be valid Unicode text (a lone surrogate such as
-``"\ud800"`` cannot be written to a program's stdin nor ever printed by one): such an entry is
-``bad_tests`` too, never a 0 for the program.
+A malformed entry (also a stdin/stdout string that is not valid Unicode, e.g. ``"\ud800"``) scores ``None`` with
+reason ``bad_tests`` and a ``RuntimeWarning`` naming the entry, the field and the fix (``strict=True`` raises).
 
-Comparison (in the trusted parent, never in the sandbox): stdout matches when equal after stripping
-trailing whitespace of each line and surrounding blank lines, or when the whitespace-separated tokens
-agree: two plain decimal literals (``[+-]?digits[.digits]``, at least one of them with a decimal point)
-within 1e-6 (relative or absolute); two integers, and every other token (words, ``1_000``, ``1e3``,
-``nan``, ``inf``), compare exactly as text. Return values are compared structurally after a JSON round
-trip (tuples are lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS, an expected value
-``[x]`` also accepts ``x``.
+Comparison, in the trusted parent: stdout matches when equal after stripping each line's trailing whitespace and
+surrounding blank lines, or when the whitespace-separated tokens agree: two plain decimal literals (at least one
+with a decimal point) within 1e-6 (relative or absolute), every other token exactly. Return values are compared
+structurally after a JSON round trip (tuples are lists; floats within 1e-6; ``bool`` is not ``int``); as in APPS,
+an expected ``[x]`` also accepts ``x``. Reward = passed / total test cases.
 
-Reward = passed / total test cases. See :data:`REASONS` for the reason of each result.
-
-Infrastructure failures are ``None`` (reason ``sandbox_error``, logged as ``code/sandbox_error`` and so
-counted in the trainers' ``verifier/failure_rate``), never a 0: a sandbox that could not run, one stopped
-or frozen from outside while a time limit ran (``timeout`` is the program's only when the sandbox's
-harness saw the limit run out while it was itself running; see :mod:`trl_prime.rewards.sandbox`), and a
-backend call past its outer deadline (every call has one: ``verify_code(deadline=...)``, default
-:func:`default_deadline`).
+Infrastructure failures are ``None`` (``sandbox_error``, counted in ``verifier/failure_rate``), never 0: a sandbox
+that could not run, one stopped or frozen from outside while a limit ran, or a backend call past its outer
+deadline (``verify_code(deadline=...)``, default :func:`default_deadline`).
 """
 
 from __future__ import annotations
@@ -101,10 +77,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "0.0",
     ),
     "timeout": ("no case passed; the first failing case exceeded the wall-clock or CPU-time limit", "0.0"),
-    "memory": (
-        "no case passed; the first failing case ran out of memory (its RLIMIT_AS)",
-        "0.0",
-    ),
+    "memory": ("no case passed; the first failing case ran out of memory (its RLIMIT_AS)", "0.0"),
     "output_limit": (
         "no case passed; the first failing case wrote more than the output cap, the file-size "
         "limit or the work dir's disk quota allows",
@@ -590,14 +563,6 @@ def verify_code(
             (the message names the entry, the field and the fix); bad ``SandboxConfig`` values; a
             ``deadline`` that is not a positive number.
         TypeError: an unknown keyword in ``overrides``.
-
-    Timeouts and infrastructure failures: ``timeout`` (reward 0) is the program's verdict only when the
-    sandbox's harness saw the limit run out while it was itself running. A sandbox stopped or frozen
-    from outside (SIGSTOP to its processes, a cgroup freezer, a paused container, a stalled machine) long
-    enough to cut the limit's window short is ``sandbox_error`` (reward ``None``): the harness notices that
-    it was suspended (a wake-up more than 2 s late) when it resumes, moves the deadline later by the lost
-    time (at most one ``timeout``), and the parent gives up on a harness that stays silent past
-    ``startup_grace + total_timeout + timeout`` (see :mod:`trl_prime.rewards.sandbox`).
     """
     if len(completions) != len(tests):
         raise ValueError(

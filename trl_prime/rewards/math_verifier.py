@@ -1,105 +1,51 @@
 """Math outcome verifier: final answers checked with ``math-verify`` under hard timeouts.
 
-What counts as the final answer
--------------------------------
-* The content of the **last top-level** ``\\boxed{...}`` (or ``\\fbox{...}``) of the completion, nested braces
-  and escaped braces (``\\{ \\}``) handled. Only complete boxes count: when the last box opened is never closed
-  (a truncated completion), the completion has no final answer - an earlier, complete box is an
-  intermediate result and is not credited.
-* Nothing else by default: a completion without a box scores 0 with reason ``no_answer`` even when the
-  right number appears somewhere in its text. ``extraction="boxed_or_answer_phrase"`` additionally accepts,
-  when there is no box, the rest of the line after the last "final answer is / the answer is / answer:"
-  phrase (opt-in: it can credit prose such as "the answer is not 3").
+The user guide (docs/guides/verifiers.md, "How ``math_reward`` judges") explains the judge; in short:
 
-Gold answers may be plain (``"42"``, ``"\\frac{1}{2}"``, ``"$x^2$"``, ``"[0, 1)"``), a full solution whose last
-``\\boxed{}`` holds the answer (MATH), or a GSM8K solution ending in ``#### 72``. Both sides are parsed the
-same way (as the content of a box) with ``math-verify``; ``math_verify.verify(gold, answer)`` is the judge.
-
-Numeric golds (``int``, ``float``, numpy / 0-d tensor scalars) are written out in plain positional notation
-before parsing - ints as ints, floats as the exact decimal of their shortest round-trip repr (``1e-05`` ->
-``"0.00001"``, ``1e16`` -> ``"10000000000000000"``) - never in scientific notation, which math-verify would read
-with ``e`` as Euler's number. A non-finite numeric gold (``nan``, ``inf``) is ``gold_unparseable``.
-
-Word golds: a plain gold made only of letters and spaces with at least one word of two or more letters
-(``"banana"``, ``"yes"``, ``"no solution"``, ``"Monday"``), which math-verify can only read as a product of
-one-letter variables (so any anagram would be "equal"), is compared as text instead: both sides are normalised
-(``\\text{}``/``\\textbf{}``/``\\mathrm{}``-style wrappers, spacing commands and the backslash of other commands
-removed, case and whitespace ignored, a trailing period dropped) and must be equal: ``\\text{Banana}`` and
-``BANANA`` match the gold ``banana``, ``nabana`` does not. Single letters (multiple-choice ``"A"``, a variable
-``"x"``), anything with a digit, operator or command (``"x^2+y"``, ``"\\alpha"``, ``"2ab"``), words math-verify
-reads as math (``"inf"``, ``"sin x"``) and ``\\text{...}``-wrapped golds keep the math-verify judge. (So a
-gold ``"xy"`` is the word "xy": write a product of variables as ``"x y"`` or ``"x \\cdot y"``.)
-
-Pre-pass: forms math-verify 0.9 mis-parses (found on MATH-500 answer forms) are rewritten, in golds and answers
-alike, before math-verify sees them (math-verify stays the judge): upright constants ``\\mathrm{e}``,
-``\\text{e}``, ``\\operatorname{e}``, ``{\\rm e}`` (and ``i``) become ``e`` / ``i`` (math-verify reports the gold
-``\\frac{1}{\\mathrm{e}}`` unparseable and reads the answer ``2\\mathrm{e}`` as ``2``); the imaginary unit after a
-digit becomes a separate token, whatever the spacing (``5i``, ``5 i``, ``5\\,i`` -> ``5 i``: math-verify makes
-``i`` real in ``6 - 5i`` and complex in ``6 - 5 i``, so they never matched); thin-space thousands separators are
-dropped in runs of three-digit groups (``5\\,600`` -> ``5600``, which math-verify reads as 605), while
-``(1,\\,2)``, ``2\\,x`` or ``0.123\\,456`` are left alone.
-
-Numbers: math-verify rounds floats to 6 decimals (and chops differences below ~1e-15), so all small numbers
-looked equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` = ``\\frac{1}{2^{99}}``). A numeric "equal" of
-math-verify now also needs agreement to a relative tolerance, ``rel_tol`` (default ``1e-4``; see
-:func:`verify_math`), or, when the final answer or the gold is written as one plain decimal number, agreement
-by less than half a unit in its last written decimal place (a correctly rounded decimal stays right: ``0.001429`` =
-``\\frac{1}{700}``, ``0.000143`` = ``\\frac{1}{7000}``; ``0.0000002`` != ``0.0000001``, which differ by a whole
-unit of their 7th decimal). This can only turn "equal" into "not equal", and changes nothing above ~0.01 in
-magnitude. If the installed math-verify cannot take the tolerance (its numeric comparison is no longer
-``math_verify.grader.sympy_numeric_eq``), the workers fall back to math-verify's verdict alone
-(``rel_tol=None``) and one ``RuntimeWarning`` says so.
+* The final answer is the content of the **last complete top-level** ``\\boxed{...}`` / ``\\fbox{...}`` (nested
+  and escaped braces handled); a last box never closed (a truncated completion) means no answer, and a number in
+  the prose never counts. ``extraction="boxed_or_answer_phrase"`` also reads, when there is no box, the rest of the
+  line after the last "final answer is / the answer is / answer:" (opt-in: it credits "the answer is not 3").
+* Golds may be plain (``"42"``, ``"[0, 1)"``), a MATH solution (its last box) or GSM8K's ``#### 72``. Numeric golds
+  (also numpy / 0-d tensor scalars) are written out positionally (``1e-05`` -> ``"0.00001"``: math-verify reads
+  ``e`` as Euler's number); ``nan``/``inf`` are ``gold_unparseable``. A word gold (letters and spaces, one word of
+  two or more letters: ``"banana"``, ``"no solution"``) that math-verify reads as a product of one-letter variables
+  is compared as normalised text (wrappers, spacing, case and a trailing period ignored); write a product of
+  variables as ``"x y"``.
+* Pre-pass (golds and answers): upright ``\\mathrm{e}``/``\\text{i}``/``{\\rm e}`` -> ``e``/``i``; a digit's
+  imaginary unit as its own token (``5i``, ``5\\,i`` -> ``5 i``); thin-space thousands (``5\\,600`` -> ``5600``,
+  read as 605 otherwise); a sentence's full stop after a whole number (``5.`` -> ``5``). Rationale per form in
+  :func:`_normalize_forms`.
+* Numbers math-verify calls equal (it rounds to 6 decimals) must also agree to ``rel_tol`` (default ``1e-4``), or,
+  when the answer or gold is one plain decimal, by less than half a unit in its last written place
+  (``0.001429`` = ``\\frac{1}{700}``; ``0.0000002`` != ``0.0000001``). This only turns "equal" into "not equal".
+  When the installed math-verify no longer compares through ``math_verify.grader.sympy_numeric_eq``, the workers
+  use its verdict alone and one ``RuntimeWarning`` says so.
 
 Known blind spots (math-verify 0.9 readings this verifier does not correct):
 
 * Subscript bases are ignored: ``52_9`` equals ``52_8`` (both read as 52), ``1011_2`` is 1011, not 11.
-* Scientific notation in an answer reads ``e`` as Euler's number: ``1e6`` is ``6e``, not 1000000 (write
-  ``10^6`` or ``1\\times 10^{6}``; numeric golds are written out without exponent, see above).
-* ``i`` is a symbol, not the imaginary unit: ``(1+i)^2`` does not equal ``2i`` and ``i^2`` does not equal
-  ``-1``; answers match a complex gold only in the same simplified form.
-* A gold that is a single letter (``x``, ``i``) matches only that letter, not an expression equal to it
-  (``\\frac{2i}{2}``).
+* Scientific notation in an answer reads ``e`` as Euler's number: ``1e6`` is ``6e`` (write ``10^6``).
+* ``i`` is a symbol, not the imaginary unit: ``(1+i)^2`` does not equal ``2i``.
+* A single-letter gold (``x``, ``i``) matches only that letter.
 * Repeating decimals (``0.\\overline{3}``) cannot be parsed: such a gold is ``gold_unparseable``.
-* Thousands separated by other spacing than ``\\,`` (``5\\;600``, ``5~600``, ``5 600``) are not one number.
+* Thousands separated by other spacing than ``\\,`` (``5\\;600``, ``5~600``) are not one number.
 
-Where the work happens
-----------------------
-Parsing and verification run in a persistent pool of worker *processes* (``pebble.ProcessPool``). Workers are
-forked from a forkserver that has imported only this module and ``math-verify`` and warmed the judge up
-(``trl_prime.rewards._math_worker``); nothing of the calling process is re-imported (not even its ``__main__``, so
-scripts without an ``if __name__ == "__main__"`` guard are safe), and no worker is forked from a process with
-threads or a GPU context. Each step - parsing a gold answer, or parsing and verifying one answer - is one task
-with its own wall-clock deadline (``timeout`` seconds; an answer's task also allows the time its gold's parse
-took, and a step that finishes past ``timeout`` still counts as a timeout); a worker that misses it is killed
-and replaced by pebble, so the deadline holds from any thread or event loop (math-verify's own ``signal.alarm``
-timeouts are disabled in the workers). Calls from any number of threads share the workers at once, so one
-call's slow answer holds one worker, never the other calls. Workers run with ``RLIMIT_AS``
-(``memory_limit_mb``) and a per-step ``RLIMIT_CPU`` backstop, so a completion that makes the parser hang or eat
-memory costs the calling process nothing. The pool is created lazily, sized to the machine, reused across
-calls, dropped in a forked child (which starts its own) and stopped at interpreter exit. Identical
-``(gold, answer)`` pairs are verified once per batch, and deterministic outcomes
-(``correct``/``wrong``/``no_answer``/``gold_unparseable``) are memoised across calls; this is the only fast path
-(exact memoisation of math-verify's own verdict, never a different judge).
+Where the work happens: a ``pebble.ProcessPool`` whose workers are forked from this module's own forkserver, which
+has imported only this module and math-verify (``trl_prime.rewards._math_worker``) and never the caller's
+``__main__`` (scripts without a main guard are safe; no worker forks from a process with threads or CUDA). Each
+step (a gold's parse with one probe comparison, or an answer's parse and comparison) is one task with a
+wall-clock deadline of ``timeout`` seconds (an answer's also allows its gold's parse time); pebble kills and
+replaces a worker that misses it, so the deadline holds from any thread. Workers run under ``RLIMIT_AS``
+(``memory_limit_mb``) and a per-step ``RLIMIT_CPU`` backstop. Calls from all threads share the pool; identical
+pairs are verified once per batch and deterministic outcomes are memoised (the only fast path); golds whose parse
+timed out are remembered per ``timeout``. The pool starts lazily, is dropped in a forked child and stops at exit.
 
-Reasons (every result has exactly one; ``reward`` in brackets)
--------------------------------------------------------------
-* ``correct`` (1.0): math-verify says the final answer equals the gold answer.
-* ``wrong`` (0.0): a final answer was found and it is not equal to the gold answer.
-* ``no_answer`` (0.0): no final answer could be extracted (no complete box, empty box).
-* ``gold_unparseable`` (None): math-verify finds no mathematical expression in the gold answer (or it is
-  empty, or a non-finite number, or parsing it timed out). Every completion of that gold gets None (NaN in TRL:
-  skipped) and is counted, whatever the completion holds. Parsing a gold includes one probe comparison (against
-  ``0``) under the same deadline, so a gold whose every comparison would hang (``9^{9^{9^{9}}}``) fails here once
-  instead of making each completion a ``timeout``; such gold timeouts are remembered (bounded cache, per
-  ``timeout`` value or less), so later calls do not pay the deadline again.
-* ``timeout`` (0.0): parsing/verifying the answer exceeded ``timeout`` seconds (the worker was killed and
-  replaced) or raised ``MemoryError`` under the worker's memory cap. (A ``MemoryError`` that math-verify itself
-  swallows while parsing makes the answer unparseable, i.e. ``wrong``.)
-* ``error`` (None): infrastructure failure - workers cannot start, or a worker died twice on the same item.
-  Never a silent 0.
-
-Not supported: ``\\boxed 5`` without braces (counts as no answer), several boxes meant as one answer (only the
-last counts; put a tuple or set in one box).
+Reasons (``reward`` in brackets): ``correct`` (1.0); ``wrong`` (0.0); ``no_answer`` (0.0: no complete, non-empty
+box); ``gold_unparseable`` (None: empty, non-finite, unparseable, or its parse timed out; NaN in TRL, counted);
+``timeout`` (0.0: the step passed ``timeout`` or hit the memory cap); ``error`` (None: the workers cannot start, or
+one died twice on the same item; never a silent 0). Not supported: ``\\boxed 5`` without braces, several boxes meant
+as one answer.
 """
 
 from __future__ import annotations
@@ -113,8 +59,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Sequence as _SequenceABC
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as futures_wait
@@ -405,17 +350,10 @@ def _half_unit(text: str | None) -> str | None:
 
 
 def _relatively_different(a: Any, b: Any, rel_tol: float, abs_tol: str | None = None) -> bool:
-    """Whether two SymPy expressions are numbers that differ by more than ``rel_tol`` relative to the larger
-    (and, when ``abs_tol`` is given, also by ``abs_tol`` or more: half a unit in the last written decimal place
-    of a plain-decimal answer or gold, see :func:`_half_unit`).
-
-    Used (in the workers) to veto math-verify's numeric "equal", which rounds floats to 6 decimals and chops
-    differences below ~1e-15 absolute. Compared: ``a`` and ``b`` when neither has a free symbol (numbers, also
-    complex; a percentage ``9\\%`` is compared both as 0.09 and as 9, as math-verify accepts either); else, when
-    the symbols cancel in ``a - b`` (``x - 2^{-99}`` vs ``x - 2^{-98}``, the sides of two equations), their
-    symbol-free terms. ``|a - b| <= rel_tol * max(|a|, |b|)`` or ``|a - b| < abs_tol`` at 50 significant digits
-    counts as close. Anything
-    else (symbols left in ``a - b``, sets, non-finite values, an evaluation error) is not judged here: False.
+    """Whether two SymPy numbers differ by more than ``rel_tol`` relative to the larger and, with ``abs_tol`` (see
+    :func:`_half_unit`), by ``abs_tol`` or more; evaluated at 50 digits. Vetoes math-verify's numeric "equal" in
+    the workers. With free symbols, only when they cancel in ``a - b`` (two equations): their symbol-free terms; a
+    percentage is compared both as 0.09 and as 9. Anything else (symbols left, sets, non-finite, an error): False.
     """
     from sympy import Abs, Basic, Float, Mul, Rational, UnevaluatedExpr
 
@@ -466,14 +404,9 @@ def _install_numeric_hook(
 ) -> str | None:
     """Make math-verify's numeric "equal" also require ``accept(a, b)``; returns None, or why it could not.
 
-    Wraps ``grader.sympy_numeric_eq`` (``grader`` is ``math_verify.grader``, through which math-verify 0.8/0.9
-    compares every pair of numbers, also inside tuples, sets, intervals, matrices and equations), then checks with
-    ``same(gold_text, answer_text)`` (a full math-verify comparison) that the wrapper is in use and works:
-    ``\\frac{1}{3}`` must still equal ``0.333333`` (equal only through the numeric comparison) and
-    ``\\frac{1}{2^{98}}`` must no longer equal ``\\frac{1}{2^{99}}`` (``accept`` must reject that pair, as it does
-    for any ``rel_tol`` below 1/2). When the function is missing or the check fails (a math-verify that compares
-    numbers elsewhere, or where the wrapper raises), ``grader`` is left as it was and the
-    returned message says so; the worker then runs with math-verify's verdict alone (``rel_tol=None``).
+    Wraps ``grader.sympy_numeric_eq`` (through which math-verify 0.8/0.9 compares every pair of numbers), then
+    checks with ``same(gold, answer)`` that the wrapper is used: ``\\frac{1}{3}`` must still equal ``0.333333`` and
+    ``\\frac{1}{2^{98}}`` no longer equal ``\\frac{1}{2^{99}}``. Otherwise ``grader`` is restored.
     """
     try:
         from importlib.metadata import version
@@ -911,31 +844,10 @@ def _swap_pool(broken: _Pool, num_workers: int) -> _Pool:
     return _acquire_pool(num_workers)
 
 
-def _run_batch(
-    todo: dict[str, list[str]],
-    timeout: float,
-    memory_limit_mb: int,
-    rel_tol: float | None,
-    num_workers: int,
-    out: _Outcomes,
-) -> None:
-    """Verify ``todo`` (gold -> distinct answers; golds of unknown parseability are parsed first) on the pool.
-
-    Every step is one pebble task with a hard deadline (the worker is killed and replaced past it); tasks of all
-    calling threads share the workers, so one call's slow answer holds one worker, not the others' calls. A call
-    keeps at most ``num_workers`` tasks in the pool's queue (the rest wait in its own backlog), so calls running at
-    the same time take turns on the workers instead of a large batch holding back a small one.
-    """
-    try:
-        batch = _Batch(todo, timeout, memory_limit_mb, rel_tol, num_workers, out)
-    except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
-        out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
-        return
-    batch.run()
-
-
 class _Batch:
-    """One call's tasks on the shared pool (see :func:`_run_batch`)."""
+    """One call's steps on the shared pool: ``todo`` maps gold -> distinct answers (golds of unknown parseability
+    are parsed first). Each step is one pebble task with a hard deadline; a call keeps at most ``num_workers`` tasks
+    in the pool's queue (the rest in its backlog), so concurrent calls take turns on the workers."""
 
     def __init__(self, todo, timeout: float, memory_limit_mb: int, rel_tol, num_workers: int, out: _Outcomes):
         self.pool = _acquire_pool(num_workers)  # replaced should pebble give up on it
@@ -1039,7 +951,7 @@ def _collect(fut, kind, gold, answer, attempt, timeout, memory_limit_mb, todo, o
         if status == "broken":
             out.fail_all({gold: todo[gold]}, shown)
         elif status == "ok":
-            out.gold_ok(gold, float(seconds))
+            out.ok[gold] = float(seconds)
             with _LOCK:
                 _cache_put(_GOLD_CACHE, gold, float(seconds))
             for a in todo[gold]:
@@ -1071,9 +983,6 @@ class _Outcomes:
         self.answers: dict[tuple[str, str], tuple[str, str | None, str]] = {}
         self.cacheable_golds: set[str] = set()
         self.timed_out_golds: set[str] = set()
-
-    def gold_ok(self, gold: str, seconds: float) -> None:
-        self.ok[gold] = seconds
 
     def gold_failed(self, gold: str, reason: str, detail: str, timed_out: bool = False, cacheable: bool = False):
         self.golds.setdefault(gold, (reason, detail))
@@ -1235,21 +1144,12 @@ def verify_math(
         extraction: ``"boxed"`` (default; only the last ``\\boxed{}``/``\\fbox{}`` is a final answer) or
             ``"boxed_or_answer_phrase"`` (see :func:`extract_answer`).
         memory_limit_mb: address-space cap (``RLIMIT_AS``) of each worker, in MiB; 0 disables it.
-        rel_tol: relative tolerance for numbers (default ``1e-4``, the tolerance of the ToRA / Qwen2.5-Math
-            graders' ``numeric_equal``). math-verify stays the judge and rounds floats to 6 *decimals*, which makes
-            every two numbers below ~1e-6 equal (``0.0000002`` = ``0.0000001``, ``\\frac{1}{2^{98}}`` =
-            ``\\frac{1}{2^{99}}``); a numeric "equal" of math-verify (also for the elements of tuples, sets,
-            intervals, matrices and the sides of equations) therefore also needs
-            ``|a - b| <= rel_tol * max(|a|, |b|)``. It only ever turns "equal" into "not equal": above ~0.01 in
-            magnitude math-verify's verdicts are unchanged (``0.333333`` = ``\\frac{1}{3}``, ``3.141593`` = ``\\pi``,
-            ``0.5`` = ``\\frac{1}{2}``; ``3.14159`` != ``\\pi`` and ``0.33`` != ``\\frac{1}{3}`` as before). A
-            correctly rounded decimal stays right: when the answer or the gold is one plain decimal number
-            (``0.001429``), a difference below half a unit in its last written decimal place (``5e-7``; the
-            coarser of the two when both are; an exact tie is out) also counts as agreement, so ``0.001429`` =
-            ``\\frac{1}{700}`` and ``0.000143`` = ``\\frac{1}{7000}``, while ``0.0000002`` != ``0.0000001`` (a whole
-            unit apart). Decimals inside tuples, sets or expressions get ``rel_tol`` alone. None: math-verify's
-            verdict alone; also what the workers fall back to, with one ``RuntimeWarning``, when the installed
-            math-verify cannot take the tolerance (tested: 0.9).
+        rel_tol: relative tolerance for numbers (default ``1e-4``, as in the ToRA / Qwen2.5-Math graders): a
+            numeric "equal" of math-verify (also inside tuples, sets, intervals, matrices, equations) also needs
+            ``|a - b| <= rel_tol * max(|a|, |b|)``, or, for one plain decimal answer or gold, a difference below
+            half a unit in its last written place (see the module docstring). It only turns "equal" into "not
+            equal". None: math-verify's verdict alone (also the fallback, warned once, when the installed
+            math-verify cannot take it).
 
     Returns:
         One :class:`MathResult` per completion, in order. ``reason`` is one of :data:`REASONS`: ``correct``
@@ -1262,10 +1162,8 @@ def verify_math(
         ValueError: ``completions`` and ``golds`` differ in length or are not sequences, a completion or gold has
             an unsupported type, or ``timeout``/``num_workers``/``extraction``/``rel_tol`` is invalid.
 
-    Thread-safe: calls from any number of threads (or from inside a running event loop, which it blocks) share
-    the workers at once: each step is one task of the pool, so a call's slow answer holds one worker for at most
-    its deadline while the other workers serve every call. The deadlines hold in all cases because they are
-    enforced by killing worker processes.
+    Thread-safe: calls from any number of threads (or a running event loop, which it blocks) share the workers;
+    a slow answer holds one worker for at most its deadline, enforced by killing the worker.
     """
     num_workers = _check_arguments(completions, golds, timeout, extraction, num_workers, memory_limit_mb)
     rel_tol = _check_rel_tol(rel_tol)
@@ -1275,7 +1173,12 @@ def verify_math(
         todo = _new_work(gold_texts, answers, timeout, rel_tol)
     out = _Outcomes()
     if todo:  # the lock is not held here: other threads' calls share the workers meanwhile
-        _run_batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+        try:
+            batch = _Batch(todo, float(timeout), int(memory_limit_mb), rel_tol, num_workers, out)
+        except Exception as e:  # noqa: BLE001 - whatever stops the pool is an infrastructure failure
+            out.fail_all(todo, f"math worker pool unavailable: {type(e).__name__}: {e}")
+        else:
+            batch.run()
     with _LOCK:
         _memoise(out, timeout, rel_tol)
         return [
@@ -1374,35 +1277,17 @@ def _result(raw, gold: str | None, answer: str | None, out: _Outcomes, timeout: 
 _TRL_KWARGS = ("prompts", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
 
 
-class _PerThread:
-    """Storage of one value per thread (the thread's last call), with a default for threads that made none."""
-
-    __slots__ = ("_local", "_default")
+class _LastCall:
+    """``reward.last_counts`` / ``reward.last_results``: the value of the last call made **in the current thread**
+    (``default()`` in a thread that made none), read like that dict or list (``==``, ``dict(...)``, ``list(...)``).
+    Concurrent callers in different threads never see each other's batches (coroutines of one event loop share it:
+    read it right after the call)."""
 
     def __init__(self, default: Callable[[], Any]):
-        self._local = threading.local()
-        self._default = default
+        self._local, self._default = threading.local(), default
 
     def _get(self):
-        value = getattr(self._local, "value", None)
-        return self._default() if value is None else value
-
-    def _set(self, value) -> None:
-        self._local.value = value
-
-
-class LastCounts(_PerThread, Mapping):
-    """``reward.last_counts``: ``{reason: count}`` of the last call made **in the current thread**.
-
-    A read-only mapping (compare it with ``==``, copy it with ``dict(...)``); each thread sees its own last call, so
-    concurrent callers in different threads (an evaluation's thread pool) never read each other's counts. (Coroutines
-    sharing one event-loop thread share it too: read it right after the call, before the next ``await``.)
-    """
-
-    __slots__ = ()
-
-    def __init__(self):
-        super().__init__(lambda: dict.fromkeys(REASONS, 0))
+        return getattr(self._local, "value", None) or self._default()
 
     def __getitem__(self, key):
         return self._get()[key]
@@ -1413,28 +1298,11 @@ class LastCounts(_PerThread, Mapping):
     def __len__(self):
         return len(self._get())
 
-    def __repr__(self):
-        return repr(self._get())
-
-
-class LastResults(_PerThread, _SequenceABC):
-    """``reward.last_results``: the :class:`MathResult` list of the last call made **in the current thread**."""
-
-    __slots__ = ()
-
-    def __init__(self):
-        super().__init__(list)
-
-    def __getitem__(self, index):
-        return self._get()[index]
-
-    def __len__(self):
-        return len(self._get())
+    def keys(self):
+        return self._get().keys()
 
     def __eq__(self, other):
-        if isinstance(other, (list, tuple, LastResults)):
-            return list(self) == list(other)
-        return NotImplemented
+        return self._get() == (other._get() if isinstance(other, _LastCall) else other)
 
     __hash__ = None
 
@@ -1443,12 +1311,14 @@ class LastResults(_PerThread, _SequenceABC):
 
 
 def _remember_last_call(fn: Callable, counts: dict, results: list) -> None:
-    for name, value, view in (("last_counts", counts, LastCounts), ("last_results", results, LastResults)):
-        current = getattr(fn, name, None)
-        if not isinstance(current, view):  # never set, or replaced by the user: install a per-thread view
-            current = view()
-            setattr(fn, name, current)
-        current._set(value)
+    for name, value, default in (("last_counts", counts, _zero_counts), ("last_results", results, list)):
+        if not isinstance(getattr(fn, name, None), _LastCall):  # never set, or replaced by the user
+            setattr(fn, name, _LastCall(default))
+        getattr(fn, name)._local.value = value
+
+
+def _zero_counts() -> dict[str, int]:
+    return dict.fromkeys(REASONS, 0)
 
 
 def _score(
@@ -1544,9 +1414,9 @@ def make_math_reward(
         f"TRL reward: math-verify check of the last \\boxed{{}} against column {answer_column!r} "
         "(see trl_prime.rewards.math_verifier.make_math_reward)."
     )
-    reward.last_counts = LastCounts()
+    reward.last_counts = _LastCall(_zero_counts)
     reward.required_columns = (answer_column,)  # checked by the trl-prime trainers at start-up
-    reward.last_results = LastResults()
+    reward.last_results = _LastCall(list)
     return reward
 
 
@@ -1580,6 +1450,6 @@ _DEFAULT_OPTIONS = dict(
     memory_limit_mb=DEFAULT_MEMORY_LIMIT_MB,
     rel_tol=DEFAULT_REL_TOL,
 )
-math_reward.last_counts = LastCounts()
+math_reward.last_counts = _LastCall(_zero_counts)
 math_reward.required_columns = ("solution",)  # type: ignore[attr-defined]  # checked at trainer start-up
-math_reward.last_results = LastResults()
+math_reward.last_results = _LastCall(list)

