@@ -22,9 +22,12 @@ learning rate (``--lr``, constant schedule, AdamW) and step budget:
   (``PrimeGRPOTrainer``, ``prof_mode="both"``, ``prof_prm="implicit"``, ``process_coef=0``);
 - ablations: ``prime_rloo_frozen`` (the PRM is the offline implicit PRM of this task, trained with CE on outcome-
   labelled rollouts of the warm start, and never updated: ``prm_learning_rate=0``), ``prime_rloo_warm_prm`` (that
-  offline PRM as the starting point of the online PRM, updated at ``--prm-lr``), ``prime_rloo_double``
+  offline PRM as the starting point of the online PRM, updated at ``--prm-lr``), ``prime_rloo_warm_dpo_prm`` (the
+  same from the offline DPO PRM), ``prime_rloo_double``
   (``prm_update="double"``), ``prime_rloo_pc0`` (``process_coef=0``: must equal ``rloo`` up to noise),
-  ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE),
+  ``prime_rloo_dpo`` (the online PRM trained with the pairwise DPO loss instead of CE), the online PRM's levers
+  ``prime_rloo_balanced`` (``prm_class_balance=True``), ``prime_rloo_epochs4`` (``prm_epochs=4``) and
+  ``prime_rloo_balanced_epochs4`` (both),
   ``prime_rloo_prm2x`` (PRM learning rate twice the policy's, the paper's ratio; the other PRIME rows use
   ``--prm-lr``), ``prime_rloo_stabilised`` (the same ratio with the released code's stabilisers: advantages
   whitened, process rewards ``batch_norm``) and ``prime_rloo_released`` (exactly the advantage and PRM options of
@@ -113,6 +116,12 @@ METHODS = {
         "trl_prime.PrimeRLOOConfig",
         {"prm_model": "<offline>"},
     ),
+    # the same from the offline DPO PRM (it ranks its training rollouts better than the CE one: RESULTS.md)
+    "prime_rloo_warm_dpo_prm": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"prm_model": "<offline_dpo>"},
+    ),
     "prime_rloo_double": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_update": "double"}),
     "prime_rloo_dpo": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_loss": "dpo"}),
     "prime_rloo_pc0": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"process_coef": 0.0}),
@@ -175,6 +184,8 @@ METHODS = {
         {"prime_estimator": "ppo", "prime_value": "implicit_prm"},
     ),
 }
+# a method's ``prm_model`` placeholder -> the offline implicit PRM it starts from (trained before the runs)
+OFFLINE_PLACEHOLDERS = {"<offline>": "ce", "<offline_dpo>": "dpo"}
 QUICK_METHODS = [
     "rloo",
     "prime_rloo",
@@ -224,7 +235,7 @@ def rl_config(
     num_generations: int,
     max_completion_length: int,
     output_dir: str,
-    offline_prm: str | None = None,
+    offline_prm: dict[str, str] | None = None,
     warm: str | None = None,
     device: str = "cpu",
     extra: dict | None = None,
@@ -263,13 +274,22 @@ def rl_config(
         over["prm_learning_rate"] = lr * over.pop("prm_lr_over_lr")
     if "value_lr_over_lr" in over:
         over["value_learning_rate"] = lr * over.pop("value_lr_over_lr")
-    if over.get("prm_model") == "<offline>":
+    if over.get("prm_model") in OFFLINE_PLACEHOLDERS:
         if offline_prm is None:
             raise ValueError(f"method {method!r} needs the offline PRM (built by the benchmark before the runs)")
-        over["prm_model"], over["prm_ref_model"] = offline_prm, warm
+        over["prm_model"], over["prm_ref_model"] = offline_prm[OFFLINE_PLACEHOLDERS[over["prm_model"]]], warm
     kw.update(over)
     kw.update(extra or {})
     return _resolve(cfg_name)(**kw)
+
+
+def runs_to_do(methods: list[str], seeds: int, seed_offset: int, merged) -> list[tuple[str, int]]:
+    """The ``(method, seed)`` runs to do, seed-major: seeds ``seed_offset .. seed_offset + seeds - 1``, less those
+    ``merged`` (an earlier ``--json`` file's runs, keyed by ``(method, seed)``) holds. (Before 2026-12-03 the jobs
+    added the offset a second time: a run asked for ``--seed-offset 500`` trained seeds 1000, 1001, ...; the JSON
+    files record the seeds used.)"""
+    wanted = [(m, seed_offset + i) for i in range(seeds) for m in methods]
+    return [(m, s) for m, s in wanted if (m, s) not in merged]
 
 
 def flip_advantage_sign(trainer) -> None:
@@ -298,7 +318,7 @@ def run_one(
     num_generations: int = 4,
     n_heldout: int = 256,
     eval_samples: int = 2,
-    offline_prm: str | None = None,
+    offline_prm: dict[str, str] | None = None,
     flip_sign: bool = False,
     progress=None,
     device: str = "cpu",
@@ -426,7 +446,8 @@ def offline_prm(
 ) -> tuple[dict, str]:
     """Train CE and DPO implicit PRMs on outcome-labelled rollouts of the warm start; best-of-N on held-out problems.
 
-    Returns ``(results, ce_prm_folder)``; the CE PRM also serves as the frozen PRM of ``prime_rloo_frozen``.
+    Returns ``(results, {"ce": folder, "dpo": folder})``; the CE PRM also serves as the frozen PRM of
+    ``prime_rloo_frozen``, and each as the starting point of a warm-started row (``OFFLINE_PLACEHOLDERS``).
     """
     import random
 
@@ -513,7 +534,7 @@ def offline_prm(
     res.update(best_of_n(labels, answers, scores, len(problems), max_n))
     res["n_problems"] = n_problems
     res["seconds"] = round(time.time() - t0, 1)
-    return res, folders["ce"][0]
+    return res, {loss: folder for loss, (folder, _) in folders.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1226,10 +1247,10 @@ def main(argv=None) -> dict:
     )
     torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="learning_bench_"))
-    wanted = [(m, a.seed_offset + s) for s in range(seeds) for m in methods]
-    todo = [] if a.report_only else [(m, s) for m, s in wanted if (m, s) not in merged]
+    todo = [] if a.report_only else runs_to_do(methods, seeds, a.seed_offset, merged)
     offline, offline_folder = merged_offline, None
-    if any(m == "prime_rloo_frozen" for m, _ in todo) or (use_offline and offline is None and not a.report_only):
+    needs_offline = any(METHODS[m][2].get("prm_model") in OFFLINE_PLACEHOLDERS for m, _ in todo)
+    if needs_offline or (use_offline and offline is None and not a.report_only):
         os.environ.setdefault("TRL_PRIME_MATH_WORKERS", "2")
         torch.set_num_threads(a.threads * a.workers)  # before the workers start
         offline, offline_folder = offline_prm(
@@ -1241,7 +1262,7 @@ def main(argv=None) -> dict:
     jobs = [
         dict(
             method=m,
-            seed=a.seed_offset + s,
+            seed=s,
             warm=warm,
             spec=spec,
             steps=steps,
