@@ -41,14 +41,19 @@ TINY = dict(
 )
 
 
-def tiny_kwargs(tmp_path, **overrides) -> dict:
-    """The keyword arguments of a tiny trainer config writing to ``tmp_path/out``: :data:`TINY` with ``overrides``."""
-    return {"output_dir": str(tmp_path / "out"), **TINY, **overrides}
+def tiny_kwargs(tmp_path, drop=(), **overrides) -> dict:
+    """The keyword arguments of a tiny trainer config writing to ``tmp_path/out``: :data:`TINY` less the keys in
+    ``drop`` (left at the config's default), with ``overrides``."""
+    kw = {k: v for k, v in TINY.items() if k not in drop}
+    kw.update(overrides)
+    if "output_dir" not in kw:
+        kw["output_dir"] = str(tmp_path / "out")
+    return kw
 
 
-def tiny_config(cls, tmp_path, **overrides):
+def tiny_config(cls, tmp_path, drop=(), **overrides):
     """A tiny trainer config of class ``cls`` (``PrimeRLOOConfig``, ``PRLConfig``, ...): see :func:`tiny_kwargs`."""
-    return cls(**tiny_kwargs(tmp_path, **overrides))
+    return cls(**tiny_kwargs(tmp_path, drop, **overrides))
 
 
 def free_port() -> int:

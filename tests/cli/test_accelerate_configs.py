@@ -86,7 +86,9 @@ def test_config_is_used_by_a_recipe_or_a_test(name):
     users = [u for u in users if u != "tests/cli/test_accelerate_configs.py"]
     assert users, f"accelerate_configs/{name} is used by no recipe, README section or test"
     if name.startswith("cpu_"):
-        assert any(u.startswith("tests/") and os.path.basename(u).startswith("test_") for u in users), f"{name} should be launched by a test"
+        assert any(u.startswith("tests/") and os.path.basename(u).startswith("test_") for u in users), (
+            f"{name} should be launched by a test"
+        )
     else:
         documented = any(u.startswith(("recipes/", "README", "docs/")) for u in users)
         assert documented, f"{name} should be documented by a recipe"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 
 from trl_prime import (
@@ -31,21 +32,7 @@ RL_CONFIGS = [PrimeRLOOConfig, PrimeGRPOConfig, PRLConfig, ProfGRPOConfig]
 
 
 def _rl_kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=3,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        **COMMON,
-    )
-    kw.update(overrides)
-    return kw
+    return tiny_kwargs(tmp_path, drop=("learning_rate",), **{"max_steps": 3, **overrides})  # the configs' own rates
 
 
 def _lora():

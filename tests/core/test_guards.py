@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
@@ -28,25 +29,7 @@ from trl_prime.modeling import adapter_parameters, unwrap
 K = 4
 
 
-def _kw(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-    )
-    kw.update(overrides)
-    return kw
+_kw = tiny_kwargs
 
 
 def _trainer(which, path, tmp_path, reward, step_prm=None, callbacks=None, trainer_kwargs=None, **overrides):

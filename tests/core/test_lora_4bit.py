@@ -17,6 +17,7 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 
 
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (`pip install -e .[dev]`)")
@@ -47,26 +48,9 @@ def alternating_reward(completions, prompts, **kwargs):
 
 def _kwargs(out, **overrides) -> dict:
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    kw = dict(
-        output_dir=str(out),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=10,
-        max_steps=3,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=2,
-        seed=0,
-        learning_rate=1e-3,
-        model_init_kwargs=dict(quantization_config=quant, dtype=torch.float32),
-    )
-    kw.update(overrides)
-    return kw
+    four_bit = dict(max_completion_length=10, max_steps=3, save_strategy="steps", save_steps=2)
+    four_bit.update(model_init_kwargs=dict(quantization_config=quant, dtype=torch.float32))
+    return tiny_kwargs(out, **{"output_dir": str(out), **four_bit, **overrides})
 
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")

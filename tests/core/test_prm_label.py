@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import build_tokenizer, tiny_prompt_dataset
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer
@@ -23,24 +24,7 @@ K = 4
 
 
 def _kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-    )
-    kw.update(overrides)
-    return kw
+    return tiny_kwargs(tmp_path, **{"max_steps": 2, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ import re
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
@@ -100,22 +101,7 @@ class ScoredRounds(PrimeCallback):
 
 def _config(kind, tmp_path, step_prm_path=None, **overrides):
     """The config of ``kind``: tiny, 1 step, CPU, every group kept by PRIME's filter (so the PRM trains)."""
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=10,
-        max_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-    )
+    kw = tiny_kwargs(tmp_path, max_completion_length=10)
     if kind in PRIME:
         kw.update(prm_learning_rate=1e-2, filter_lower=0.0, filter_upper=1.0)
     elif kind == "prl":

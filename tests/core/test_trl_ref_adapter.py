@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 
 from trl_prime import (
@@ -53,21 +54,8 @@ def _trained_peft_model(path: str, kind: str):
 
 
 def _build(which: str, model, tmp_path, step_prm):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=1,
-        save_strategy="no",
-        seed=0,
-        beta=0.04,  # TRL's KL to its reference is on: TRL adds the "ref" adapter
-    )
+    # TRL's KL to its reference is on (beta): TRL adds the "ref" adapter; logging and learning rates: the configs'
+    kw = tiny_kwargs(tmp_path, drop=("logging_steps", "learning_rate"), beta=0.04)
     common = dict(model=model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(8))
     if which == "prime_rloo":
         return PrimeRLOOTrainer(args=PrimeRLOOConfig(**kw), **common)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 
 from trl_prime import ImplicitPRM
 from trl_prime import functional as F
@@ -78,23 +79,8 @@ def bos_model_path(tmp_path_factory):
 
 
 def _trl_kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=4,
-        max_steps=1,
-        seed=0,
-        beta=0.0,
-    )
-    kw.update(overrides)
-    return kw
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=4)
+    return tiny_kwargs(tmp_path, drop=("logging_steps", "learning_rate"), **{**trl, "beta": 0.0, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
@@ -239,25 +240,9 @@ def alternating_reward(completions, prompts, **kwargs):
 
 
 def _prime_kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=16,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-        prm_learning_rate=1e-1,
+    return tiny_kwargs(
+        tmp_path, **{"max_completion_length": 16, "max_steps": 2, "prm_learning_rate": 1e-1, **overrides}
     )
-    kw.update(overrides)
-    return kw
 
 
 def test_default_prime_grpo_trainer_advantages_are_bounded(tiny_model_path, tmp_path):

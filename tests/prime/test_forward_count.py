@@ -16,6 +16,7 @@ import collections
 import pytest
 import torch
 import torch.utils._python_dispatch
+from helpers import tiny_config
 from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
@@ -27,27 +28,18 @@ B = 8  # rows of a generation round (per_device_train_batch_size * steps_per_gen
 
 
 def _config(cfg_cls, tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=B,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-        prm_learning_rate=1e-2,
-        filter_lower=0.0,
-        filter_upper=1.0,
+    return tiny_config(
+        cfg_cls,
+        tmp_path,
+        **{
+            "per_device_train_batch_size": B,
+            "max_steps": 2,
+            "prm_learning_rate": 1e-2,
+            "filter_lower": 0.0,
+            "filter_upper": 1.0,
+            **overrides,
+        },
     )
-    kw.update(overrides)
-    return cfg_cls(**kw)
 
 
 class ForwardCounter:

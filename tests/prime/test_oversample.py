@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from helpers import tiny_config
 from tiny import tiny_prompt_dataset
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
@@ -98,24 +99,10 @@ def _kept_prompt_numbers(trainer, inputs) -> list[int]:
 
 
 def _args(cls, tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=6,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-        prm_learning_rate=1e-3,
+    # no max_steps: the runs here set it, or train one epoch
+    return tiny_config(
+        cls, tmp_path, drop=("max_steps",), **{"max_completion_length": 6, "prm_learning_rate": 1e-3, **kw}
     )
-    base.update(kw)
-    return cls(**base)
 
 
 def test_rloo_trains_a_full_batch_of_groups_that_pass(tiny_model_path, tmp_path):

@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from helpers import SCRIPTS, launch_argv, read_summary, run_launched
+from helpers import SCRIPTS, launch_argv, read_summary, run_launched, tiny_config
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -25,29 +25,9 @@ B = 8
 
 
 def _config(tmp_path, cfg_cls=PrimeRLOOConfig, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=B,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-        prm_learning_rate=1e-2,
-        value_learning_rate=1e-3,
-        filter_lower=0.0,
-        filter_upper=1.0,
-        prime_estimator="ppo",
-    )
-    kw.update(overrides)
-    return cfg_cls(**kw)
+    ppo = dict(per_device_train_batch_size=B, max_steps=2, prm_learning_rate=1e-2, value_learning_rate=1e-3)
+    ppo.update(filter_lower=0.0, filter_upper=1.0, prime_estimator="ppo")
+    return tiny_config(cfg_cls, tmp_path, **{**ppo, **overrides})
 
 
 class Recorder(PrimeCallback):

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from helpers import tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
@@ -21,24 +22,7 @@ K = 4
 
 
 def _base_kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=10,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-3,
-    )
-    kw.update(overrides)
-    return kw
+    return tiny_kwargs(tmp_path, **{"max_completion_length": 10, "max_steps": 2, **overrides})
 
 
 def _config(cls, tmp_path, **overrides):

@@ -10,6 +10,7 @@ must fall below chance, and with its loss cut off from its weights it must stay 
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_config
 from tiny import contains_reward, tiny_prompt_dataset
 
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
@@ -31,20 +32,11 @@ def _pair_accuracy(tiny_model_path, tmp_path, monkeypatch, sabotage: str | None)
             return real(*args, prm_logps=prm_logps.detach().requires_grad_(), **kw)
 
         monkeypatch.setattr(prime_trainer.F, "implicit_prm_loss", detached)
-    args = PrimeRLOOConfig(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
+    args = tiny_config(
+        PrimeRLOOConfig,
+        tmp_path,
         per_device_train_batch_size=32,
-        num_generations=4,
-        max_completion_length=8,
         max_steps=20,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
         learning_rate=0.0,  # the policy stays put: only the PRM learns
         prm_learning_rate=1e-2,
         filter_lower=0.0,

@@ -17,7 +17,7 @@ import os
 
 import pytest
 import torch
-from helpers import SCRIPTS, launch_argv, run_launched
+from helpers import SCRIPTS, launch_argv, run_launched, tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
@@ -86,26 +86,8 @@ def make(
     max_steps=MAX_STEPS,
     **extra,
 ):
-    kw = dict(
-        output_dir=str(out),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=8,
-        max_steps=max_steps,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        seed=0,
-        learning_rate=1e-3,
-        steps_per_generation=spg,
-        num_iterations=num_iterations,
-        gradient_accumulation_steps=grad_accum,
-    )
+    kw = tiny_kwargs(out, output_dir=str(out), max_steps=max_steps, save_strategy="steps", save_steps=save_steps)
+    kw.update(steps_per_generation=spg, num_iterations=num_iterations, gradient_accumulation_steps=grad_accum)
     kw.update(extra)
     common = dict(
         model=model_path,

@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from helpers import tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
@@ -95,21 +96,11 @@ def _census(base, cfg_cls, model_path, tmp_path, **overrides) -> Census:
             census.phase = None
             census.__exit__(None, None, None)
 
-    kw = dict(
+    kw = tiny_kwargs(
+        tmp_path,
+        drop=("learning_rate",),
         output_dir=str(tmp_path / base.__name__),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
         generation_kwargs={"min_new_tokens": 8},
-        max_steps=1,
         beta=0.0,
     )
     if base is not RLOOTrainer:

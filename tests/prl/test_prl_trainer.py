@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_config, tiny_kwargs
 from tiny import contains_reward, tiny_prompt_dataset
 from tiny_prm import llama_style_tokenizer, qwen_style_tokenizer
 
@@ -19,27 +20,8 @@ K = 4
 
 
 def _config(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=8,
-        num_generations=K,
-        max_completion_length=10,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,
-        prl_eta=2.0,
-        prl_step_split="length",
-        prl_step_len=3,
-    )
-    kw.update(overrides)
-    return PRLConfig(**kw)
+    prl = dict(max_completion_length=10, max_steps=2, learning_rate=1e-2, prl_eta=2.0, prl_step_split="length")
+    return tiny_config(PRLConfig, tmp_path, **{**prl, "prl_step_len": 3, **overrides})
 
 
 class Spy(PRLGRPOTrainer):
@@ -237,20 +219,9 @@ def test_eta_huge_is_grpo(tiny_model_path, tmp_path):
             return out
 
     cfg = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        num_generations=K,
-        max_completion_length=10,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,
-        per_device_train_batch_size=8,
+        **tiny_kwargs(
+            tmp_path, output_dir=str(tmp_path / "grpo"), max_completion_length=10, max_steps=2, learning_rate=1e-2
+        )
     )
     van = Vanilla(
         model=tiny_model_path, reward_funcs=contains_reward("e"), args=cfg, train_dataset=tiny_prompt_dataset(8)

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from helpers import DATA
+from helpers import DATA, tiny_kwargs
 from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
@@ -41,25 +41,8 @@ def step_prm_path(tmp_path_factory):
 
 
 def _kwargs(tmp_path, **overrides):
-    kw = dict(
-        output_dir=str(tmp_path / "out"),
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        per_device_train_batch_size=16,
-        num_generations=N,
-        max_completion_length=12,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,
-        generation_kwargs=NEWLINE_BIAS,
-    )
-    kw.update(overrides)
-    return kw
+    prof = dict(per_device_train_batch_size=16, num_generations=N, max_completion_length=12, max_steps=2)
+    return tiny_kwargs(tmp_path, **{**prof, "learning_rate": 1e-2, "generation_kwargs": NEWLINE_BIAS, **overrides})
 
 
 class _Record:
