@@ -191,3 +191,27 @@ def train_with_snapshots(cls, cfg_cls, model, tmp_path, reward, **overrides):
     snap.trainer = trainer
     trainer.train()
     return trainer, snap
+
+
+def tiny_trainer(which: str, kw: dict, prime: dict | None = None, prof_prm: str | None = None, **common):
+    """A trainer of kind ``which`` ("prime_rloo", "prime_grpo", "prl", "prof") on the config keyword arguments ``kw``
+    and the kind's own settings: ``prime`` for the PRIME trainers, PRL with eta 2 and token steps, PROF keeping 2
+    completions per group, scored by the step PRM ``prof_prm``. ``common``: the trainer's keyword arguments."""
+    from trl_prime import (
+        PrimeGRPOConfig,
+        PrimeGRPOTrainer,
+        PrimeRLOOConfig,
+        PrimeRLOOTrainer,
+        PRLConfig,
+        PRLGRPOTrainer,
+        ProfGRPOConfig,
+        ProfGRPOTrainer,
+    )
+
+    trainer_cls, config_cls, extra = {
+        "prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig, prime or {}),
+        "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig, prime or {}),
+        "prl": (PRLGRPOTrainer, PRLConfig, dict(prl_eta=2.0, prl_step_split="token")),
+        "prof": (ProfGRPOTrainer, ProfGRPOConfig, dict(prof_prm=prof_prm, prof_num_keep=2)),
+    }[which]
+    return trainer_cls(args=config_cls(**kw, **extra), **common)

@@ -12,19 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_kwargs
+from helpers import tiny_kwargs, tiny_trainer
 from tiny import contains_reward, tiny_prompt_dataset
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
 from trl_prime.modeling import adapter_parameters, reference_logps, sync_trl_ref_adapter, unwrap
 
 
@@ -57,13 +47,7 @@ def _build(which: str, model, tmp_path, step_prm):
     # TRL's KL to its reference is on (beta): TRL adds the "ref" adapter; logging and learning rates: the configs'
     kw = tiny_kwargs(tmp_path, drop=("logging_steps", "learning_rate"), beta=0.04)
     common = dict(model=model, reward_funcs=contains_reward("e"), train_dataset=tiny_prompt_dataset(8))
-    if which == "prime_rloo":
-        return PrimeRLOOTrainer(args=PrimeRLOOConfig(**kw), **common)
-    if which == "prime_grpo":
-        return PrimeGRPOTrainer(args=PrimeGRPOConfig(**kw), **common)
-    if which == "prl":
-        return PRLGRPOTrainer(args=PRLConfig(prl_eta=2.0, prl_step_split="token", **kw), **common)
-    return ProfGRPOTrainer(args=ProfGRPOConfig(prof_prm=step_prm, prof_num_keep=2, **kw), **common)
+    return tiny_trainer(which, kw, prof_prm=step_prm, **common)
 
 
 @pytest.mark.parametrize(

@@ -17,20 +17,10 @@ import os
 
 import pytest
 import torch
-from helpers import SCRIPTS, launch_argv, run_launched, tiny_kwargs
+from helpers import SCRIPTS, launch_argv, run_launched, tiny_kwargs, tiny_trainer
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
 from trl_prime.modeling import unwrap
 
 
@@ -96,13 +86,7 @@ def make(
         callbacks=callbacks,
     )
     prime = dict(prm_learning_rate=1e-2, filter_lower=0.0, filter_upper=1.0)
-    if which == "prime_rloo":
-        return PrimeRLOOTrainer(args=PrimeRLOOConfig(**kw, **prime), **common)
-    if which == "prime_grpo":
-        return PrimeGRPOTrainer(args=PrimeGRPOConfig(**kw, **prime), **common)
-    if which == "prl":
-        return PRLGRPOTrainer(args=PRLConfig(**kw, prl_eta=2.0, prl_step_split="token"), **common)
-    return ProfGRPOTrainer(args=ProfGRPOConfig(**kw, prof_prm=prm_path, prof_num_keep=2), **common)
+    return tiny_trainer(which, kw, prime, prof_prm=prm_path, **common)
 
 
 def _snap(module):
