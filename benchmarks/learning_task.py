@@ -22,7 +22,7 @@ oracle process reward of the benchmark's ``prime_rloo_oracle`` row (:func:`oracl
 (``TaskSpec(8, 1)``, the harder difficulty) use the same recipe; the SFT sequence length, the model's context and the
 generation budget grow with them (:func:`sft_max_length`, :func:`max_completion_tokens`).
 
-Everything is offline. Used by ``benchmarks/learning.py`` and ``tests/test_learning.py``.
+Everything is offline. Used by ``benchmarks/learning.py`` and ``tests/bench/test_learning.py``.
 """
 
 from __future__ import annotations

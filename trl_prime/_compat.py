@@ -3,7 +3,7 @@
 trl-prime's trainers override private methods of TRL's trainers (``_generate_and_score_completions``,
 ``_calculate_rewards``, ``_compute_loss``, ``_prepare_inputs``, ...), whose signatures and behaviour TRL changes
 between minor versions. :data:`TESTED_TRL` is the range the test suite has run against; ``pyproject.toml`` pins the
-same range (``tests/test_compat.py`` checks that the two agree). To widen it: run the test suite against the new TRL,
+same range (``tests/core/test_compat.py`` checks that the two agree). To widen it: run the test suite against the new TRL,
 fix what breaks, then raise both (and rewrite ``constraints/ci.txt`` with ``make lock``).
 """
 

@@ -2,7 +2,7 @@
 
 A page line ``<!-- config-fields: trl_prime.PrimeRLOOConfig -->`` is replaced by a Markdown table of every field
 trl-prime adds to that config (name, default, help text) followed by the TRL / transformers fields whose default it
-changes. The tables therefore cannot drift from the code; ``tests/test_docs.py`` checks the pages use them.
+changes. The tables therefore cannot drift from the code; ``tests/docs/test_docs.py`` checks the pages use them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test double for the Hugging Face Hub (tests/test_cli_user.py: put this folder first on PYTHONPATH): HfApi.create_repo / upload_folder record their calls
+"""Test double for the Hugging Face Hub (tests/cli/test_cli_user.py: put this folder first on PYTHONPATH): HfApi.create_repo / upload_folder record their calls
 in $FAKE_HUB_LOG (JSON lines) instead of reaching the network."""
 
 import json

@@ -1,5 +1,5 @@
 """ImplicitPRMTrainer under `accelerate launch` (2 CPU processes, DDP over gloo) or in one process, for
-tests/test_implicit_prm_distributed.py.
+tests/implicit_prm/test_implicit_prm_distributed.py.
 
 8 prompts with groups of 3-5 rows (2 correct at least, 1 incorrect at least), DPO loss, batches of whole prompt groups.
 Two processes with batch `--batch` and accumulation 1 see the same batches per optimizer step as one process with

@@ -1,4 +1,4 @@
-"""Two-process PRIME-PPO run on CPU, launched by tests/test_ppo.py (or by hand):
+"""Two-process PRIME-PPO run on CPU, launched by tests/prime/test_ppo.py (or by hand):
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
         tests/scripts/ppo_distributed.py --mode ddp --model PATH --out DIR

@@ -1,4 +1,4 @@
-"""Two-process PRIME run on CPU, launched by tests/test_prime_distributed.py (or by hand):
+"""Two-process PRIME run on CPU, launched by tests/prime/test_prime_distributed.py (or by hand):
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
         tests/scripts/prime_distributed.py --mode ddp --model PATH --out DIR

@@ -1,4 +1,4 @@
-"""Two-process PRL and PROF runs on CPU, launched by tests/test_prl_prof_distributed.py (or by hand):
+"""Two-process PRL and PROF runs on CPU, launched by tests/prl/test_prl_prof_distributed.py (or by hand):
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \\
         tests/scripts/prl_prof_distributed.py --model PATH --prm PRM_PATH --out DIR

@@ -1,4 +1,4 @@
-"""Same batch on 1 and on 2 processes (tests/test_reliability_distributed.py).
+"""Same batch on 1 and on 2 processes (tests/core/test_reliability_distributed.py).
 
     python tests/scripts/reliability_equivalence.py --model PATH --out DIR                      # 1 process
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \\

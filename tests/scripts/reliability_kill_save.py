@@ -1,4 +1,4 @@
-"""A PRIME run killed in the middle of writing a checkpoint (tests/test_reliability.py).
+"""A PRIME run killed in the middle of writing a checkpoint (tests/core/test_reliability.py).
 
     python tests/scripts/reliability_kill_save.py --model PATH --out DIR --kill_at 2   # exits 17 while saving ckpt 2
     python tests/scripts/reliability_kill_save.py --model PATH --out DIR --resume      # resume_from_checkpoint=True

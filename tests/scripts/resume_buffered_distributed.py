@@ -1,7 +1,7 @@
 """Two processes (DDP over gloo, CPU): PRIME-RLOO with steps_per_generation=2, num_iterations=2, an uninterrupted
 6-step run vs a run stopped after step 3 and resumed from checkpoint-2 (inside a generation window). Rank 0 writes the
 per-step losses, the final policy / PRM weight digests and the checkpoint's files to <out>/result.json
-(tests/test_resume_buffered.py)."""
+(tests/prime/test_resume_buffered.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ import sys
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]
+sys.path[:0] = [
+    os.path.join(os.path.dirname(HERE), "prime"),
+    os.path.dirname(HERE),
+    os.path.dirname(os.path.dirname(HERE)),
+]
 
 from accelerate import PartialState  # noqa: E402
 from test_resume_buffered import StopAfter, _rows, _snap, make  # noqa: E402

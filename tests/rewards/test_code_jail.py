@@ -1,0 +1,209 @@
+"""The code verifier's jail (issue 28): the program sees nothing of ours, runs as a non-root uid, and the fallback
+where the jail cannot start says loudly which guarantees it loses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import pytest
+from helpers import ROOT as REPO
+
+from trl_prime.rewards import sandbox as sbx
+from trl_prime.rewards.code_verifier import verify_code
+from trl_prime.rewards.sandbox import SandboxConfig, run_program, sandbox_layers
+
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
+
+JAIL_HERE = sys.platform == "linux" and "jail" in sandbox_layers()
+needs_jail = pytest.mark.skipif(not JAIL_HERE, reason="bubblewrap cannot start on this machine")
+
+# The reward hack of issue 28: walk the usual folders for the .jsonl line that holds this program's stdin and
+# print that test's expected output.
+HACK = r"""
+import json, os, sys
+stdin = sys.stdin.read()
+starts = {os.getcwd(), os.path.expanduser('~'), '/work', '/home', '/root', '/tmp', '/data', '/srv', '/opt'}
+p = os.path.realpath(sys.prefix)
+while p != '/':
+    starts.add(p)
+    p = os.path.dirname(p)
+for start in sorted(starts):
+    for root, dirs, files in os.walk(start):
+        if root.count('/') - start.count('/') > 3:
+            dirs[:] = []
+        for f in files:
+            if not f.endswith('.jsonl'):
+                continue
+            try:
+                lines = open(os.path.join(root, f)).read().splitlines()
+            except (OSError, ValueError):
+                continue
+            for line in lines:
+                try:
+                    cases = json.loads(json.loads(line)['tests'])['stdin_stdout']
+                except Exception:
+                    continue
+                for case in cases:
+                    if case['input'] == stdin:
+                        print(case['output'])
+                        sys.exit(0)
+print('not found')
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """PROJECT/.venv (the interpreter the trainer runs) + PROJECT/data/train.jsonl (the training set)."""
+    root = tmp_path_factory.mktemp("project")
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / ".venv")], check=True
+    )
+    (root / "data").mkdir()
+    rows = [
+        {"prompt": "echo the secret", "tests": json.dumps({"stdin_stdout": [{"input": "q-7781", "output": "s-42"}]})}
+    ]
+    (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _hack(project, **cfg):
+    tests = {"stdin_stdout": [{"input": "q-7781", "output": "s-42"}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return verify_code([HACK], [tests], python_executable=str(project / ".venv" / "bin" / "python"), **cfg)[0]
+
+
+@needs_jail
+def test_reward_hack_on_data_beside_the_code_scores_zero(project):
+    r = _hack(project)
+    assert "jail" in r.layers and "fs_minimal" in r.layers
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    assert r.stdout[0].strip() == "not found"
+
+
+def test_the_hack_test_can_fail_without_the_jail(project):
+    """The same hack in the fallback (as the sandbox stood before issue 28, less its Landlock read rule): it scores
+    1.0 -- the first guarantee the fallback's warning names as lost; ``require=("jail",)`` refuses to run it."""
+    r = _hack(project, disable=("jail",))
+    assert "fs_minimal" not in r.layers
+    assert (r.reward, r.reason) == (1.0, "passed"), r
+    r = _hack(project, disable=("jail",), require=("jail",))
+    assert (r.reward, r.reason) == (None, "sandbox_error") and "required sandbox layers" in r.detail, r
+
+
+WHO = r"""
+import json, os
+out = {"uid": os.getuid(), "gid": os.getgid(), "root": sorted(os.listdir("/")), "shadow": os.path.exists("/etc/shadow")}
+try:
+    os.setuid(0)
+    out["setuid0"] = "succeeded"
+except OSError as e:
+    out["setuid0"] = type(e).__name__
+out["repo"] = sorted(os.listdir(REPO)) if os.path.isdir(REPO) else None
+out["caps"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+print(json.dumps(out))
+"""
+
+
+@needs_jail
+def test_the_program_is_not_root_and_sees_only_the_interpreter():
+    run = run_program(WHO.replace("REPO", repr(REPO)), mode="stdin", inputs=[""])
+    assert run.ok and run.cases[0].status == "ok", run
+    out = json.loads(run.cases[0].stdout)
+    assert (out["uid"], out["gid"], out["shadow"], out["caps"]) == (65534, 65534, False, "0000000000000000")
+    assert out["setuid0"] in ("PermissionError", "OSError")  # EPERM, or EINVAL: uid 0 does not exist in the jail
+    assert {"uid_drop", "caps_dropped", "netns", "pidns", "fs_minimal", "fs_readonly"} <= set(run.layers)
+    # the top level: system directories, /proc, /dev, the work dir and the parents of the interpreter's prefixes
+    assert {"usr", "proc", "dev", "tmp"} <= set(out["root"]) and not {"home", "run", "var", "srv"} & set(out["root"])
+    # the repository is visible only as the path to its .venv (when the interpreter lives there): no source, no data
+    if sys.prefix.startswith(REPO + "/"):
+        assert out["repo"] == [os.path.relpath(sys.prefix, REPO).split("/")[0]]
+    else:
+        assert out["repo"] is None
+
+
+def test_fallback_warns_loudly_naming_the_lost_guarantees(monkeypatch, caplog):
+    monkeypatch.setattr(sbx, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="THE JAIL IS NOT RUNNING") as caught:
+        run = run_program("print(1)", mode="stdin", inputs=[""], config=SandboxConfig(disable=("jail", "landlock")))
+    assert run.ok and run.cases[0].stdout == "1\n" and "jail" not in run.layers
+    message = str(caught[0].message)
+    assert "file reads (training data beside the code" in message and "disabled" in message
+    assert any("THE JAIL IS NOT RUNNING" in r.getMessage() for r in caplog.records)  # on the log too
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback's capability and uid drop apply to a root caller")
+def test_fallback_run_by_root_keeps_no_capability(tmp_path):
+    """Without the jail, a root caller's program keeps no capability (no mount, module, ptrace, raw I/O), runs as
+    uid/gid 65534 where that user can read the interpreter (else uid 0 is named lost in the warning), and is the
+    OOM killer's first choice."""
+    victim = tmp_path / "victim"
+    victim.write_text("data")
+    os.chmod(victim, 0o600)
+    probe = (
+        WHO.replace("REPO", repr(REPO))
+        + f"""
+try:
+    os.chown({str(victim)!r}, 1234, 1234)
+    print("chown succeeded")
+except OSError as e:
+    print("chown", type(e).__name__)
+print("oom", open("/proc/self/oom_score_adj").read().strip())
+"""
+    )
+    sbx._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        run = run_program(probe, mode="stdin", inputs=[""], config=SandboxConfig(disable=("jail",)))
+    assert run.ok and run.cases[0].status == "ok", run
+    lines = run.cases[0].stdout.splitlines()
+    out = json.loads(lines[0])
+    assert out["caps"] == "0000000000000000" and lines[1:] == ["chown PermissionError", "oom 1000"]
+    assert "caps_dropped" in run.layers and "jail" not in run.layers and victim.stat().st_uid == 0
+    message = " ".join(str(w.message) for w in caught)
+    assert "THE JAIL IS NOT RUNNING" in message and "no capabilities" not in message
+    if sbx._readable_by_others([sys.executable, *sys.path, tempfile.gettempdir()]):
+        assert (out["uid"], out["gid"], out["setuid0"]) == (
+            65534,
+            65534,
+            "PermissionError",
+        ) and "uid_drop" in run.layers
+    else:  # nobody could not read the interpreter: the program stays uid 0 (without capabilities), named lost
+        assert out["uid"] == 0 and "uid_drop" not in run.layers and "non-root uid" in message
+    # switched off, the capabilities are back (the layer is what makes the difference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        cfg = SandboxConfig(disable=("jail", "caps_dropped", "uid_drop"))
+        run = run_program(WHO.replace("REPO", repr(REPO)), mode="stdin", inputs=[""], config=cfg)
+    assert json.loads(run.cases[0].stdout)["caps"] != "0000000000000000" and "caps_dropped" not in run.layers
+
+
+def test_require_jail_refuses_where_bwrap_cannot_start(tmp_path):
+    """A bwrap that cannot start: the run falls back (warning), or, with require=("jail",), runs nothing and is an
+    infrastructure failure naming why."""
+    marker = tmp_path / "ran"
+    cfg = SandboxConfig(bwrap=str(tmp_path / "no-bwrap"), require=("jail",))
+    run = run_program(f"open({str(marker)!r}, 'w').write('x')", mode="stdin", inputs=[""], config=cfg)
+    assert not run.ok and "required sandbox layers unavailable: ['jail']" in run.error, run.error
+    assert "jail unavailable" in run.error and not marker.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = run_program("print(2)", mode="stdin", inputs=[""], config=SandboxConfig(bwrap=str(tmp_path / "x")))
+    assert run.ok and run.cases[0].stdout == "2\n" and "jail" not in run.layers
+
+
+def test_an_installed_trl_prime_is_hidden_in_the_jail(monkeypatch):
+    """Installed into the interpreter's prefix (not editable), trl_prime's own folder is covered by an empty tmpfs."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(sbx.__file__)))
+    monkeypatch.setattr(sbx, "_interpreter_paths", lambda python: [os.path.dirname(package)])
+    argv = sbx._jail_argv("bwrap", sys.executable, SandboxConfig())
+    i = argv.index("--tmpfs", argv.index("--ro-bind", argv.index("--ro-bind-try")))
+    assert argv[i : i + 4] == ["--tmpfs", package, "--remount-ro", package]
+    monkeypatch.setattr(sbx, "_interpreter_paths", lambda python: ["/opt/elsewhere"])
+    assert package not in sbx._jail_argv("bwrap", sys.executable, SandboxConfig())
