@@ -147,3 +147,12 @@ def test_oracle_row_and_time_to_threshold_in_seconds():
     assert "RLOO reaches 0.400 at step 60 (60 s), PRIME-RLOO at 30 (60 s) (step ratio 2.00)" in row[1]
     headroom = next(c for c in result["claims"] if c[0].startswith("(headroom)"))
     assert "final +0.200 [+0.150, +0.250]" in headroom[1] and headroom[2] == "detected"
+
+
+def test_seed_offset_counts_once_and_merged_runs_are_skipped():
+    """``--seed-offset`` shifts the seeds once (it was added twice: 500 trained seeds 1000+), and ``--merge`` skips
+    the runs an earlier JSON file holds."""
+    merged = {("rloo", 1000): {}, ("prime_rloo", 1001): {}, ("rloo", 7): {}}
+    todo = learning.runs_to_do(["rloo", "prime_rloo"], 3, 1000, merged)
+    assert todo == [("prime_rloo", 1000), ("rloo", 1001), ("rloo", 1002), ("prime_rloo", 1002)]
+    assert learning.runs_to_do(["rloo"], 2, 0, {}) == [("rloo", 0), ("rloo", 1)]

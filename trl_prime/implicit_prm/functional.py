@@ -268,8 +268,7 @@ def implicit_prm_loss(
 
     * ``"ce"`` (default): ``mean_b BCE(sigmoid(r_b), label_b)``; labels in [0, 1] (fractional allowed), each
       log term clamped at -100 as ``torch.nn.functional.binary_cross_entropy`` does (computed with
-      ``logsigmoid`` for accuracy). With ``row_weights`` the weighted mean ``sum_b w_b BCE_b / sum_b w_b`` (e.g.
-      :func:`class_balanced_weights`).
+      ``logsigmoid`` for accuracy); with ``row_weights``, ``sum_b w_b BCE_b / sum_b w_b``.
     * ``"dpo"``: mean over every pair (a, b) inside a group with ``label_a > label_b`` of
       ``-logsigmoid(r_a - r_b)``.
     * ``"nca"``: same pairs, ``-logsigmoid(r_a) - 0.5 logsigmoid(-r_a) - 0.5 logsigmoid(-r_b)``.
@@ -290,39 +289,37 @@ def implicit_prm_loss(
         beta: Implicit reward scale.
         loss_type: ``"ce"`` | ``"dpo"`` | ``"kto"`` | ``"nca"``.
         group_ids: ``(B,)`` prompt ids for the DPO/NCA pairs; ``None`` = all rows form one group.
-        row_weights: ``(B,)`` non-negative float weights of the ``"ce"`` rows; ``None`` = all 1.
+        row_weights: ``(B,)`` finite weights >= 0 of the ``"ce"`` rows (:func:`class_balanced_weights`), or None.
 
     Returns:
         Scalar loss in the dtype of ``prm_logps``.
 
     Raises:
-        ValueError: on an unknown ``loss_type``, mismatched shapes, labels outside [0, 1], or ``row_weights``
-            that are negative, non-finite, of the wrong shape, or given with a loss other than ``"ce"``.
+        ValueError: unknown ``loss_type``, mismatched shapes, labels outside [0, 1], bad ``row_weights``.
 
     Source: PRIME §3.1 / Algorithm 1 line 8 (CE); Implicit PRM §3-4 (CE, DPO, KTO, NCA instantiations).
     """
     check_choice(loss_type, PRM_LOSSES, "loss_type")
     r, y, valid = _sequence_rewards_and_labels(prm_logps, ref_logps, mask, labels, beta)
-    B = r.shape[0]
-    zero = r.sum() * 0.0
-    if row_weights is not None and loss_type != "ce":
-        raise ValueError(f"`row_weights` weight the 'ce' loss only; got loss_type={loss_type!r}.")
+    B, zero = r.shape[0], r.sum() * 0.0
+    w = _checked_row_weights(row_weights, B, r, loss_type)
     if loss_type == "ce":
-        loss = _prm_ce_loss(r, y, valid, zero, _checked_row_weights(row_weights, B, r))
+        loss = _prm_ce_loss(r, y, valid, zero, w)
     elif loss_type == "kto":
         loss = _prm_kto_loss(r, y, valid, zero)
     else:  # dpo / nca: every (better, worse) pair inside a group
-        if group_ids is None:
-            gid = torch.zeros(B, dtype=torch.long, device=r.device)
-        else:
+        gid = torch.zeros(B, dtype=torch.long, device=r.device)
+        if group_ids is not None:
             gid, _, _ = _group_index(group_ids, None, B, r.device, fn="implicit_prm_loss")
         loss = _prm_pair_loss(r, y, valid, gid, zero, loss_type)
     return loss.to(prm_logps.dtype)
 
 
-def _checked_row_weights(row_weights: torch.Tensor | None, B: int, r: torch.Tensor) -> torch.Tensor | None:
+def _checked_row_weights(row_weights, B: int, r: torch.Tensor, loss_type: str) -> torch.Tensor | None:
     if row_weights is None:
         return None
+    if loss_type != "ce":
+        raise ValueError(f"`row_weights` weight the 'ce' loss only; got loss_type={loss_type!r}.")
     _check_rows("row_weights", row_weights, B)
     w = row_weights.to(device=r.device, dtype=r.dtype)
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
