@@ -405,7 +405,21 @@ def run_one(
     return {"method": method, "seed": seed, **curve, "pair_accuracy": pair, "seconds": round(time.time() - t0, 1)}
 
 
+def _exit_with_parent() -> None:
+    """Linux: the worker gets SIGTERM when the benchmark's main process dies (a killed benchmark otherwise leaves its
+    ProcessPoolExecutor workers training on as orphans); elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
+
+
 def _init_worker(q, threads: int) -> None:
+    _exit_with_parent()
     import torch
 
     torch.set_num_threads(threads)

@@ -156,3 +156,49 @@ def test_seed_offset_counts_once_and_merged_runs_are_skipped():
     todo = learning.runs_to_do(["rloo", "prime_rloo"], 3, 1000, merged)
     assert todo == [("prime_rloo", 1000), ("rloo", 1001), ("rloo", 1002), ("prime_rloo", 1002)]
     assert learning.runs_to_do(["rloo"], 2, 0, {}) == [("rloo", 0), ("rloo", 1)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_benchmark_workers_exit_with_a_killed_main_process(tmp_path):
+    """A killed benchmark left its ProcessPoolExecutor workers training on as orphans; the worker initializer now
+    asks Linux to end each worker with its parent. The script's main process exits abruptly while both workers are
+    busy; shortly after, neither worker pid is alive."""
+    import subprocess
+    import textwrap
+    import time
+
+    script = tmp_path / "pool.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import multiprocessing as mp, os, sys, time
+            from concurrent.futures import ProcessPoolExecutor
+            sys.path.insert(0, {os.path.join(ROOT, "benchmarks")!r})
+            import learning
+
+            if __name__ == "__main__":
+                ctx = mp.get_context("spawn")
+                with ProcessPoolExecutor(2, mp_context=ctx, initializer=learning._exit_with_parent) as ex:
+                    futures = [ex.submit(time.sleep, 120) for _ in range(2)]
+                    time.sleep(2.0)
+                    print(" ".join(str(p.pid) for p in ex._processes.values()), flush=True)
+                    os._exit(0)
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    deadline = time.time() + 10
+    alive = pids
+    while alive and time.time() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in _proc_state(p)]
+    assert not alive, f"orphaned workers still running: {alive}"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
