@@ -1082,12 +1082,11 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             return self._prm_scores(input_ids, attention_mask, T, unscored, mm), {"loss": float("nan")}
         weights = self._prm_row_weights(labels)
 
-        def backward_pass():
+        def backward_pass(score_untrained_rows: bool = True):
             with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
                 if self.args.prm_loss == "ce":
-                    lp, loss_sum = self._prm_ce_backward(
-                        input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights
-                    )
+                    rows = (input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm)
+                    lp, loss_sum = self._prm_ce_backward(*rows, weights, score_untrained_rows)
                     info = {"group_ids": None, "global_labels": None}
                 else:
                     lp, loss_sum, info = self._prm_global_loss_backward(
@@ -1125,7 +1124,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         backward over the same rows and a guarded, immediate optimizer step; a non-finite loss or gradient norm ends
         them (that step skipped; ``prm/extra_updates_skipped``)."""
         for _ in range(self.args.prm_epochs - 1):
-            _, loss_value, _ = backward_pass()
+            _, loss_value, _ = backward_pass(score_untrained_rows=False)  # the log-probs of the first pass stand
             if self.prm_optim.step(loss_finite=math.isfinite(loss_value)) is None:
                 self._metrics["train"]["prm/extra_updates_skipped"].append(1.0)
                 return
@@ -1186,11 +1185,13 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         )
 
     def _prm_ce_backward(
-        self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights=None
+        self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights, rest
     ):
         """The cross-entropy PRM loss by micro-batches of the rows that train, one backward each (each loss scaled by
         its rows' share of the ``n_global`` labelled rows, or with ``weights`` (B,) (class-balanced) of the global
-        weight). Returns ``((B, T) float32 detached log-probs of every scored row, the local loss sum)``."""
+        weight). Returns ``((B, T) float32 detached log-probs of every scored row, the local loss sum)``; with
+        ``rest=False`` (the later updates of ``prm_epochs``) the rest, the rows that train nothing, get no forward
+        (log-probs 0)."""
         prm, mb = self.implicit_prm, self.implicit_prm.micro_batch_size
         B, T = completion_mask.shape
         valid = ~torch.isnan(labels)
@@ -1232,7 +1233,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             self.prm_optim.backward(loss)
             loss_sum = loss_sum + loss.detach()
             all_logps[rows] = lp.detach().float()
-        if free_rows.numel():
+        if free_rows.numel() and rest:
             with torch.no_grad(), self.accelerator.autocast():
                 ids, am, free_mm = input_ids[free_rows], attention_mask[free_rows], select_mm_rows(mm, free_rows)
                 all_logps[free_rows] = completion_logps(prm.model, ids, am, T, micro_batch_size=mb, mm_inputs=free_mm)
