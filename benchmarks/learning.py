@@ -133,6 +133,9 @@ METHODS = {
         "trl_prime.PrimeRLOOConfig",
         {"prm_class_balance": True, "prm_epochs": 4},
     ),
+    # a replay of the last 4 rounds' PRM rows; the released script's PRM gradient clip (10; ours: 1.0)
+    "prime_rloo_replay4": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_replay_rounds": 4}),
+    "prime_rloo_clip10": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_max_grad_norm": 10.0}),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
     # the released code's stabilisers at the paper's ratio: advantages whitened, process rewards batch-normalised

@@ -16,7 +16,7 @@ from tiny import contains_reward, tiny_prompt_dataset
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
 
 
-def _pair_accuracy(tiny_model_path, tmp_path, monkeypatch, sabotage: str | None) -> list[float]:
+def _pair_accuracy(tiny_model_path, tmp_path, monkeypatch, sabotage: str | None, **overrides) -> list[float]:
     import trl_prime.prime.trainer as prime_trainer
 
     real = prime_trainer.F.implicit_prm_loss
@@ -41,6 +41,7 @@ def _pair_accuracy(tiny_model_path, tmp_path, monkeypatch, sabotage: str | None)
         prm_learning_rate=1e-2,
         filter_lower=0.0,
         filter_upper=1.0,
+        **overrides,
     )
     trainer = PrimeRLOOTrainer(
         model=tiny_model_path,

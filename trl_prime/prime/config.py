@@ -125,6 +125,15 @@ class PrimeOptions(GuardOptions, ProfOptions):
             "like the first, and a skipped policy step drops them all. >= 1."
         },
     )
+    prm_replay_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "prm_loss='ce': each PRM update also trains on the labelled rows of the last N generation rounds "
+            "(token ids, PRM labels and reference log-probs kept on each process; the PRM's log-probs recomputed), one "
+            "mean over all of them. A round joins once its PRM step is taken; checkpoints keep the window. Not in "
+            "PRIME (paper: 0, the current round only); a lever measured in benchmarks/RESULTS.md. >= 0."
+        },
+    )
     prm_label: str = field(
         default="identity",
         metadata={
@@ -420,13 +429,7 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError(f"`prm_micro_batch_size`={self.prm_micro_batch_size} must be >= 1 (or None).")
         if self.prm_max_grad_norm is not None and self.prm_max_grad_norm <= 0:
             raise ValueError(f"`prm_max_grad_norm`={self.prm_max_grad_norm} must be > 0, or None to disable clipping.")
-        if self.prm_epochs < 1:
-            raise ValueError(f"`prm_epochs`={self.prm_epochs} must be >= 1 (PRM updates per round; paper: 1).")
-        if self.prm_class_balance and self.prm_loss != "ce":
-            raise ValueError(
-                f"`prm_class_balance`=True weights the cross-entropy rows, but `prm_loss`={self.prm_loss!r}. Set "
-                "prm_loss='ce', or prm_class_balance=False (the pairwise losses are balanced by construction)."
-            )
+        self._validate_prm_levers()
         if self.prm_warmup_steps < 0:
             raise ValueError(f"`prm_warmup_steps`={self.prm_warmup_steps} must be >= 0.")
         if self.prm_ref_model is not None and self.prm_reference == "policy":
@@ -450,6 +453,24 @@ class PrimeOptions(GuardOptions, ProfOptions):
         self._validate_ppo()
         self._validate_prof()
         self._validate_guards()
+
+    def _validate_prm_levers(self) -> None:
+        """The online PRM's levers that are not in PRIME: several updates, a replay, class-balanced CE."""
+        if self.prm_epochs < 1:
+            raise ValueError(f"`prm_epochs`={self.prm_epochs} must be >= 1 (PRM updates per round; paper: 1).")
+        if self.prm_replay_rounds < 0:
+            raise ValueError(f"`prm_replay_rounds`={self.prm_replay_rounds} must be >= 0 (0: no replay, the paper's).")
+        if self.prm_replay_rounds and self.prm_loss != "ce":
+            raise ValueError(
+                f"`prm_replay_rounds`={self.prm_replay_rounds} replays rows into the cross-entropy update, but "
+                f"`prm_loss`={self.prm_loss!r} pairs the current batch's groups. Set prm_loss='ce', or "
+                "prm_replay_rounds=0."
+            )
+        if self.prm_class_balance and self.prm_loss != "ce":
+            raise ValueError(
+                f"`prm_class_balance`=True weights the cross-entropy rows, but `prm_loss`={self.prm_loss!r}. Set "
+                "prm_loss='ce', or prm_class_balance=False (the pairwise losses are balanced by construction)."
+            )
 
     def _validate_ppo(self) -> None:
         """The value-model options of ``prime_estimator="ppo"`` (PRIME section 5.4, Table 4)."""

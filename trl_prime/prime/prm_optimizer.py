@@ -436,7 +436,10 @@ class PRMOptimizer(ModelOptimizer):
         return self.holder
 
     def _num_micro(self) -> int:
-        return 1 if self.args.prm_loss != "ce" else super()._num_micro()  # pairwise / KTO: every local row at once
+        if self.args.prm_loss != "ce":
+            return 1  # pairwise / KTO: every local row at once
+        # the round's rows and each replayed round's (padded to the full window under DeepSpeed)
+        return super()._num_micro() * (1 + getattr(self.args, "prm_replay_rounds", 0))
 
     def _total_updates(self, max_steps: int) -> int:
         return super()._total_updates(max_steps) * getattr(self.args, "prm_epochs", 1)  # prm_epochs per round

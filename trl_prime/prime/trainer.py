@@ -67,6 +67,7 @@ from trl_prime.prime.oversample import (
     select_first_groups,
 )
 from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, PRMOptimizer
+from trl_prime.prime.replay import ROW_FIELDS, PrmReplay, select_rows
 from trl_prime.prime.value import ValueMixin
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
 from trl_prime.rollout import (
@@ -362,6 +363,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self.prm_optim = PRMOptimizer(
             self.implicit_prm, self.args, self.accelerator, deepspeed=self.is_deepspeed_enabled
         )
+        self.prm_replay = PrmReplay(self.args.prm_replay_rounds)  # recent rounds' PRM rows (off by default)
         # a text-only PRM (or PRM reference) next to a vision-language policy scores the text: no images for it
         prm = self.implicit_prm
         self._prm_takes_images = _accepts_images(prm.model)
@@ -466,6 +468,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self.prm_optim.create(max_steps)
         if resume_from_checkpoint is not None:
             self.prm_optim.load_state(resume_from_checkpoint, self.prm_model)
+            self.prm_replay.load(resume_from_checkpoint, self.accelerator.process_index, self.accelerator.device)
         self._value_prepare(max_steps, resume_from_checkpoint)
         return model, train_dataloader
 
@@ -478,6 +481,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             run_dir = self._get_output_dir(trial=trial)
             output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             self.prm_optim.save_state(output_dir, is_main_process=self.args.should_save)
+            self.prm_replay.save(output_dir, self.accelerator.process_index)
             self._value_save_state(output_dir)
             self.accelerator.wait_for_everyone()
 
@@ -1026,6 +1030,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if "grad_norm" in r.prm_stats:
             m["prm/grad_norm"].append(r.prm_stats["grad_norm"])
             m["prm/learning_rate"].append(r.prm_stats["learning_rate"])
+            if self.args.prm_replay_rounds:
+                m["prm/replay_rows"].append(float(r.prm_stats["replay_rows"]))
 
     def _dispatch_rollouts_scored(self, output: dict, r: PrimeRound) -> None:
         """``on_rollouts_scored`` with the round's tensors (rows without a PRM forward read NaN)."""
@@ -1080,13 +1086,16 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         # every group filtered out, or non-finite rewards / log-probs in this batch (global decisions): no PRM step
         if n_global == 0 or self.guard_poisoned:
             return self._prm_scores(input_ids, attention_mask, T, unscored, mm), {"loss": float("nan")}
-        weights = self._prm_row_weights(labels)
+        current = dict(zip(ROW_FIELDS, (input_ids, attention_mask, completion_mask, labels, ref_logps)), mm=mm)
+        batches = [current, *self._replay_batches(current)]  # prm_replay_rounds: earlier rounds' rows join the mean
+        weights, norm, n_replayed = self._prm_ce_weights([b["labels"] for b in batches], n_global)
 
         def backward_pass(score_untrained_rows: bool = True):
             with self.implicit_prm.prm_context(trainable=True), torch.enable_grad():
                 if self.args.prm_loss == "ce":
-                    rows = (input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm)
-                    lp, loss_sum = self._prm_ce_backward(*rows, weights, score_untrained_rows)
+                    lp, loss_sum = self._prm_ce_backward(current, unscored, norm, weights[0], score_untrained_rows)
+                    for batch, w in zip(batches[1:], weights[1:]):
+                        loss_sum = loss_sum + self._prm_ce_backward(batch, None, norm, w, rest=False)[1]
                     info = {"group_ids": None, "global_labels": None}
                 else:
                     lp, loss_sum, info = self._prm_global_loss_backward(
@@ -1105,19 +1114,51 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             more_updates=lambda: self._more_prm_updates(backward_pass),
         )
         if "grad_norm" in stats:  # the PRM's optimizer stepped
+            stats["replay_rows"] = n_replayed
+            self._stage_replay(current, valid)
             self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
         return prm_logps, stats
 
-    def _prm_row_weights(self, labels: torch.Tensor) -> torch.Tensor | None:
-        """``(B,)`` class-balanced CE weights of the local rows over the global label masses
-        (``prm_class_balance``), or ``None`` (the plain mean)."""
+    def _prm_ce_weights(self, labels: list[torch.Tensor], n_current: float) -> tuple[list, float, float]:
+        """The cross-entropy's row weights of each batch of ``labels`` (the round's, holding ``n_current`` labelled
+        rows over all processes, then the replayed ones), over their global label masses: ``(weights, normaliser,
+        replayed labelled rows)``. Plain mean: weights ``None`` and the normaliser the global count of labelled rows;
+        ``prm_class_balance``: the ``(B_i,)`` :func:`~trl_prime.functional.class_balanced_weights` and their global
+        sum (2, or the count when a side is empty). Collective."""
+        y = torch.cat(labels)
+        valid = ~torch.isnan(y)
+        y0 = torch.where(valid, y, torch.zeros_like(y)).to(torch.float32)
+        local = torch.stack([valid.sum().to(torch.float32), y0.sum(), torch.where(valid, 1.0 - y0, 0.0).sum()])
+        n_all, pos, neg = self.accelerator.reduce(local, reduction="sum").tolist()
         if not self.args.prm_class_balance:
-            return None
-        valid = ~torch.isnan(labels)
-        y = torch.where(valid, labels, torch.zeros_like(labels)).to(torch.float32)
-        masses = torch.stack([y.sum(), torch.where(valid, 1.0 - y, torch.zeros_like(y)).sum()])
-        pos, neg = self.accelerator.reduce(masses, reduction="sum").tolist()
-        return F.class_balanced_weights(labels, pos_mass=pos, neg_mass=neg).to(labels.device)
+            return [None] * len(labels), n_all, n_all - n_current
+        w = F.class_balanced_weights(y, pos_mass=pos, neg_mass=neg).to(y.device)
+        total = self.accelerator.reduce(w.sum().to(torch.float32), reduction="sum").item()
+        return list(w.split([len(lab) for lab in labels])), total, n_all - n_current
+
+    def _replay_batches(self, current: dict) -> list[dict]:
+        """The earlier rounds the PRM update replays (``prm_replay_rounds``; :class:`~trl_prime.prime.replay.PrmReplay`).
+        Under DeepSpeed every process runs the same number of backward passes per update (its engine's accumulation
+        count): a window not yet full is padded with copies of this round's rows that carry no label (weight 0)."""
+        replay = self.prm_replay.batches()
+        if self.prm_optim.engine is not None and self.prm_replay.rounds:
+            blank = {**current, "labels": torch.full_like(current["labels"], float("nan"))}
+            replay += [blank] * (self.prm_replay.rounds - len(replay))
+        return replay
+
+    def _stage_replay(self, current: dict, valid: torch.Tensor) -> None:
+        """After a PRM step: hold this round's labelled rows (every row under DeepSpeed, for equal backward counts)
+        for the replay; they join it once the step is taken (now, or with the policy's held step)."""
+        if not self.prm_replay.rounds:
+            return
+        rows = (
+            valid.nonzero()[:, 0]
+            if self.prm_optim.engine is None
+            else torch.arange(valid.numel(), device=valid.device)
+        )
+        self.prm_replay.stage(select_rows(current, rows, select_mm_rows))
+        if not self.prm_optim.pending:
+            self.prm_replay.commit()
 
     def _more_prm_updates(self, backward_pass) -> None:
         """PRM updates 2..``prm_epochs`` of a round on its kept rows (after its first update was applied): each a
@@ -1154,6 +1195,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
                     self._metrics["train"]["guard/held_steps_dropped"].append(1.0)
         if apply and more is not None:
             more()
+        if apply:  # the round's PRM rows follow its PRM step into the replay (prm_replay_rounds)
+            self.prm_replay.commit()
+        else:
+            self.prm_replay.drop()
 
     def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
         # the policy's guarded step decided: the PRM (and critic) steps held for it follow it, except that an empty
@@ -1184,17 +1229,18 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             loss_labels=pair_info["global_labels"],
         )
 
-    def _prm_ce_backward(
-        self, input_ids, attention_mask, completion_mask, labels, ref_logps, unscored, n_global, mm, weights, rest
-    ):
-        """The cross-entropy PRM loss by micro-batches of the rows that train, one backward each (each loss scaled by
-        its rows' share of the ``n_global`` labelled rows, or with ``weights`` (B,) (class-balanced) of the global
-        weight). Returns ``((B, T) float32 detached log-probs of every scored row, the local loss sum)``; with
-        ``rest=False`` (the later updates of ``prm_epochs``) the rest, the rows that train nothing, get no forward
-        (log-probs 0)."""
+    def _prm_ce_backward(self, batch: dict, unscored, norm: float, weights, rest: bool):
+        """The cross-entropy PRM loss on one ``batch`` of rows (:data:`~trl_prime.prime.replay.ROW_FIELDS` and
+        ``mm``: the round's, or a replayed one) by micro-batches of the rows that train, one backward each, each
+        loss scaled by its rows' share of the global normaliser ``norm``: their count, or with ``weights`` (B,)
+        (class-balanced) their weight. Returns ``((B, T) float32 detached log-probs of every scored row, the local
+        loss sum)``; with ``rest=False`` (replayed rows, the later updates of ``prm_epochs``) the rows that train
+        nothing get no forward (log-probs 0). ``unscored``: ``(B,)`` bool rows to leave unscored, or ``None``."""
         prm, mb = self.implicit_prm, self.implicit_prm.micro_batch_size
-        B, T = completion_mask.shape
+        input_ids, attention_mask, completion_mask, labels, ref_logps = (batch[k] for k in ROW_FIELDS)
+        mm, (B, T) = batch["mm"], completion_mask.shape
         valid = ~torch.isnan(labels)
+        unscored = torch.zeros_like(valid) if unscored is None else unscored
         # Rows that train nothing (filtered groups, unscorable or empty completions) only need their log-probs
         # (token rewards, metrics): one no-grad forward, no activations kept, no backward. Same weights, so the same
         # values. Under DeepSpeed every rank must run the same number of backward passes: all rows.
@@ -1206,18 +1252,13 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             free_rows = grad_rows[:0]
         all_logps = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
         loss_sum = torch.zeros((), device=labels.device)
-        if weights is not None:
-            weight_total = self.accelerator.reduce(weights.sum().to(torch.float32), reduction="sum").item()
         for s in range(0, grad_rows.numel(), mb):
             rows = grad_rows[s : s + mb]
             with self.accelerator.autocast():  # the forward only; the loss and the backward run outside it
                 lp = completion_logps(
                     prm.model, input_ids[rows], attention_mask[rows], T, mm_inputs=select_mm_rows(mm, rows)
                 )
-            if weights is None:
-                share = valid[rows].sum().item() / n_global
-            else:  # the class-balanced weights sum to 2 over the global batch (1 per side; n_global if one is empty)
-                share = weights[rows].sum().item() / weight_total
+            share = (valid[rows].sum() if weights is None else weights[rows].sum()).item() / norm
             loss = (
                 F.implicit_prm_loss(
                     prm_logps=lp,
