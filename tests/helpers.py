@@ -193,10 +193,14 @@ def train_with_snapshots(cls, cfg_cls, model, tmp_path, reward, **overrides):
     return trainer, snap
 
 
-def tiny_trainer(which: str, kw: dict, prime: dict | None = None, prof_prm: str | None = None, **common):
-    """A trainer of kind ``which`` ("prime_rloo", "prime_grpo", "prl", "prof") on the config keyword arguments ``kw``
-    and the kind's own settings: ``prime`` for the PRIME trainers, PRL with eta 2 and token steps, PROF keeping 2
-    completions per group, scored by the step PRM ``prof_prm``. ``common``: the trainer's keyword arguments."""
+#: the PRIME settings of the tiny runs whose PRM must train: a high PRM learning rate, every prompt group kept by the
+#: online filter (zero-spread groups included)
+PRIME_OPEN = dict(prm_learning_rate=1e-2, filter_lower=0.0, filter_upper=1.0)
+
+
+def trainer_kinds() -> dict:
+    """The trainer and config classes of each kind: ``{"prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig), ...}``
+    ("prime_rloo", "prime_grpo", "prl", "prof")."""
     from trl_prime import (
         PrimeGRPOConfig,
         PrimeGRPOTrainer,
@@ -208,10 +212,22 @@ def tiny_trainer(which: str, kw: dict, prime: dict | None = None, prof_prm: str 
         ProfGRPOTrainer,
     )
 
-    trainer_cls, config_cls, extra = {
-        "prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig, prime or {}),
-        "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig, prime or {}),
-        "prl": (PRLGRPOTrainer, PRLConfig, dict(prl_eta=2.0, prl_step_split="token")),
-        "prof": (ProfGRPOTrainer, ProfGRPOConfig, dict(prof_prm=prof_prm, prof_num_keep=2)),
-    }[which]
-    return trainer_cls(args=config_cls(**kw, **extra), **common)
+    return {
+        "prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig),
+        "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig),
+        "prl": (PRLGRPOTrainer, PRLConfig),
+        "prof": (ProfGRPOTrainer, ProfGRPOConfig),
+    }
+
+
+def tiny_trainer(which: str, kw: dict, prime: dict | None = None, prof_prm: str | None = None, **common):
+    """A trainer of kind ``which`` (see :func:`trainer_kinds`) on the config keyword arguments ``kw`` and the kind's
+    own settings, defaults that ``kw`` overrides: ``prime`` for the PRIME trainers, PRL with eta 2 and token steps,
+    PROF keeping 2 completions per group, scored by the step PRM ``prof_prm``. ``common``: the trainer's keyword
+    arguments."""
+    trainer_cls, config_cls = trainer_kinds()[which]
+    extra = {
+        "prl": dict(prl_eta=2.0, prl_step_split="token"),
+        "prof": dict(prof_prm=prof_prm, prof_num_keep=2),
+    }.get(which, prime or {})
+    return trainer_cls(args=config_cls(**{**extra, **kw}), **common)

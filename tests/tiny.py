@@ -61,6 +61,39 @@ def build_tokenizer(vocab_size: int = 320):
     return fast
 
 
+#: the tiny policy's size (hidden 64, 2 layers) and a smaller one (hidden 32, 1 layer: step PRMs, reward models,
+#: a PRM smaller than the policy)
+TINY_DIMS = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
+SMALL_DIMS = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+)
+
+
+def tiny_config_kwargs(tokenizer, *, small: bool = False, **overrides) -> dict:
+    """The keyword arguments of a tiny model config on ``tokenizer``'s vocabulary and pad/eos ids: :data:`TINY_DIMS`
+    (or :data:`SMALL_DIMS`), 512 positions, with ``overrides``."""
+    kw = dict(
+        vocab_size=len(tokenizer),
+        **(SMALL_DIMS if small else TINY_DIMS),
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    kw.update(overrides)
+    return kw
+
+
+def tiny_qwen2_config(tokenizer=None, *, small: bool = False, **overrides):
+    """A tiny ``Qwen2Config`` (:func:`tiny_config_kwargs`) on ``tokenizer`` (the tiny BPE tokenizer by default)."""
+    from transformers import Qwen2Config
+
+    if tokenizer is None:
+        tokenizer = build_tokenizer()
+    return Qwen2Config(**tiny_config_kwargs(tokenizer, small=small, **overrides))
+
+
 def build_tiny_model(path: str | os.PathLike, *, arch: str = "qwen2", seed: int = 0, dropout: float = 0.0):
     """Build and ``save_pretrained`` a tiny causal LM and its tokenizer into ``path``; return ``str(path)``.
 
@@ -76,28 +109,21 @@ def build_tiny_model(path: str | os.PathLike, *, arch: str = "qwen2", seed: int 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        attention_dropout=dropout,
-    )
+    common = tiny_config_kwargs(tokenizer, bos_token_id=None, tie_word_embeddings=False, attention_dropout=dropout)
     config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return save_tiny_model(AutoModelForCausalLM.from_config(config, dtype=torch.float32), tokenizer, path)
+
+
+def save_tiny_model(model, processing_class, path: str | os.PathLike) -> str:
+    """Seeded weights are already in ``model``; set its generation ids (pad and eos of the tokenizer of
+    ``processing_class``, no BOS) and ``save_pretrained`` both into ``path``; return ``str(path)``."""
+    tok = getattr(processing_class, "tokenizer", processing_class)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.bos_token_id = None
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    processing_class.save_pretrained(path)
     return str(path)
 
 

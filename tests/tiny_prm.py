@@ -25,25 +25,14 @@ STEP_CORPUS = [
 def build_tiny_step_prm(path: str | os.PathLike, *, seed: int = 3, separator: str = "<extra_0>") -> str:
     """Save a tiny token-classification step PRM and its tokenizer into ``path``; return ``str(path)``."""
     import torch
-    from tiny import build_tokenizer
-    from transformers import AutoModelForTokenClassification, Qwen2Config
+    from tiny import build_tokenizer, tiny_qwen2_config
+    from transformers import AutoModelForTokenClassification
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": [separator]})
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=2,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        max_position_embeddings=1024,
-    )
+    cfg = tiny_qwen2_config(tok, small=True, num_labels=2, max_position_embeddings=1024)
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_config(cfg)
     model.save_pretrained(path)

@@ -9,62 +9,23 @@ import os
 
 import pytest
 import torch
-from helpers import tiny_kwargs
+from helpers import PRIME_OPEN, tiny_kwargs, tiny_trainer
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
+from trl_prime import PrimeGRPOConfig, PrimeRLOOConfig
 from trl_prime.modeling import adapter_parameters, unwrap
 
 
 K = 4
 
 
-_kw = tiny_kwargs
-
-
 def _trainer(which, path, tmp_path, reward, step_prm=None, callbacks=None, trainer_kwargs=None, **overrides):
-    data = tiny_prompt_dataset(16)
-    if which in ("prime_rloo", "prime_grpo"):
-        overrides.setdefault("prm_learning_rate", 1e-2)
-        overrides.setdefault("filter_lower", 0.0)  # the filter open: zero-spread groups are kept
-        overrides.setdefault("filter_upper", 1.0)
-        cls, cfg = {
-            "prime_rloo": (PrimeRLOOTrainer, PrimeRLOOConfig),
-            "prime_grpo": (PrimeGRPOTrainer, PrimeGRPOConfig),
-        }[which]
-        return cls(
-            model=path,
-            reward_funcs=reward,
-            args=cfg(**_kw(tmp_path, **overrides)),
-            train_dataset=data,
-            callbacks=callbacks,
-            **(trainer_kwargs or {}),
-        )
-    if which == "prl":
-        return PRLGRPOTrainer(
-            model=path,
-            reward_funcs=reward,
-            train_dataset=data,
-            callbacks=callbacks,
-            args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)),
-        )
-    return ProfGRPOTrainer(
-        model=path,
-        reward_funcs=reward,
-        train_dataset=data,
-        callbacks=callbacks,
-        args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=step_prm, prof_num_keep=2, **overrides)),
-    )
+    """A tiny trainer of kind ``which`` on 16 prompts; PRIME with :data:`~helpers.PRIME_OPEN` (the filter open:
+    zero-spread groups are kept)."""
+    common = dict(model=path, reward_funcs=reward, train_dataset=tiny_prompt_dataset(16), callbacks=callbacks)
+    kw = tiny_kwargs(tmp_path, **overrides)
+    return tiny_trainer(which, kw, PRIME_OPEN, prof_prm=step_prm, **common, **(trainer_kwargs or {}))
 
 
 def _snap(module):
@@ -134,21 +95,20 @@ def test_zero_spread_batch_warns_one_spread_group_does_not(tiny_model_path, step
     """Groups [1,1,1,1], [0,0,0,0]: the whole batch is not equal (guard/all_rewards_equal 0), but no group has
     spread, so no outcome advantage anywhere: guard/all_groups_zero_spread 1 and a warning. With one group of spread
     ([1,0,1,0], [0,0,0,0]) neither."""
-    zero = _by_group([[1, 1, 1, 1], [0, 0, 0, 0]])
-    tr = _trainer(which, tiny_model_path, tmp_path / "a", zero, step_prm_path)
-    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
-        tr.train()
-    log = _logs(tr)[1]
+
+    def step1_log(name, groups):
+        tr = _trainer(which, tiny_model_path, tmp_path / name, _by_group(groups), step_prm_path)
+        with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
+            tr.train()
+        return _logs(tr)[1]
+
+    log = step1_log("a", [[1, 1, 1, 1], [0, 0, 0, 0]])
     assert log["guard/all_rewards_equal"] == 0.0 and log["guard/all_groups_zero_spread"] == 1.0
     assert "Degenerate batch at step 1: " in caplog.text
     assert "every group's rewards equal within the group (zero spread) (no outcome signal" in caplog.text
     caplog.clear()
 
-    spread = _by_group([[1, 0, 1, 0], [0, 0, 0, 0]])
-    tr = _trainer(which, tiny_model_path, tmp_path / "b", spread, step_prm_path)
-    with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
-        tr.train()
-    log = _logs(tr)[1]
+    log = step1_log("b", [[1, 0, 1, 0], [0, 0, 0, 0]])
     assert log["guard/all_rewards_equal"] == 0.0 and log["guard/all_groups_zero_spread"] == 0.0
     assert "zero spread" not in caplog.text
 
@@ -172,6 +132,14 @@ class Snapshots(TrainerCallback):
             self.prm_opt[state.global_step] = _opt_state(tr.prm_optimizer)
 
 
+def _snapshotted(model, tmp_path, **overrides):
+    """A tiny PRIME-RLOO trainer (reward: contains "e") and the :class:`Snapshots` of its steps."""
+    snaps = Snapshots()
+    tr = _trainer("prime_rloo", model, tmp_path, contains_reward("e"), callbacks=[snaps], **overrides)
+    snaps.trainer = tr
+    return tr, snaps
+
+
 def _overflow_hook(tr, factor=1e35, from_step=2):
     """Gradient hook: from optimizer step `from_step` on, the gradient is multiplied by `factor` (finite values whose
     global L2 norm overflows float32 to inf: clipping then scales every gradient to 0)."""
@@ -186,18 +154,7 @@ def test_policy_gradient_overflow_is_caught_after_clipping(tiny_model_path, tmp_
     """A policy gradient whose norm overflows (inf) from step 2 on: the Trainer's clipping scales the gradients to
     zeros, which look finite; the guard judges the clipping's norm, so steps 2 and 3 are skipped (weights and Adam
     moments of step 1 kept, scheduler not advanced) and the run stops at max_nonfinite_skips=2."""
-    snaps = Snapshots()
-    tr = _trainer(
-        "prime_rloo",
-        tiny_model_path,
-        tmp_path,
-        contains_reward("e"),
-        callbacks=[snaps],
-        max_steps=5,
-        max_nonfinite_skips=2,
-        lr_scheduler_type="linear",
-    )
-    snaps.trainer = tr
+    tr, snaps = _snapshotted(tiny_model_path, tmp_path, max_steps=5, max_nonfinite_skips=2, lr_scheduler_type="linear")
     unwrap(tr.model).lm_head.weight.register_hook(_overflow_hook(tr))
     with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         with pytest.raises(RuntimeError, match=r"2 consecutive optimizer steps were skipped.*`max_nonfinite_skips`=2"):
@@ -217,17 +174,7 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
     """The PRM's gradient overflows from step 2 on: its step is skipped (weights and AdamW moments of step 1 kept),
     the policy step of the batch too, the log says no single row is to blame, and the run stops at
     max_nonfinite_skips=2."""
-    snaps = Snapshots()
-    tr = _trainer(
-        "prime_rloo",
-        tiny_model_path,
-        tmp_path,
-        contains_reward("e"),
-        callbacks=[snaps],
-        max_steps=5,
-        max_nonfinite_skips=2,
-    )
-    snaps.trainer = tr
+    tr, snaps = _snapshotted(tiny_model_path, tmp_path, max_steps=5, max_nonfinite_skips=2)
     unwrap(tr.prm_model).lm_head.weight.register_hook(_overflow_hook(tr))
     with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         with pytest.raises(RuntimeError, match=r"2 consecutive optimizer steps were skipped"):
@@ -253,17 +200,7 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(
     trains."""
     import trl_prime.prime.trainer as pt
 
-    snaps = Snapshots()
-    tr = _trainer(
-        "prime_rloo",
-        tiny_model_path,
-        tmp_path,
-        contains_reward("e"),
-        callbacks=[snaps],
-        max_steps=3,
-        prm_update=prm_update,
-    )
-    snaps.trainer = tr
+    tr, snaps = _snapshotted(tiny_model_path, tmp_path, max_steps=3, prm_update=prm_update)
     assert tr.args.prm_max_abs_token_reward == 100.0  # the documented default
     real = pt.completion_logps
 

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from helpers import tiny_kwargs
-from tiny import build_tokenizer, tiny_prompt_dataset
+from tiny import build_tokenizer, tiny_prompt_dataset, tiny_qwen2_config
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer, PRLConfig, PRLGRPOTrainer
 from trl_prime import functional as F
@@ -31,22 +31,11 @@ def _kwargs(tmp_path, **overrides):
 def tiny_reward_model_path(tmp_path_factory) -> str:
     """A tiny Qwen2 sequence-classification reward model (one logit; TRL's reward-model reward function) whose head is
     scaled up so its scores spread well outside [0, 1]."""
-    from transformers import AutoModelForSequenceClassification, Qwen2Config
+    from transformers import AutoModelForSequenceClassification
 
     path = tmp_path_factory.mktemp("tiny_rm")
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        num_labels=1,
-    )
+    config = tiny_qwen2_config(tokenizer, num_labels=1)
     torch.manual_seed(3)
     model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     with torch.no_grad():

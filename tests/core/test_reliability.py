@@ -11,20 +11,11 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, SCRIPTS, TESTS, tiny_kwargs
+from helpers import PRIME_OPEN, ROOT, SCRIPTS, TESTS, tiny_kwargs, tiny_trainer
 from tiny import contains_reward, tiny_prompt_dataset
 from transformers import TrainerCallback
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
+from trl_prime import PrimeRLOOConfig, PRLConfig, PRLGRPOTrainer
 from trl_prime.modeling import unwrap
 
 
@@ -35,48 +26,31 @@ def _kw(tmp_path, **overrides):
     return tiny_kwargs(tmp_path, **{"max_steps": 2, **overrides})
 
 
-def _prime(
-    path,
-    tmp_path,
-    reward=None,
-    cls=PrimeRLOOTrainer,
-    cfg=PrimeRLOOConfig,
-    dataset=None,
-    callbacks=None,
-    trainer_kwargs=None,
-    **overrides,
+def _trainer(
+    which, path, tmp_path, reward=None, dataset=None, callbacks=None, trainer_kwargs=None, prm=None, **overrides
 ):
-    overrides.setdefault("prm_learning_rate", 1e-2)
-    overrides.setdefault("filter_lower", 0.0)
-    overrides.setdefault("filter_upper", 1.0)
-    return cls(
+    """A tiny trainer of kind ``which`` (2 steps, 16 prompts, reward: contains "e"); PRIME with
+    :data:`~helpers.PRIME_OPEN`, PROF scored by the step PRM ``prm``."""
+    common = dict(
         model=path,
         reward_funcs=reward or contains_reward("e"),
-        args=cfg(**_kw(tmp_path, **overrides)),
-        train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
-        callbacks=callbacks,
-        **(trainer_kwargs or {}),
-    )
-
-
-def _prl(path, tmp_path, reward=None, dataset=None, callbacks=None, **overrides):
-    return PRLGRPOTrainer(
-        model=path,
-        reward_funcs=reward or contains_reward("e"),
-        args=PRLConfig(**_kw(tmp_path, prl_eta=2.0, prl_step_split="token", **overrides)),
         train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
         callbacks=callbacks,
     )
+    kw = _kw(tmp_path, **overrides)
+    return tiny_trainer(which, kw, PRIME_OPEN, prof_prm=prm, **common, **(trainer_kwargs or {}))
 
 
-def _prof(path, prm, tmp_path, reward=None, dataset=None, callbacks=None, **overrides):
-    return ProfGRPOTrainer(
-        model=path,
-        reward_funcs=reward or contains_reward("e"),
-        args=ProfGRPOConfig(**_kw(tmp_path, prof_prm=prm, prof_num_keep=2, **overrides)),
-        train_dataset=dataset if dataset is not None else tiny_prompt_dataset(16),
-        callbacks=callbacks,
-    )
+def _prime(path, tmp_path, which="prime_rloo", **kw):
+    return _trainer(which, path, tmp_path, **kw)
+
+
+def _prl(path, tmp_path, **kw):
+    return _trainer("prl", path, tmp_path, **kw)
+
+
+def _prof(path, prm, tmp_path, **kw):
+    return _trainer("prof", path, tmp_path, prm=prm, **kw)
 
 
 def _snap(module):
@@ -214,22 +188,7 @@ def inf_at_step(step: int, row: int = 5):
 def test_nonfinite_reward_skips_the_step_weights_unchanged(tiny_model_path, step_prm_path, tmp_path, which, caplog):
     snaps = Snapshots()
     reward = inf_at_step(2)
-    if which == "prime_rloo":
-        tr = _prime(tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
-    elif which == "prime_grpo":
-        tr = _prime(
-            tiny_model_path,
-            tmp_path,
-            reward=reward,
-            callbacks=[snaps],
-            max_steps=3,
-            cls=PrimeGRPOTrainer,
-            cfg=PrimeGRPOConfig,
-        )
-    elif which == "prl":
-        tr = _prl(tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
-    else:
-        tr = _prof(tiny_model_path, step_prm_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3)
+    tr = _trainer(which, tiny_model_path, tmp_path, reward=reward, callbacks=[snaps], max_steps=3, prm=step_prm_path)
     snaps.trainer = tr
     with caplog.at_level(logging.WARNING, logger="trl_prime.guards"):
         tr.train()
@@ -530,8 +489,7 @@ def test_stop_and_resume_is_bit_identical(tiny_model_path, step_prm_path, tmp_pa
                 prof_mode="both",
                 prof_prm="implicit",
                 prof_num_keep=2,
-                cls=PrimeGRPOTrainer,
-                cfg=PrimeGRPOConfig,
+                which="prime_grpo",
                 **common,
             )
         if which == "prl":

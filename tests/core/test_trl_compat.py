@@ -29,31 +29,25 @@ import re
 
 import pytest
 import torch
-from helpers import tiny_kwargs
-from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
+from helpers import tiny_kwargs, trainer_kinds
+from tiny import (
+    build_tokenizer,
+    contains_reward,
+    save_tiny_model,
+    tiny_config_kwargs,
+    tiny_prompt_dataset,
+    tiny_qwen2_config,
+)
 from tiny_prm import build_tiny_step_prm
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
+from trl_prime import PRLConfig, PRLGRPOTrainer
 from trl_prime.callbacks import PrimeCallback
 
 
 K = 4  # completions per prompt; 8 rows per generation batch = 2 prompt groups
 
-KINDS = {
-    "prime-rloo": (PrimeRLOOTrainer, PrimeRLOOConfig),
-    "prime-grpo": (PrimeGRPOTrainer, PrimeGRPOConfig),
-    "prl": (PRLGRPOTrainer, PRLConfig),
-    "prof": (ProfGRPOTrainer, ProfGRPOConfig),
-}
+#: the trainer and config classes by kind ("prime-rloo", "prime-grpo", "prl", "prof")
+KINDS = {kind.replace("_", "-"): classes for kind, classes in trainer_kinds().items()}
 ALL = list(KINDS)
 PRIME = ["prime-rloo", "prime-grpo"]
 GRPO_BASED = ["prime-grpo", "prl", "prof"]  # on TRL's GRPOTrainer (loss_type, importance_sampling_level, tools)
@@ -185,26 +179,27 @@ def _train_and_check(kind, model, tmp_path, step_prm_path=None, *, metrics=(), b
     return trainer, logs
 
 
+def _on_tiny_model(fn, tiny_model_path, step_prm_path, tmp_path):
+    """``call(kind, **kw)``: ``fn(kind, model, tmp_path, step_prm_path, **kw)`` on the tiny Qwen2 model (``model=``
+    overrides it)."""
+
+    def call(kind, **kw):
+        model = kw.pop("model", tiny_model_path)
+        return fn(kind, model, tmp_path, step_prm_path, **kw)
+
+    return call
+
+
 @pytest.fixture
 def run(tiny_model_path, step_prm_path, tmp_path):
     """``run(kind, **kw)``: :func:`_train_and_check` on the tiny Qwen2 model (``model=`` overrides it)."""
-
-    def _run(kind, **kw):
-        model = kw.pop("model", tiny_model_path)
-        return _train_and_check(kind, model, tmp_path, step_prm_path, **kw)
-
-    return _run
+    return _on_tiny_model(_train_and_check, tiny_model_path, step_prm_path, tmp_path)
 
 
 @pytest.fixture
 def build(tiny_model_path, step_prm_path, tmp_path):
     """``build(kind, **kw)``: the trainer only (for refusals raised at construction or in training)."""
-
-    def _b(kind, **kw):
-        model = kw.pop("model", tiny_model_path)
-        return _build(kind, model, tmp_path, step_prm_path, **kw)
-
-    return _b
+    return _on_tiny_model(_build, tiny_model_path, step_prm_path, tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,22 +208,11 @@ def build(tiny_model_path, step_prm_path, tmp_path):
 @pytest.fixture(scope="module")
 def reward_model_path(tmp_path_factory):
     """A tiny ``Qwen2ForSequenceClassification`` reward model (1 label) whose scores lie far outside [0, 1]."""
-    from transformers import AutoModelForSequenceClassification, Qwen2Config
+    from transformers import AutoModelForSequenceClassification
 
     path = tmp_path_factory.mktemp("compat_reward_model")
     tok = build_tokenizer()
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        max_position_embeddings=512,
-    )
+    cfg = tiny_qwen2_config(tok, small=True, num_labels=1)
     torch.manual_seed(5)
     model = AutoModelForSequenceClassification.from_config(cfg)
     with torch.no_grad():
@@ -325,16 +309,14 @@ def test_extra_dataset_columns_reach_the_reward(run, kind):
 # ----------------------------------------------------------------------------------------------------------------
 # Datasets
 # ----------------------------------------------------------------------------------------------------------------
+#: evaluation after every training step, 8 rows per eval batch
+EVAL_EVERY_STEP = dict(eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)
+
+
 @pytest.mark.parametrize("kind", ALL)
 def test_eval_dataset(run, kind):
     """Evaluation during training (eval_strategy="steps"): TRL's eval metrics, and PRIME's eval token rewards."""
-    tr, logs = run(
-        kind,
-        eval_dataset=tiny_prompt_dataset(2),
-        eval_strategy="steps",
-        eval_steps=1,
-        per_device_eval_batch_size=8,
-    )
+    tr, logs = run(kind, eval_dataset=tiny_prompt_dataset(2), **EVAL_EVERY_STEP)
     assert "eval_reward" in logs and "eval_loss" in logs
     finite = ["eval_reward", "eval_loss"] + (["eval_prm/token_reward_mean"] if kind in PRIME else [])
     for k in finite:
@@ -344,14 +326,7 @@ def test_eval_dataset(run, kind):
 @pytest.mark.parametrize("kind", ALL)
 def test_num_generations_eval(run, kind):
     """``num_generations_eval`` (passed to TRL): 4 eval prompts with 2 completions each, 4 per training prompt."""
-    tr, logs = run(
-        kind,
-        eval_dataset=tiny_prompt_dataset(4),
-        eval_strategy="steps",
-        eval_steps=1,
-        per_device_eval_batch_size=8,
-        num_generations_eval=2,
-    )
+    tr, logs = run(kind, eval_dataset=tiny_prompt_dataset(4), num_generations_eval=2, **EVAL_EVERY_STEP)
     assert tr.num_generations_eval == 2
     assert "eval_reward" in logs and all(math.isfinite(v) for v in logs["eval_reward"])
 
@@ -657,17 +632,6 @@ VLM_CHAT_TEMPLATE = (
 )
 
 
-#: the language model of the tiny VLM and the tiny MoE (tests/tiny.py's sizes); token ids come from the tokenizer
-TINY_TEXT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    bos_token_id=None,
-    tie_word_embeddings=False,
-)
 #: LLaVA's vision tower: one CLIP layer on 28x28 images (4 patches of 14x14, plus CLS)
 TINY_CLIP = dict(
     model_type="clip_vision_model",
@@ -689,19 +653,9 @@ TINY_MOE = dict(
 )
 
 
-def _token_ids(tok) -> dict:
-    return dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-
-
-def _save(model, processing_class, path) -> str:
-    """Seeded weights are already in ``model``; set its generation ids and ``save_pretrained`` both into ``path``."""
-    tok = getattr(processing_class, "tokenizer", processing_class)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(path)
-    processing_class.save_pretrained(path)
-    return str(path)
+def _tiny_text(tok, **overrides) -> dict:
+    """The language model of the tiny VLM and the tiny MoE: tests/tiny.py's sizes, no BOS, untied embeddings."""
+    return tiny_config_kwargs(tok, bos_token_id=None, tie_word_embeddings=False, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -717,7 +671,7 @@ def tiny_vlm_path(tmp_path_factory):
     tok.chat_template = VLM_CHAT_TEMPLATE
     cfg = LlavaConfig(
         vision_config=TINY_CLIP,
-        text_config=dict(model_type="qwen2", **TINY_TEXT, **_token_ids(tok)),
+        text_config=_tiny_text(tok, model_type="qwen2"),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_select_strategy="full",
         vision_feature_layer=-1,
@@ -734,7 +688,7 @@ def tiny_vlm_path(tmp_path_factory):
         chat_template=VLM_CHAT_TEMPLATE,
     )
     torch.manual_seed(0)
-    return _save(LlavaForConditionalGeneration(cfg), processor, tmp_path_factory.mktemp("compat_tiny_llava"))
+    return save_tiny_model(LlavaForConditionalGeneration(cfg), processor, tmp_path_factory.mktemp("compat_tiny_llava"))
 
 
 def _image_dataset(n=8):
@@ -884,11 +838,9 @@ def tiny_moe_path(tmp_path_factory):
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
     tok = build_tokenizer()
-    cfg = Qwen2MoeConfig(
-        **TINY_TEXT, **TINY_MOE, **_token_ids(tok), output_router_logits=False, router_aux_loss_coef=0.01
-    )
+    cfg = Qwen2MoeConfig(**_tiny_text(tok, **TINY_MOE, output_router_logits=False, router_aux_loss_coef=0.01))
     torch.manual_seed(0)
-    return _save(AutoModelForCausalLM.from_config(cfg), tok, tmp_path_factory.mktemp("compat_tiny_moe"))
+    return save_tiny_model(AutoModelForCausalLM.from_config(cfg), tok, tmp_path_factory.mktemp("compat_tiny_moe"))
 
 
 @pytest.mark.parametrize("kind", ALL)

@@ -52,22 +52,13 @@ def build_bos_tokenizer():
 @pytest.fixture(scope="module")
 def bos_model_path(tmp_path_factory):
     """A tiny Qwen2 causal LM saved with the BOS tokenizer (vocabulary covering ``<|bos|>``)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from tiny import tiny_qwen2_config
+    from transformers import AutoModelForCausalLM
 
     path = tmp_path_factory.mktemp("tiny_bos")
     tok = build_bos_tokenizer()
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        tie_word_embeddings=False,
+    cfg = tiny_qwen2_config(
+        tok, small=True, max_position_embeddings=256, bos_token_id=tok.bos_token_id, tie_word_embeddings=False
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

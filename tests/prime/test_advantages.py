@@ -7,20 +7,11 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_kwargs
+from helpers import tiny_kwargs, tiny_trainer
 from tiny import tiny_prompt_dataset
 from tiny_prm import build_tiny_step_prm
 
-from trl_prime import (
-    PrimeGRPOConfig,
-    PrimeGRPOTrainer,
-    PrimeRLOOConfig,
-    PrimeRLOOTrainer,
-    PRLConfig,
-    PRLGRPOTrainer,
-    ProfGRPOConfig,
-    ProfGRPOTrainer,
-)
+from trl_prime import PrimeGRPOConfig, PrimeRLOOConfig, PRLConfig, PRLGRPOTrainer, ProfGRPOConfig, ProfGRPOTrainer
 from trl_prime import functional as F
 from trl_prime.callbacks import PrimeCallback
 
@@ -245,19 +236,21 @@ def _prime_kwargs(tmp_path, **overrides):
     )
 
 
+def _train_prime(which, model, tmp_path, reward):
+    """Trains a tiny PRIME trainer of kind ``which`` (:func:`_prime_kwargs`, 8 prompts); returns it and its
+    :class:`_Scored` recorder."""
+    rec = _Scored()
+    common = dict(model=model, reward_funcs=reward, train_dataset=tiny_prompt_dataset(8), callbacks=[rec])
+    tr = tiny_trainer(which, _prime_kwargs(tmp_path), **common)
+    tr.train()
+    return tr, rec
+
+
 def test_default_prime_grpo_trainer_advantages_are_bounded(tiny_model_path, tmp_path):
     """A default PrimeGRPOConfig run (tiny model): at step 2 the PRM has moved (token rewards != 0); every advantage
     at the first token is bounded by the two z-score bounds, 2 (K-1)/sqrt(K), and equals the functional's default
     (response-level) form; the printed form on the same rewards exceeds that bound."""
-    rec = _Scored()
-    tr = PrimeGRPOTrainer(
-        model=tiny_model_path,
-        reward_funcs=alternating_reward,
-        args=PrimeGRPOConfig(**_prime_kwargs(tmp_path)),
-        train_dataset=tiny_prompt_dataset(8),
-        callbacks=[rec],
-    )
-    tr.train()
+    tr, rec = _train_prime("prime_grpo", tiny_model_path, tmp_path, alternating_reward)
     ev = rec.events[-1]
     adv, mask = ev["global_advantages"], ev["advantage_inputs"]["mask"].bool()
     assert ev["token_rewards"].abs().max() > 1e-4  # the PRM has moved away from its reference
@@ -355,21 +348,9 @@ def _logged(tr, key):
     return [h[key] for h in tr.state.log_history if "loss" in h and "train_runtime" not in h]
 
 
-@pytest.mark.parametrize(
-    "cls,cfg_cls",
-    [(PrimeGRPOTrainer, PrimeGRPOConfig), (PrimeRLOOTrainer, PrimeRLOOConfig)],
-    ids=["prime-grpo", "prime-rloo"],
-)
-def test_prime_trainers_single_row_group_zero_and_counted(tiny_model_path, tmp_path, cls, cfg_cls):
-    rec = _Scored()
-    tr = cls(
-        model=tiny_model_path,
-        reward_funcs=lone_row_reward,
-        args=cfg_cls(**_prime_kwargs(tmp_path)),
-        train_dataset=tiny_prompt_dataset(8),
-        callbacks=[rec],
-    )
-    tr.train()
+@pytest.mark.parametrize("which", ["prime_grpo", "prime_rloo"], ids=["prime-grpo", "prime-rloo"])
+def test_prime_trainers_single_row_group_zero_and_counted(tiny_model_path, tmp_path, which):
+    tr, rec = _train_prime(which, tiny_model_path, tmp_path, lone_row_reward)
     for ev in rec.events:
         adv = ev["global_advantages"]
         assert torch.equal(adv[0], torch.zeros_like(adv[0]))

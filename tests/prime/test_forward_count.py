@@ -17,9 +17,10 @@ import pytest
 import torch
 import torch.utils._python_dispatch
 from helpers import tiny_config
-from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset
+from tiny import build_tokenizer, contains_reward, tiny_prompt_dataset, tiny_qwen2_config
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
+from trl_prime.callbacks import PrimeCallback
 from trl_prime.modeling import unwrap
 
 
@@ -90,6 +91,19 @@ class ForwardCounter:
         return sum(1 for s, n, g, r in self.records if s == step and n == role and g == grad)
 
 
+def _trainer(cls, cfg_cls, model, tmp_path, reward=None, callbacks=None, peft_config=None, **overrides):
+    """``cls`` (a PRIME trainer or a subclass) on 16 tiny prompts, :func:`_config` of ``cfg_cls`` with ``overrides``
+    (reward: contains "e")."""
+    return cls(
+        model=model,
+        reward_funcs=reward or contains_reward("e"),
+        train_dataset=tiny_prompt_dataset(16),
+        args=_config(cfg_cls, tmp_path, **overrides),
+        callbacks=callbacks,
+        peft_config=peft_config,
+    )
+
+
 def _separate_counter(tr):
     roles = {"policy": tr.model, "prm": tr.prm_model}
     ref = tr.implicit_prm.ref_model
@@ -110,12 +124,7 @@ def _separate_counter(tr):
 def test_forward_passes_per_prime_step(tiny_model_path, tmp_path, cls, cfg_cls, prm_update):
     """num_iterations=1: one reference forward, one PRM forward + backward (+1 no-grad PRM forward for "double"),
     the policy's loss forward, and no old-log-prob forward (TRL's RLOO runs one; PRIME's token-level loss skips it)."""
-    tr = cls(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(cfg_cls, tmp_path, prm_update=prm_update),
-    )
+    tr = _trainer(cls, cfg_cls, tiny_model_path, tmp_path, prm_update=prm_update)
     assert tr.implicit_prm.reference == "model" and tr.ref_model is None
     c = _separate_counter(tr)
     tr.train()
@@ -130,12 +139,7 @@ def test_forward_passes_per_prime_step(tiny_model_path, tmp_path, cls, cfg_cls, 
 
 
 def test_prm_micro_batches_scan_each_row_once(tiny_model_path, tmp_path):
-    tr = PrimeRLOOTrainer(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(PrimeRLOOConfig, tmp_path, prm_micro_batch_size=3, max_steps=1),
-    )
+    tr = _trainer(PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, prm_micro_batch_size=3, max_steps=1)
     c = _separate_counter(tr)
     tr.train()
     assert c.calls(1, "ref", False) == 3 and c.rows(1, "ref", False) == B  # 3 + 3 + 2 rows
@@ -149,42 +153,38 @@ def _half_kept_reward(prompts, completions, **kwargs):
     return [float(i % 2) if (i // K) % 2 == 0 else 0.0 for i in range(len(completions))]
 
 
+class _Capture(PrimeCallback):
+    """Clones of the tensors ``keys`` of every ``on_rollouts_scored`` payload, in ``.rounds``."""
+
+    def __init__(self, *keys):
+        self.keys, self.rounds = keys, []
+
+    def on_rollouts_scored(self, args, state, control, **kw):
+        self.rounds.append({k: kw[k].clone() for k in self.keys})
+
+
 def test_filtered_rows_get_a_no_grad_prm_forward_only(tiny_model_path, tmp_path):
     """The PRM trains on kept rows only: they get the forward with grad (+ backward); the filtered rows need their
     log-probs for token rewards and metrics only, so they get one no-grad forward (no activations, no backward)."""
-    from transformers import TrainerCallback
-
     from trl_prime.modeling import completion_logps
 
-    seen = {}
-
-    class Capture(TrainerCallback):
-        def on_rollouts_scored(self, args, state, control, **kw):
-            seen.update(
-                {
-                    k: kw[k].clone()
-                    for k in (
-                        "kept_mask",
-                        "prm_logps",
-                        "prompt_ids",
-                        "prompt_mask",
-                        "completion_ids",
-                        "completion_mask",
-                    )
-                }
-            )
-
-    tr = PrimeRLOOTrainer(
-        model=tiny_model_path,
-        reward_funcs=_half_kept_reward,
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(PrimeRLOOConfig, tmp_path, filter_lower=0.2, filter_upper=0.8, max_steps=1),
-        callbacks=[Capture()],
+    capture = _Capture("kept_mask", "prm_logps", "prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    tr = _trainer(
+        PrimeRLOOTrainer,
+        PrimeRLOOConfig,
+        tiny_model_path,
+        tmp_path,
+        reward=_half_kept_reward,
+        callbacks=[capture],
+        filter_lower=0.2,
+        filter_upper=0.8,
+        max_steps=1,
     )
     prm = unwrap(tr.prm_model)
     prm0 = {k: v.clone() for k, v in prm.state_dict().items()}
     c = _separate_counter(tr)
     tr.train()
+    seen = capture.rounds[-1]
     assert seen["kept_mask"].tolist() == [True] * K + [False] * K
     assert c.rows(1, "prm", True) == K and c.calls(1, "prm", True) == 1  # kept rows: forward with grad
     assert c.rows(1, "prm", False) == K and c.calls(1, "prm", False) == 1  # filtered rows: one no-grad forward
@@ -207,50 +207,29 @@ def test_unscored_filtered_rows_get_no_reference_or_prm_forward(tiny_model_path,
     callbacks see NaN token rewards / log-probs on the filtered rows and the token-reward metrics cover kept rows."""
     import json
 
-    from transformers import TrainerCallback
-
     from trl_prime.callbacks import TokenRewardLogger
 
     def run(score: bool, name: str):
-        seen = []
-
-        class Capture(TrainerCallback):
-            def on_rollouts_scored(self, args, state, control, **kw):
-                seen.append(
-                    {
-                        k: kw[k].clone()
-                        for k in (
-                            "kept_mask",
-                            "token_rewards",
-                            "sequence_rewards",
-                            "prm_logps",
-                            "ref_logps",
-                            "advantages",
-                            "loss_mask",
-                        )
-                    }
-                )
-
+        keys = ("kept_mask", "token_rewards", "sequence_rewards", "prm_logps", "ref_logps", "advantages", "loss_mask")
+        capture = _Capture(*keys)
         logger = TokenRewardLogger(every_n_steps=1, num_completions=B, output_dir=str(tmp_path / name))
-        tr = PrimeRLOOTrainer(
-            model=tiny_model_path,
-            reward_funcs=_half_kept_reward,
-            train_dataset=tiny_prompt_dataset(16),
-            callbacks=[Capture(), logger],
-            args=_config(
-                PrimeRLOOConfig,
-                tmp_path / name,
-                filter_lower=0.2,
-                filter_upper=0.8,
-                prm_update=prm_update,
-                prm_score_filtered_rows=score,
-            ),
+        tr = _trainer(
+            PrimeRLOOTrainer,
+            PrimeRLOOConfig,
+            tiny_model_path,
+            tmp_path / name,
+            reward=_half_kept_reward,
+            callbacks=[capture, logger],
+            filter_lower=0.2,
+            filter_upper=0.8,
+            prm_update=prm_update,
+            prm_score_filtered_rows=score,
         )
         c = _separate_counter(tr)
         tr.train()
         flat = lambda m: torch.cat([p.detach().flatten() for p in unwrap(m).parameters()])  # noqa: E731
         logs = [h for h in tr.state.log_history if "prm/token_reward_mean" in h]
-        return c, seen, flat(tr.model), flat(tr.prm_model), logs
+        return c, capture.rounds, flat(tr.model), flat(tr.prm_model), logs
 
     c, seen, policy, prm, logs = run(False, "unscored")
     c0, seen0, policy0, prm0, logs0 = run(True, "scored")
@@ -313,11 +292,15 @@ def test_policy_loss_skips_filtered_rows_with_the_same_update(
             monkeypatch.setattr(pt, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
             monkeypatch.setattr(rollout, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
         extra = {} if loss_type is None else {"loss_type": loss_type}
-        tr = cls(
-            model=tiny_model_path,
-            reward_funcs=_half_kept_reward,
-            train_dataset=tiny_prompt_dataset(16),
-            args=_config(cfg_cls, tmp_path / name, filter_lower=0.2, filter_upper=0.8, **extra),
+        tr = _trainer(
+            cls,
+            cfg_cls,
+            tiny_model_path,
+            tmp_path / name,
+            reward=_half_kept_reward,
+            filter_lower=0.2,
+            filter_upper=0.8,
+            **extra,
         )
         c = _separate_counter(tr)
         flat = lambda: torch.cat([p.detach().flatten().clone() for p in unwrap(tr.model).parameters()])  # noqa: E731
@@ -371,11 +354,8 @@ def test_drop_zero_weight_rows():
 def test_reference_once_per_rollout_batch_with_gradient_accumulation(tiny_model_path, tmp_path, cls, cfg_cls):
     """gradient_accumulation_steps=2: one generation round of 8 rows feeds two loss micro-batches of 4; the
     reference and the PRM see each row once per round, not once per micro-batch."""
-    tr = cls(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(cfg_cls, tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2),
+    tr = _trainer(
+        cls, cfg_cls, tiny_model_path, tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2
     )
     c = _separate_counter(tr)
     tr.train()
@@ -397,11 +377,8 @@ def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_m
             seen.append(inputs.get("old_per_token_logps"))
             return super()._compute_loss(model, inputs)
 
-    tr = Spy(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(PrimeRLOOConfig, tmp_path, per_device_train_batch_size=4, steps_per_generation=2),
+    tr = _trainer(
+        Spy, PrimeRLOOConfig, tiny_model_path, tmp_path, per_device_train_batch_size=4, steps_per_generation=2
     )
     assert not tr._skips_rollout_logps()
     c = _separate_counter(tr)
@@ -416,12 +393,7 @@ def test_old_logps_kept_when_the_policy_moves_between_generation_and_loss(tiny_m
 )
 def test_kl_reference_is_the_prm_reference(tiny_model_path, tmp_path, cls, cfg_cls):
     """beta > 0: TRL's KL reference is the PRM's reference model; one reference forward serves both."""
-    tr = cls(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(cfg_cls, tmp_path, beta=0.1),
-    )
+    tr = _trainer(cls, cfg_cls, tiny_model_path, tmp_path, beta=0.1)
     assert tr.implicit_prm.ref_model is tr.ref_model
     c = _separate_counter(tr)
     tr.train()
@@ -453,12 +425,13 @@ def test_lora_shared_base_forward_counts(tiny_model_path, tmp_path, cls, cfg_cls
             rec.setdefault("trl_ref", []).append(rollout.capture.get("trl_ref_logps"))
             return super()._algorithm_step(output, rollout)
 
-    tr = Spy(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(cfg_cls, tmp_path, beta=beta),
+    tr = _trainer(
+        Spy,
+        cfg_cls,
+        tiny_model_path,
+        tmp_path,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        beta=beta,
     )
     assert tr.implicit_prm.reference == "adapters_disabled"
     c = ForwardCounter(tr, {"peft": tr.model})
@@ -506,12 +479,8 @@ def test_prm_and_reference_logps_never_materialise_full_vocab_logits(tiny_model_
         from peft import LoraConfig
 
         kw["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    tr = PrimeRLOOTrainer(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(PrimeRLOOConfig, tmp_path, max_steps=1, max_completion_length=16),
-        **kw,
+    tr = _trainer(
+        PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, max_steps=1, max_completion_length=16, **kw
     )
     vocab = unwrap(tr.model).config.vocab_size
     seen = {}
@@ -543,22 +512,10 @@ def test_prm_and_reference_logps_never_materialise_full_vocab_logits(tiny_model_
 # ----------------------------------------------------------------------------------------------------------------
 def _build_small(path):
     """A smaller causal LM (hidden 32, 1 layer) sharing the tiny tokenizer of tests/tiny.py."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     tok = build_tokenizer()
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_qwen2_config(tok, small=True, bos_token_id=None, tie_word_embeddings=False)
     torch.manual_seed(7)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(path)
@@ -583,12 +540,7 @@ def test_smaller_prm_checkpoint_is_its_own_reference(tiny_model_path, tmp_path, 
             rewards.append(out["prime_token_rewards"].clone())
             return out
 
-    tr = Spy(
-        model=tiny_model_path,
-        reward_funcs=contains_reward("e"),
-        train_dataset=tiny_prompt_dataset(16),
-        args=_config(cfg_cls, tmp_path, prm_model=small, max_steps=2),
-    )
+    tr = _trainer(Spy, cfg_cls, tiny_model_path, tmp_path, prm_model=small, max_steps=2)
     prm, ref = tr.prm_model, unwrap(tr.implicit_prm.ref_model)
     assert prm.config.hidden_size == 32 and ref.config.hidden_size == 32
     assert unwrap(tr.model).config.hidden_size == 64

@@ -34,18 +34,10 @@ def main():
 
     import torch
     import torch.distributed as dist
+    from helpers import trainer_kinds
     from tiny import build_tokenizer, contains_reward, exit_launched_process, tiny_prompt_dataset
 
-    from trl_prime import (
-        PrimeGRPOConfig,
-        PrimeGRPOTrainer,
-        PrimeRLOOConfig,
-        PrimeRLOOTrainer,
-        PRLConfig,
-        PRLGRPOTrainer,
-        ProfGRPOConfig,
-        ProfGRPOTrainer,
-    )
+    from trl_prime import PRLConfig, PRLGRPOTrainer, ProfGRPOConfig, ProfGRPOTrainer
     from trl_prime.callbacks import PrimeCallback
     from trl_prime.modeling import unwrap
 
@@ -190,10 +182,8 @@ def main():
     run("prof", tr, cli.steps)
 
     # PROF inside PRIME (implicit PRM)
-    for name, cls, cfg_cls in (
-        ("prime_grpo", PrimeGRPOTrainer, PrimeGRPOConfig),
-        ("prime_rloo", PrimeRLOOTrainer, PrimeRLOOConfig),
-    ):
+    for name in ("prime_grpo", "prime_rloo"):
+        cls, cfg_cls = trainer_kinds()[name]
         tr = cls(
             model=cli.model,
             reward_funcs=contains_reward("e"),
