@@ -231,3 +231,44 @@ def tiny_trainer(which: str, kw: dict, prime: dict | None = None, prof_prm: str 
         "prof": dict(prof_prm=prof_prm, prof_num_keep=2),
     }.get(which, prime or {})
     return trainer_cls(args=config_cls(**{**extra, **kw}), **common)
+
+
+def poison_advantages_on_round(monkeypatch, round_number: int = 2) -> None:
+    """Make the PRIME trainer's advantages (``F.prime_advantages``) non-finite on its ``round_number``-th call: the
+    PRM's backward has run, so the policy step the guard then skips must drop the PRM step held for it."""
+    import trl_prime.prime.trainer as prime_trainer
+
+    real, calls = prime_trainer.F.prime_advantages, []
+
+    def poisoned(**kw):
+        adv = real(**kw)
+        calls.append(1)
+        if len(calls) == round_number:
+            adv = adv.clone()
+            adv[0, 0] = float("nan")
+        return adv
+
+    monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned)
+
+
+def stop_at(step: int):
+    """A callback that ends training after ``step`` (a checkpoint saved there is the one to resume from)."""
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == step:
+                control.should_training_stop = True
+
+    return StopAt()
+
+
+def interrupted_and_full(make, tmp_path, step: int = 2):
+    """Train ``make(out)`` to the end, and ``make(out2, callbacks)`` stopped at ``step`` then resumed from its
+    ``checkpoint-<step>`` in a new trainer. Returns ``(full, resumed)`` (the resumed trainer)."""
+    full = make(tmp_path / "full")
+    full.train()
+    make(tmp_path / "resumed", callbacks=[stop_at(step)]).train()
+    resumed = make(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / f"checkpoint-{step}"))
+    return full, resumed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_same_state, snapshot_config, train_with_snapshots, trainer_state
+from helpers import assert_same_state, poison_advantages_on_round, snapshot_config, train_with_snapshots, trainer_state
 from tiny import tiny_prompt_dataset
 from transformers import TrainerCallback
 
@@ -40,20 +40,7 @@ def test_policy_step_skipped_after_the_prm_backward_leaves_the_prm_unmoved(tiny_
     skipped, and the PRM's step, held for it, is dropped: PRM weights, AdamW state and schedule stay as after step
     1 (they moved at step 1). Counted in guard/skipped_steps and guard/held_steps_dropped. Step 3 then has every
     group filtered: an empty step right after a skipped one moves nothing either."""
-    import trl_prime.prime.trainer as prime_trainer
-
-    real = prime_trainer.F.prime_advantages
-    calls = []
-
-    def poisoned_on_second_round(**kw):
-        adv = real(**kw)
-        calls.append(1)
-        if len(calls) == 2:
-            adv = adv.clone()
-            adv[0, 0] = float("nan")
-        return adv
-
-    monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned_on_second_round)
+    poison_advantages_on_round(monkeypatch, 2)
 
     rounds = []
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import interrupted_and_full, tiny_config
 from tiny import tiny_prompt_dataset
 
 from trl_prime import PrimeGRPOConfig, PrimeGRPOTrainer, PrimeRLOOConfig, PrimeRLOOTrainer
@@ -184,7 +184,6 @@ def test_grpo_oversampling_with_accumulation_steps_per_generation_and_iterations
 def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path):
     """A run with oversample_factor=2 stopped at step 2 and resumed from its checkpoint ends with the same policy,
     PRM and per-step metrics (kept groups included) as the uninterrupted run."""
-    from transformers import TrainerCallback
 
     def make(out, callbacks=None):
         args = _args(
@@ -204,17 +203,7 @@ def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path):
             callbacks=callbacks,
         )
 
-    full = make(tmp_path / "full")
-    full.train()
-
-    class StopAt2(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == 2:
-                control.should_training_stop = True
-
-    make(tmp_path / "resumed", callbacks=[StopAt2()]).train()
-    second = make(tmp_path / "resumed")
-    second.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-2"))
+    full, second = interrupted_and_full(make, tmp_path)
     logs = {h["step"]: h for h in full.state.log_history if "filter/kept_groups" in h}
     resumed = {h["step"]: h for h in second.state.log_history if "filter/kept_groups" in h}
     for step in (3, 4):

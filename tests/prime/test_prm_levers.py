@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import assert_same_state, snapshot_config, train_with_snapshots, trainer_state
+from helpers import assert_same_state, poison_advantages_on_round, snapshot_config, train_with_snapshots, trainer_state
 from tiny import tiny_prompt_dataset
 
 import trl_prime.functional as F
@@ -137,19 +137,7 @@ def test_prm_epochs_take_that_many_updates_per_round(tiny_model_path, tmp_path, 
 def test_skipped_policy_step_drops_every_prm_update_of_its_round(tiny_model_path, tmp_path, monkeypatch):
     """As tests/prime/test_empty_steps.py, with prm_epochs=3: round 2's advantages are poisoned after the PRM's first
     backward, the policy step is skipped, and none of round 2's three PRM updates is taken."""
-    import trl_prime.prime.trainer as prime_trainer
-
-    real, calls = prime_trainer.F.prime_advantages, []
-
-    def poisoned_on_second_round(**kw):
-        adv = real(**kw)
-        calls.append(1)
-        if len(calls) == 2:
-            adv = adv.clone()
-            adv[0, 0] = float("nan")
-        return adv
-
-    monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned_on_second_round)
+    poison_advantages_on_round(monkeypatch, 2)
     trainer, snap = train_with_snapshots(
         PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, one_right_of_four, max_steps=2, prm_epochs=3
     )

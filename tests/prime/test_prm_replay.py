@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import snapshot_config, train_with_snapshots
+from helpers import interrupted_and_full, poison_advantages_on_round, snapshot_config, train_with_snapshots
 from test_prm_learns import _pair_accuracy
 from test_prm_levers import one_right_of_four
 from tiny import tiny_prompt_dataset
@@ -103,19 +103,7 @@ def test_update_is_one_mean_over_the_round_and_the_window(tiny_model_path, tmp_p
 def test_skipped_policy_step_keeps_its_round_out_of_the_window(tiny_model_path, tmp_path, monkeypatch):
     """Round 2's advantages are poisoned after the PRM's backward: its held PRM step is dropped, and so are its rows
     (the window still holds round 1 alone)."""
-    import trl_prime.prime.trainer as prime_trainer
-
-    real, calls = prime_trainer.F.prime_advantages, []
-
-    def poisoned_on_second_round(**kw):
-        adv = real(**kw)
-        calls.append(1)
-        if len(calls) == 2:
-            adv = adv.clone()
-            adv[0, 0] = float("nan")
-        return adv
-
-    monkeypatch.setattr(prime_trainer.F, "prime_advantages", poisoned_on_second_round)
+    poison_advantages_on_round(monkeypatch, 2)
     trainer, snap = train_with_snapshots(
         PrimeRLOOTrainer, PrimeRLOOConfig, tiny_model_path, tmp_path, one_right_of_four, prm_replay_rounds=2
     )
@@ -126,7 +114,6 @@ def test_skipped_policy_step_keeps_its_round_out_of_the_window(tiny_model_path, 
 def test_resumed_run_restores_the_window(tiny_model_path, tmp_path):
     """A run with prm_replay_rounds=2 stopped at step 2 and resumed from its checkpoint ends with the PRM and policy
     of the uninterrupted run, bit for bit (the window travels in prm_replay_0.pt)."""
-    from transformers import TrainerCallback
 
     def make(out, callbacks=None):
         args = snapshot_config(
@@ -141,17 +128,8 @@ def test_resumed_run_restores_the_window(tiny_model_path, tmp_path):
             callbacks=callbacks,
         )
 
-    full = make(tmp_path / "full")
-    full.train()
-
-    class StopAt2(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            control.should_training_stop = state.global_step == 2
-
-    make(tmp_path / "resumed", callbacks=[StopAt2()]).train()
+    full, second = interrupted_and_full(make, tmp_path)
     assert (tmp_path / "resumed" / "checkpoint-2" / "prm_replay_0.pt").is_file()
-    second = make(tmp_path / "resumed")
-    second.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-2"))
     assert len(second.prm_replay) == 2
     for a, b in zip(full.prm_model.parameters(), second.prm_model.parameters()):
         assert torch.equal(a, b)
