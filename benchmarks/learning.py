@@ -286,6 +286,13 @@ def rl_config(
     return _resolve(cfg_name)(**kw)
 
 
+def other_warm_starts(merged: dict[str, dict | None], here: dict) -> dict[str, dict]:
+    """The ``--merge`` files (path -> their warm start's held-out accuracy) whose runs started from other weights
+    than the warm start made here: the recipe's cache key names its settings, not its weights, and the same recipe
+    trained on another CPU (other float kernels) gives another model. Files that recorded none are trusted."""
+    return {path: acc for path, acc in merged.items() if acc is not None and acc != here}
+
+
 def runs_to_do(methods: list[str], seeds: int, seed_offset: int, merged) -> list[tuple[str, int]]:
     """The ``(method, seed)`` runs to do, seed-major: seeds ``seed_offset .. seed_offset + seeds - 1``, less those
     ``merged`` (an earlier ``--json`` file's runs, keyed by ``(method, seed)``) holds. (Before 2026-12-03 the jobs
@@ -1202,6 +1209,13 @@ def main(argv=None) -> dict:
         action="store_true",
         help="with --merge: run --methods again and replace their merged runs (e.g. after a trainer fix)",
     )
+    p.add_argument(
+        "--allow-other-warm-start",
+        action="store_true",
+        help="with --merge: accept a file whose runs started from other warm-start weights (same recipe, trained on "
+        "another machine: its held-out accuracy differs). Its runs are then paired with new ones only within a "
+        "seed whose methods all ran on one machine; the default refuses",
+    )
     a = p.parse_args(argv)
     methods = a.methods.split(",") if a.methods else (QUICK_METHODS if a.quick else list(METHODS))
     bad = [m for m in methods if m not in METHODS]
@@ -1223,9 +1237,10 @@ def main(argv=None) -> dict:
         "heldout": a.heldout,
     }
     merged: dict[tuple[str, int], dict] = {}
-    merged_offline = None
+    merged_offline, merged_warm = None, {}
     for path in a.merge:
         old = json.loads(Path(path).read_text())
+        merged_warm[path] = old["task"].get("warm_start", {}).get("heldout_accuracy")
         theirs = {**old["settings"], "difficulty": old["task"]["difficulty"], "heldout": old["task"]["heldout"]}
         diff = {k: (theirs.get(k), v) for k, v in settings.items() if theirs.get(k) != v}
         if diff:
@@ -1258,6 +1273,14 @@ def main(argv=None) -> dict:
     recipe = lt.WarmStartRecipe(task=spec)
     warm = lt.warm_start(recipe, log=tqdm.write)
     info = json.loads((Path(warm) / "info.json").read_text())
+    other = other_warm_starts(merged_warm, info["heldout_accuracy"])
+    if other and not a.allow_other_warm_start:
+        p.error(
+            f"--merge: {sorted(other)} started from other warm-start weights (held-out accuracy {other} against "
+            f"{info['heldout_accuracy']} here): the recipe {Path(warm).name} trained on another machine (CPU kernels "
+            "differ), so their runs are not paired with runs made here. Re-run every method here, or pass "
+            "--allow-other-warm-start."
+        )
     tqdm.write(
         f"warm start: {warm} ({info['parameters']} parameters, SFT {info['sft_seconds']} s, held-out "
         f"{info['heldout_accuracy']})"

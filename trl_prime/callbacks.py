@@ -54,7 +54,8 @@ class PrimeCallback(TrainerCallback):
             labels: ``(B_local,)`` outcome labels the loss used on this process (NaN = weight 0: filtered,
                 unscorable or empty).
             row_weights: ``(B_local,)`` each row's weight in the global mean loss (0 for filtered rows; exact for
-                the ``"ce"`` loss, the rows taking part for the others).
+                the ``"ce"`` loss, the rows taking part for the others; with ``prm_replay_rounds`` the replayed rows
+                hold the rest of the weight).
             prm_model: the PRM module.
             prm_update: ``"single"`` or ``"double"``.
             loss_group_ids, loss_labels: ``(B_global,)`` the prompt-group id and label of every row of the global

@@ -202,3 +202,12 @@ def _proc_state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_merge_refuses_runs_of_other_warm_start_weights():
+    """The same recipe (cache key) trained on another CPU gave 0.254 sampled where the merged file's read 0.291: its
+    runs are not paired with new ones; a file with the same accuracy, or none recorded, merges."""
+    here = {"greedy": 0.449, "sampled": 0.254}
+    merged = {"old.json": {"greedy": 0.461, "sampled": 0.291}, "same.json": dict(here), "unknown.json": None}
+    assert learning.other_warm_starts(merged, here) == {"old.json": {"greedy": 0.461, "sampled": 0.291}}
+    assert learning.other_warm_starts({"same.json": dict(here)}, here) == {}

@@ -38,11 +38,11 @@ def test_window_keeps_the_last_rounds_whose_step_was_taken(tmp_path):
     assert len(replay) == 2 and [b["labels"][0].item() for b in replay.batches()] == [0.5, 0.75]
     replay.save(str(tmp_path), 0)
     back = PrmReplay(2)
-    back.load(str(tmp_path), 0, torch.device("cpu"))
+    back.load(str(tmp_path), 0)
     for a, b in zip(replay.batches(), back.batches()):
         assert all(torch.equal(a[k], b[k]) for k in ROW_FIELDS)
     with pytest.warns(UserWarning, match="prm_replay_rounds.*starts empty"):
-        PrmReplay(2).load(str(tmp_path), 1, torch.device("cpu"))  # no file of process 1
+        PrmReplay(2).load(str(tmp_path), 1)  # no file of process 1
     off = PrmReplay(0)
     off.stage(_batch(1.0))
     off.commit()
@@ -51,17 +51,42 @@ def test_window_keeps_the_last_rounds_whose_step_was_taken(tmp_path):
         PrmReplay(-1)
 
 
-def test_select_rows_copies_the_rows():
+def test_select_rows_copies_the_rows_with_their_images(tmp_path):
+    """A Qwen-VL-style round: ``pixel_values`` by image patches, ``image_grid_thw`` and the per-row ``num_images``
+    list; rows 0 and 2 (1 and 2 images) keep their own patches, and the window saves and loads them."""
+    from trl_prime.modeling import select_mm_rows
+
     batch = _batch(5.0, rows=3)
     batch["labels"] = torch.tensor([1.0, float("nan"), 0.0])
-    out = select_rows(batch, torch.tensor([0, 2]), lambda mm, rows: mm)
+    # 4 images of 2 patches each: row 0 has image 0, row 1 image 1, row 2 images 2 and 3
+    batch["mm"] = {
+        "pixel_values": torch.arange(8.0).unsqueeze(1),
+        "image_grid_thw": torch.tensor([[1, 1, 2]] * 4),
+        "num_images": [1, 1, 2],
+    }
+    out = select_rows(batch, torch.tensor([0, 2]), select_mm_rows)
     assert out["labels"].tolist() == [1.0, 0.0] and out["input_ids"].shape == (2, 3)
+    assert out["mm"]["pixel_values"].squeeze(1).tolist() == [0.0, 1.0, 4.0, 5.0, 6.0, 7.0]
+    assert out["mm"]["num_images"] == [1, 2] and out["mm"]["image_grid_thw"].shape == (3, 3)
     out["ref_logps"].zero_()
     assert batch["ref_logps"][0, 0].item() == -5.0  # a copy, not a view
+    replay = PrmReplay(1)
+    replay.stage(out)
+    replay.commit()
+    replay.save(str(tmp_path), 0)
+    back = PrmReplay(1)
+    back.load(str(tmp_path), 0)
+    assert back.batches()[0]["mm"]["num_images"] == [1, 2]
+    assert torch.equal(back.batches()[0]["mm"]["pixel_values"], out["mm"]["pixel_values"])
 
 
 @pytest.mark.parametrize(
-    "kw,match", [({"prm_replay_rounds": -1}, ">= 0"), ({"prm_replay_rounds": 2, "prm_loss": "dpo"}, "prm_loss='ce'")]
+    "kw,match",
+    [
+        ({"prm_replay_rounds": -1}, ">= 0"),
+        ({"prm_replay_rounds": 2, "prm_loss": "dpo"}, "prm_loss='ce'"),
+        ({"prm_replay_rounds": 2, "prm_reference": "policy"}, "prm_reference='sft'"),
+    ],
 )
 def test_config_errors_name_the_field(tmp_path, kw, match):
     with pytest.raises(ValueError, match=f"prm_replay_rounds.*{match}"):
@@ -92,12 +117,11 @@ def test_update_is_one_mean_over_the_round_and_the_window(tiny_model_path, tmp_p
     for k in ROW_FIELDS:
         assert torch.equal(round1[k], replayed[k]), k
     assert replayed["labels"].tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
-    shares = sum((~torch.isnan(c[0]["labels"])).sum().item() / c[1] for c in calls[1:])
-    assert shares == pytest.approx(1.0)
     logged = [h["prm/replay_rows"] for h in trainer.state.log_history if "prm/replay_rows" in h]
     assert logged == [0.0, 8.0]
-    assert len(trainer.prm_replay) == 1  # the window holds round 2 now (1 round)
-    assert not torch.equal(trainer.prm_replay.batches()[0]["input_ids"], round1["input_ids"])
+    assert len(trainer.prm_replay) == 1  # the window holds round 2 now (1 round): round 2's rows, on the CPU
+    window = trainer.prm_replay.batches()[0]
+    assert all(torch.equal(window[k], calls[1][0][k].cpu()) for k in ROW_FIELDS)
 
 
 def test_skipped_policy_step_keeps_its_round_out_of_the_window(tiny_model_path, tmp_path, monkeypatch):
@@ -144,3 +168,30 @@ def test_prm_with_a_replay_still_learns_the_toy_signal(tiny_model_path, tmp_path
     assert sum(right[10:]) / 10 > 0.6, right
     flipped = _pair_accuracy(tiny_model_path, tmp_path / "flipped", monkeypatch, "flipped_labels", prm_replay_rounds=2)
     assert sum(flipped[10:]) / 10 < 0.4, flipped
+
+
+def test_class_balance_weighs_the_round_and_the_window_together(tiny_model_path, tmp_path, monkeypatch):
+    """prm_class_balance with prm_replay_rounds=1: round 2's CE weights come from the label masses of its 8 rows and
+    round 1's 8 (1 right in 4 each: P = 4, N = 12), so each right row weighs 1/4 and each wrong one 1/12 in both
+    batches, and the normaliser is their sum, 2 (each side 1)."""
+    calls = []
+    trainer = PrimeRLOOTrainer(
+        model=tiny_model_path,
+        reward_funcs=one_right_of_four,
+        args=snapshot_config(PrimeRLOOConfig, tmp_path, prm_replay_rounds=1, prm_class_balance=True),
+        train_dataset=tiny_prompt_dataset(32),
+    )
+    real = trainer._prm_ce_backward
+
+    def spy(batch, unscored, norm, weights, rest):
+        calls.append((batch["labels"].clone(), norm, weights.clone()))
+        return real(batch, unscored, norm, weights, rest)
+
+    monkeypatch.setattr(trainer, "_prm_ce_backward", spy)
+    trainer.train()
+    assert len(calls) == 3
+    assert calls[0][1] == pytest.approx(2.0)  # round 1 alone: P = 2, N = 6
+    assert torch.allclose(calls[0][2], torch.where(calls[0][0] == 1, 0.5, 1 / 6))
+    for labels, norm, weights in calls[1:]:
+        assert norm == pytest.approx(2.0)
+        assert torch.allclose(weights, torch.where(labels == 1, 0.25, 1 / 12))

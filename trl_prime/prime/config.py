@@ -460,6 +460,12 @@ class PrimeOptions(GuardOptions, ProfOptions):
             raise ValueError(f"`prm_epochs`={self.prm_epochs} must be >= 1 (PRM updates per round; paper: 1).")
         if self.prm_replay_rounds < 0:
             raise ValueError(f"`prm_replay_rounds`={self.prm_replay_rounds} must be >= 0 (0: no replay, the paper's).")
+        if self.prm_replay_rounds and self.prm_reference == "policy":
+            raise ValueError(
+                f"`prm_replay_rounds`={self.prm_replay_rounds} replays rows with their stored reference log-probs, but "
+                "`prm_reference`='policy' takes the reference from each round's rollout policy, which moves: replayed "
+                "rewards would mix references. Set prm_reference='sft', or prm_replay_rounds=0."
+            )
         if self.prm_replay_rounds and self.prm_loss != "ce":
             raise ValueError(
                 f"`prm_replay_rounds`={self.prm_replay_rounds} replays rows into the cross-entropy update, but "

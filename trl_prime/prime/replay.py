@@ -4,7 +4,8 @@ PRIME (arXiv 2502.01456, Algorithm 1 line 8) updates the implicit PRM on the rol
 few kept groups per round (most of them one right completion of ``K``), each update sees a handful of positive rows.
 :class:`PrmReplay` keeps the labelled rows of the last ``rounds`` rounds, so that each cross-entropy update also trains
 on them: their token ids, masks, PRM labels and reference log-probs (the reference is frozen, so those stay exact);
-the PRM's own log-probs are recomputed with its current weights at every update.
+the PRM's own log-probs are recomputed with its current weights at every update. The window is kept in CPU memory and
+moved to the PRM's device for each update.
 
 A round joins the window only once its PRM step is taken: a step dropped by the guards (a poisoned batch, a skipped
 policy step) leaves the window as it was. Each process keeps the rows it scored; a checkpoint saves every process's
@@ -24,11 +25,24 @@ REPLAY_STATE_NAME = "prm_replay_{}.pt"
 ROW_FIELDS = ("input_ids", "attention_mask", "completion_mask", "labels", "ref_logps")
 
 
-def select_rows(batch: dict, rows: torch.Tensor, select_mm) -> dict:
+def _moved(value, device):
+    """A tensor copied to ``device`` (detached), or a list (``num_images``, ``num_tiles``) copied."""
+    return value.detach().to(device, copy=True) if torch.is_tensor(value) else list(value)
+
+
+def select_rows(batch: dict, rows: torch.Tensor, select_mm, device: str | torch.device = "cpu") -> dict:
     """The ``rows`` (a 1-D index tensor) of a round's ``batch`` (:data:`ROW_FIELDS` tensors with a leading row
-    dimension, and ``mm``: the multimodal inputs, selected with ``select_mm(mm, rows)``), detached."""
-    out = {k: batch[k][rows].detach().clone() for k in ROW_FIELDS}
-    out["mm"] = {k: v.detach().clone() for k, v in select_mm(batch.get("mm") or {}, rows).items()}
+    dimension, and ``mm``: the multimodal inputs, selected with ``select_mm(mm, rows)``), detached copies on
+    ``device``."""
+    out = {k: _moved(batch[k][rows], device) for k in ROW_FIELDS}
+    out["mm"] = {k: _moved(v, device) for k, v in select_mm(batch.get("mm") or {}, rows).items()}
+    return out
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A stored ``batch`` with its tensors on ``device`` (lists as they are)."""
+    out = {k: batch[k].to(device) for k in ROW_FIELDS}
+    out["mm"] = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch["mm"].items()}
     return out
 
 
@@ -81,7 +95,7 @@ class PrmReplay:
         if self.rounds:
             torch.save(self.state_dict(), os.path.join(checkpoint_dir, REPLAY_STATE_NAME.format(process_index)))
 
-    def load(self, checkpoint_dir: str, process_index: int, device: torch.device) -> None:
+    def load(self, checkpoint_dir: str, process_index: int) -> None:
         """Restore this process's window from ``checkpoint_dir``. A checkpoint without one (saved with the replay off,
         or by fewer processes) starts an empty window, with a warning."""
         if not self.rounds:
@@ -94,5 +108,5 @@ class PrmReplay:
                 stacklevel=2,
             )
             return
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         self.load_state_dict(state)

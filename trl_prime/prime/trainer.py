@@ -67,7 +67,7 @@ from trl_prime.prime.oversample import (
     select_first_groups,
 )
 from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, PRMOptimizer
-from trl_prime.prime.replay import ROW_FIELDS, PrmReplay, select_rows
+from trl_prime.prime.replay import ROW_FIELDS, PrmReplay, select_rows, to_device
 from trl_prime.prime.value import ValueMixin
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
 from trl_prime.rollout import (
@@ -153,6 +153,23 @@ def _logps_of_rows(
         out = out.to(sub.dtype)
         out[rows] = sub
     return out
+
+
+def _unlabelled_rows_to(batch: dict, rows: int) -> dict:
+    """A replayed text ``batch`` laid out as exactly ``rows`` rows (DeepSpeed's equal backward counts): its rows
+    repeated, the copies unlabelled (weight 0). Raises ``ValueError`` when it holds more."""
+    n = batch["labels"].numel()
+    if n == rows:
+        return batch
+    if n > rows or n == 0 or batch["mm"]:
+        raise ValueError(
+            f"A replayed round holds {n} rows where this run's rounds hold {rows} per process (a window restored from "
+            "a checkpoint of another layout). Resume with the same batch layout, or start with prm_replay_rounds=0."
+        )
+    idx = torch.arange(rows, device=batch["labels"].device) % max(n, 1)
+    out = {k: batch[k][idx] for k in ROW_FIELDS}
+    out["labels"] = torch.where(torch.arange(rows, device=idx.device) < n, out["labels"], float("nan"))
+    return {**out, "mm": {}}
 
 
 def _accepts_images(model: nn.Module | None) -> bool:
@@ -468,7 +485,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self.prm_optim.create(max_steps)
         if resume_from_checkpoint is not None:
             self.prm_optim.load_state(resume_from_checkpoint, self.prm_model)
-            self.prm_replay.load(resume_from_checkpoint, self.accelerator.process_index, self.accelerator.device)
+            self.prm_replay.load(resume_from_checkpoint, self.accelerator.process_index)
         self._value_prepare(max_steps, resume_from_checkpoint)
         return model, train_dataloader
 
@@ -1116,7 +1133,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         if "grad_norm" in stats:  # the PRM's optimizer stepped
             stats["replay_rows"] = n_replayed
             self._stage_replay(current, valid)
-            self._dispatch_prm_step(loss_value, stats, labels, valid.float() / n_global, pair_info)
+            row_weights = (valid.float() if weights[0] is None else weights[0]) / norm  # as the CE loss weighs them
+            self._dispatch_prm_step(loss_value, stats, labels, row_weights, pair_info)
         return prm_logps, stats
 
     def _prm_ce_weights(self, labels: list[torch.Tensor], n_current: float) -> tuple[list, float, float]:
@@ -1125,6 +1143,8 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         replayed labelled rows)``. Plain mean: weights ``None`` and the normaliser the global count of labelled rows;
         ``prm_class_balance``: the ``(B_i,)`` :func:`~trl_prime.functional.class_balanced_weights` and their global
         sum (2, or the count when a side is empty). Collective."""
+        if len(labels) == 1 and not self.args.prm_class_balance:  # the round alone, the plain mean (the paper's)
+            return [None], n_current, 0.0
         y = torch.cat(labels)
         valid = ~torch.isnan(y)
         y0 = torch.where(valid, y, torch.zeros_like(y)).to(torch.float32)
@@ -1137,25 +1157,28 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         return list(w.split([len(lab) for lab in labels])), total, n_all - n_current
 
     def _replay_batches(self, current: dict) -> list[dict]:
-        """The earlier rounds the PRM update replays (``prm_replay_rounds``; :class:`~trl_prime.prime.replay.PrmReplay`).
-        Under DeepSpeed every process runs the same number of backward passes per update (its engine's accumulation
-        count): a window not yet full is padded with copies of this round's rows that carry no label (weight 0)."""
-        replay = self.prm_replay.batches()
-        if self.prm_optim.engine is not None and self.prm_replay.rounds:
-            blank = {**current, "labels": torch.full_like(current["labels"], float("nan"))}
-            replay += [blank] * (self.prm_replay.rounds - len(replay))
-        return replay
+        """The earlier rounds the PRM update replays (``prm_replay_rounds``; :class:`~trl_prime.prime.replay.PrmReplay`),
+        on the PRM's device. Under DeepSpeed every process runs the same number of backward passes per update (its
+        engine's accumulation count): each replayed round is laid out as ``B`` rows (a round stored with fewer, e.g.
+        by a run without DeepSpeed, is padded with unlabelled copies, weight 0), and a window not yet full is padded
+        with unlabelled copies of this round."""
+        device = current["labels"].device
+        replay = [to_device(b, device) for b in self.prm_replay.batches()]
+        if self.prm_optim.engine is None or not self.prm_replay.rounds:
+            return replay
+        B = current["labels"].numel()
+        replay = [_unlabelled_rows_to(b, B) for b in replay]
+        blank = {**current, "labels": torch.full_like(current["labels"], float("nan"))}
+        return replay + [blank] * (self.prm_replay.rounds - len(replay))
 
     def _stage_replay(self, current: dict, valid: torch.Tensor) -> None:
         """After a PRM step: hold this round's labelled rows (every row under DeepSpeed, for equal backward counts)
-        for the replay; they join it once the step is taken (now, or with the policy's held step)."""
-        if not self.prm_replay.rounds:
+        for the replay; they join it once the step is taken (now, or with the policy's held step). A DeepSpeed step
+        its fp16 loss scaler skipped was not taken: its round stays out."""
+        engine = self.prm_optim.engine
+        if not self.prm_replay.rounds or (engine is not None and not engine.was_step_applied()):
             return
-        rows = (
-            valid.nonzero()[:, 0]
-            if self.prm_optim.engine is None
-            else torch.arange(valid.numel(), device=valid.device)
-        )
+        rows = valid.nonzero()[:, 0] if engine is None else torch.arange(valid.numel(), device=valid.device)
         self.prm_replay.stage(select_rows(current, rows, select_mm_rows))
         if not self.prm_optim.pending:
             self.prm_replay.commit()
