@@ -136,6 +136,12 @@ METHODS = {
     # a replay of the last 4 rounds' PRM rows; the released script's PRM gradient clip (10; ours: 1.0)
     "prime_rloo_replay4": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_replay_rounds": 4}),
     "prime_rloo_clip10": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_max_grad_norm": 10.0}),
+    # the paper's online prompt filter (0.2 <= group accuracy <= 0.8): no all-wrong or all-right group trains
+    "prime_rloo_paper_filter": (
+        "trl_prime.PrimeRLOOTrainer",
+        "trl_prime.PrimeRLOOConfig",
+        {"filter_lower": 0.2, "filter_upper": 0.8},
+    ),
     # the paper's PRM/policy learning-rate ratio (1e-6 / 5e-7 = 2)
     "prime_rloo_prm2x": ("trl_prime.PrimeRLOOTrainer", "trl_prime.PrimeRLOOConfig", {"prm_lr_over_lr": 2.0}),
     # the released code's stabilisers at the paper's ratio: advantages whitened, process rewards batch-normalised
@@ -728,6 +734,13 @@ def collapsed(start: float, final: float) -> bool:
     return final < start / 2
 
 
+def finite_mean(xs) -> float:
+    """The mean of the finite values of ``xs``: a step whose every group was filtered out logs no pair accuracy
+    (``None`` / NaN), and a window of such steps reads NaN."""
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(vals) if vals else math.nan
+
+
 def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
     """Per method: curves (mean, 95% half-width), start, final, AUC, collapsed seeds, training seconds at each
     evaluation (mean over the seeds that recorded them), pair accuracy; per-seed values keyed by ``seeds``."""
@@ -756,11 +769,11 @@ def summarize(runs: dict[str, list[dict]], key: str = "greedy") -> dict:
             n = min(len(p) for p in pairs)
             w = max(1, n // 5)
             s["pair_accuracy"] = {
-                "first": mean_ci([statistics.fmean(p[:w]) for p in pairs]),
-                "middle": mean_ci([statistics.fmean(p[n // 2 - w // 2 : n // 2 - w // 2 + w]) for p in pairs]),
-                "last": mean_ci([statistics.fmean(p[n - w :]) for p in pairs]),
+                "first": mean_ci([finite_mean(p[:w]) for p in pairs]),
+                "middle": mean_ci([finite_mean(p[n // 2 - w // 2 : n // 2 - w // 2 + w]) for p in pairs]),
+                "last": mean_ci([finite_mean(p[n - w :]) for p in pairs]),
                 "window": w,
-                "curve": [statistics.fmean(p[i] for p in pairs) for i in range(n)],
+                "curve": [finite_mean([p[i] for p in pairs]) for i in range(n)],
             }
         out[m] = s
     return out

@@ -3,6 +3,7 @@ verdicts and PRIME Table 4 rows follow the numbers they are given."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -211,3 +212,15 @@ def test_merge_refuses_runs_of_other_warm_start_weights():
     merged = {"old.json": {"greedy": 0.461, "sampled": 0.291}, "same.json": dict(here), "unknown.json": None}
     assert learning.other_warm_starts(merged, here) == {"old.json": {"greedy": 0.461, "sampled": 0.291}}
     assert learning.other_warm_starts({"same.json": dict(here)}, here) == {}
+
+
+def test_pair_accuracy_of_steps_that_kept_no_group_is_skipped():
+    """With the paper's filter on the sparse task, a step can keep no group and log no pair accuracy (None): the
+    windows average the steps that have one (the summary crashed on it before)."""
+    run = {"seed": 0, "steps": [0, 60], "sampled": [0.1, 0.2], "greedy": [0.1, 0.2], "train_seconds": None}
+    pairs = [None, 0.5, 0.7, None, None, 0.6, 0.4, 0.8, None, 1.0]
+    s = learning.summarize({"prime_rloo": [{**run, "pair_accuracy": pairs}]}, "sampled")["prime_rloo"]
+    assert s["pair_accuracy"]["window"] == 2
+    assert s["pair_accuracy"]["first"][0] == pytest.approx(0.5)  # None, 0.5
+    assert s["pair_accuracy"]["last"][0] == pytest.approx(1.0)  # None, 1.0
+    assert math.isnan(s["pair_accuracy"]["curve"][0]) and s["pair_accuracy"]["curve"][1] == 0.5
