@@ -12,10 +12,10 @@ failures, degenerate batches).
   not a causal LM fail before training with a message naming the field and the fix.
 - :func:`keep_4bit_layers_differentiable`: a 4-bit (bitsandbytes NF4/FP4) base keeps the layout that backpropagates
   on a CPU with AVX512-BF16 (below), so LoRA adapters on it train.
-- :class:`GuardsMixin` (a base of the trainers, before TRL's class in the MRO):
+- :class:`Guards` (a plain object each trainer's adapter, :mod:`trl_prime.adapters`, owns as ``trainer.guards``):
 
   * **non-finite values** never reach an optimizer step. Each trainer hands the tensors of a generation batch (outcome
-    rewards, log-probs, token rewards, advantages) to :meth:`GuardsMixin._guard_inspect`; a row holding ``inf`` /
+    rewards, log-probs, token rewards, advantages) to :meth:`Guards.inspect`; a row holding ``inf`` /
     ``NaN`` (a ``NaN`` outcome is *unscorable*, excluded by design, not an error) poisons the generation batch: its
     policy optimizer steps (and the PRIME PRM step) are skipped, the offending rows are logged (global row index and
     sample id), and ``guard/skipped_steps`` counts them (in evaluation, where PRIME, PRL and PROF run the same checks,
@@ -32,7 +32,7 @@ failures, degenerate batches).
     ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``: it is not guarded; only a poisoned
     batch's PRM step is skipped.)
   * **a step with nothing to learn moves nothing.** The loss weight of every micro-batch the policy's loss receives
-    is counted (:meth:`GuardsMixin._prepare_inputs`); an optimizer step whose micro-batches hold no weighted token on
+    is counted (:meth:`Guards.count_micro_batch`, from TRL's ``_prepare_inputs``); an optimizer step whose micro-batches hold no weighted token on
     any process (every group filtered, every row unscorable or dropped by PROF) does not step: gradients zeroed,
     AdamW's moments and step count and the scheduler unchanged (a zero gradient would still move the weights through
     Adam's momentum), counted in ``guard/empty_steps`` (not a non-finite skip: it never stops the run). The PRM and
@@ -47,7 +47,7 @@ failures, degenerate batches).
     (:func:`group_reward_spread`), ``guard/short_completion_fraction``; the trainers keep them finite (no NaN).
   * **groups left with one scorable row** (the others unscorable or dropped by PROF) have no group baseline: with a
     group-baseline estimator their row gets advantage 0 (PRIME's ``"ppo"`` subtracts a value instead and trains on
-    it); ``guard/single_row_groups`` counts them per step (:meth:`GuardsMixin._guard_single_row_groups`).
+    it); ``guard/single_row_groups`` counts them per step (:meth:`Guards.single_row_groups`).
 
 Checkpointing (atomic checkpoints, the buffered generation batch for exact resume) is
 :mod:`trl_prime.checkpointing`.
@@ -445,52 +445,62 @@ def keep_4bit_layers_differentiable(model: nn.Module) -> int:
     return len(layers)
 
 
-class GuardsMixin:
-    """Reliability machinery shared by the trl-prime trainers (see the module docstring). Place it before TRL's
-    trainer class in the bases; call :meth:`_guard_setup` at the end of ``__init__``."""
+class Guards:
+    """The reliability guards of one trl-prime training run (see the module docstring): a plain object the trainer's
+    adapter (:mod:`trl_prime.adapters`) owns and calls at TRL's hooks.
+
+    Args:
+        args: the trainer's config (:class:`GuardOptions` fields ``max_nonfinite_skips``, ``max_verifier_failure_rate``).
+        accelerator: the trainer's ``Accelerator`` (collectives, process index).
+        record: ``record(mode, name, value)``, the trainer's one metric call (``mode``: ``"train"`` / ``"eval"``).
+        global_step: returns the trainer's optimizer steps so far (for messages).
+        max_completion_length: TRL's, for the truncation fallback of :meth:`degenerate_metrics`.
+
+    State, saved with checkpoints (:mod:`trl_prime.checkpointing`): ``consecutive_skips``, ``total_skips``; the
+    generation batch's ``poison`` (``None``, or the reason, rows and sample ids) and ``step_pending``.
+    """
+
+    def __init__(self, args, accelerator, record, global_step, max_completion_length: int | None = None):
+        self.args, self.accelerator, self.record, self.global_step = args, accelerator, record, global_step
+        self.max_completion_length = max_completion_length
+        self.poison: dict | None = None
+        self.consecutive_skips = 0
+        self.total_skips = 0
+        self.step_pending = False  # a poisoned generation batch awaits its (skipped) policy step
+        self.step_tokens = 0.0  # weighted loss tokens of this optimizer step's micro-batches (this process)
+        self.step_batches = 0  # and the micro-batches counted
+        self.infra_failures = 0.0
+        self.inputs = None
+        self.clip_norm: float | None = None  # the Trainer's gradient norm of this step (``_get_grad_norm``)
+        self.wrapped = False  # the policy's optimizer step is guarded (:meth:`wrap_optimizer`)
+
+    @property
+    def poisoned(self) -> bool:
+        """Whether the current generation batch's optimizer steps will be skipped."""
+        return self.poison is not None
 
     # --------------------------------------------------------------------------------------------------------
-    def _guard_setup(self) -> None:
-        self._guard_poison: dict | None = None
-        self._guard_consecutive_skips = 0
-        self._guard_total_skips = 0
-        self._guard_step_pending = False  # a poisoned generation batch awaits its (skipped) policy step
-        self._guard_step_tokens = 0.0  # weighted loss tokens of this optimizer step's micro-batches (this process)
-        self._guard_step_batches = 0  # and the micro-batches counted
-        self._guard_infra_failures = 0.0
-        self._guard_inputs = None
-        check_train_dataset(getattr(self, "train_dataset", None), self.reward_funcs)
-        if isinstance(getattr(self, "model", None), nn.Module):
-            keep_4bit_layers_differentiable(self.model)
-
-    def _guard_args(self, name, default):
-        return getattr(self.args, name, default)
-
+    # Generation batches and micro-batches
     # --------------------------------------------------------------------------------------------------------
-    # Rows, sample ids
-    # --------------------------------------------------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs):
-        self._guard_inputs = inputs
-        if self.model.training and not getattr(self, "_guard_step_pending", False):
-            # a new generation batch: judged afresh, unless a poisoned one still feeds the pending optimizer step
-            # (gradient_accumulation_steps > steps_per_generation: several generation batches per step)
-            self._guard_poison = None
-        return super()._generate_and_score_completions(inputs)
+    def new_generation_batch(self, inputs, training: bool) -> None:
+        """A generation batch starts (TRL's ``_generate_and_score_completions``): it is judged afresh, unless a
+        poisoned one still feeds the pending optimizer step (``gradient_accumulation_steps > steps_per_generation``:
+        several generation batches per step)."""
+        self.inputs = inputs
+        if training and not self.step_pending:
+            self.poison = None
 
-    def _prepare_inputs(self, generation_batch):
-        # TRL hands each micro-batch to the loss through here: count its weighted tokens (the loss weight PRIME sets,
-        # `prime_loss_mask`, else TRL's completion mask times its loss-only `tool_mask`) for the empty-step check
-        inputs = super()._prepare_inputs(generation_batch)
-        if self.model.training and isinstance(inputs, dict):
-            self._guard_step_tokens = getattr(self, "_guard_step_tokens", 0.0) + float(loss_weight(inputs).sum())
-            self._guard_step_batches = getattr(self, "_guard_step_batches", 0) + 1
-        return inputs
+    def count_micro_batch(self, inputs: dict) -> None:
+        """Count the weighted tokens of a micro-batch TRL hands to its loss (:func:`loss_weight`) for the empty-step
+        check."""
+        self.step_tokens += float(loss_weight(inputs).sum())
+        self.step_batches += 1
 
-    def _guard_sample_ids(self, rows: list[int]) -> list[Any]:
+    def sample_ids(self, rows: list[int]) -> list[Any]:
         """Sample ids (``id``/``idx``/``index`` column, else the prompt's first 60 characters) of global rows.
         Collective."""
         local = []
-        for x in self._guard_inputs or []:
+        for x in self.inputs or []:
             sid = next((x[k] for k in ("id", "idx", "index") if isinstance(x, dict) and k in x), None)
             if sid is None:
                 p = x.get("prompt") if isinstance(x, dict) else None
@@ -505,7 +515,10 @@ class GuardsMixin:
             local = [s for part in everything for s in part]
         return [local[i] if i < len(local) else None for i in rows]
 
-    def _guard_inspect(
+    # --------------------------------------------------------------------------------------------------------
+    # Non-finite rows
+    # --------------------------------------------------------------------------------------------------------
+    def inspect(
         self,
         mode: str,
         *,
@@ -551,40 +564,41 @@ class GuardsMixin:
             parts = ([f"non-finite {', '.join(nonfinite)}"] if nonfinite else []) + [
                 k for k in what if not k.startswith("non-finite ")
             ]
-            self._guard_poison_batch(mode, "; ".join(parts), rows)
+            self.poison_batch(mode, "; ".join(parts), rows)
         return bad_g
 
-    def _guard_poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
+    def poison_batch(self, mode: str, reason: str, rows: list[int] | None = None) -> None:
         """Mark the current generation batch as poisoned: its optimizer steps (policy, PRM) are skipped. In
         evaluation (``mode != "train"``) there is no optimizer step: the offending rows are only logged.
 
         ``rows``: the offending rows of the global generation batch; ``None`` when no row can be blamed (a gradient
         that overflows while every row's rewards and log-probs are finite and within bounds)."""
-        ids = self._guard_sample_ids(rows) if rows else []
+        ids = self.sample_ids(rows) if rows else []
         if self.accelerator.is_main_process:
-            self._guard_warn(mode, reason, rows, ids)
+            self._warn(mode, reason, rows, ids)
         if mode != "train":
             return
         # the poison lasts until the guarded policy step it feeds has run (not under DeepSpeed: no guarded step)
-        self._guard_step_pending = bool(getattr(self.optimizer, "_guard_wrapped", False))
-        if self._guard_poison is None:
-            self._guard_poison = {"reason": reason, "rows": list(rows or []), "sample_ids": ids}
+        self.step_pending = self.wrapped
+        if self.poison is None:
+            self.poison = {"reason": reason, "rows": list(rows or []), "sample_ids": ids}
         else:
-            self._guard_poison["reason"] += f"; {reason}"
-            self._guard_poison["rows"] = sorted(set(self._guard_poison["rows"]) | set(rows or []))
+            self.poison["reason"] += f"; {reason}"
+            self.poison["rows"] = sorted(set(self.poison["rows"]) | set(rows or []))
 
-    def _guard_warn(self, mode: str, reason: str, rows: list[int] | None, ids: list[Any]) -> None:
-        """Log the offending rows of :meth:`_guard_poison_batch`: in training the optimizer step is skipped; in
-        evaluation nothing is skipped (no optimizer step) and the evaluation metrics may hold the values."""
+    def _warn(self, mode: str, reason: str, rows: list[int] | None, ids: list[Any]) -> None:
+        """Log the offending rows of :meth:`poison_batch`: in training the optimizer step is skipped; in evaluation
+        nothing is skipped (no optimizer step) and the evaluation metrics may hold the values."""
         kind = "Non-finite values" if reason.startswith("non-finite") else "Non-finite or out-of-bound values"
+        step = self.global_step()
         if mode != "train":
             head = (
-                f"{kind} in evaluation after step {self.state.global_step} ({reason}): no optimizer step to skip; "
+                f"{kind} in evaluation after step {step} ({reason}): no optimizer step to skip; "
                 "evaluation goes on and its metrics may be non-finite."
             )
             tail = f"Offending rows of the global evaluation batch: {rows or []}; sample ids: {ids}"
         else:
-            head = f"{kind} at step {self.state.global_step + 1} ({reason}): skipping the optimizer step."
+            head = f"{kind} at step {step + 1} ({reason}): skipping the optimizer step."
             tail = (
                 f"Offending rows of the global generation batch: {rows}; sample ids: {ids}"
                 if rows
@@ -592,12 +606,7 @@ class GuardsMixin:
             )
         logger.warning("%s %s", head, tail)
 
-    @property
-    def guard_poisoned(self) -> bool:
-        """Whether the current generation batch's optimizer steps will be skipped."""
-        return getattr(self, "_guard_poison", None) is not None
-
-    def _guard_single_row_groups(self, mode: str, *, rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
+    def single_row_groups(self, mode: str, *, rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
         """Log ``guard/single_row_groups``: the groups of the global batch left with one scorable row.
 
         ``rewards`` are the outcome rewards the advantages see (NaN on unscorable rows and on rows a filter dropped).
@@ -607,13 +616,13 @@ class GuardsMixin:
         it.
         """
         count = int(single_row_group_mask(rewards, group_ids).sum().item())
-        self._metrics[mode]["guard/single_row_groups"].append(float(count))
+        self.record(mode, "guard/single_row_groups", float(count))
         return count
 
     # --------------------------------------------------------------------------------------------------------
     # Degenerate batches
     # --------------------------------------------------------------------------------------------------------
-    def _guard_degenerate_metrics(
+    def degenerate_metrics(
         self,
         mode: str,
         *,
@@ -629,23 +638,24 @@ class GuardsMixin:
         ``truncated`` ``(B_global,)`` bool: the completions TRL counts as truncated (no EOS at the end, the signal of
         TRL's ``completions/clipped_ratio``; :attr:`trl_prime.rollout.Rollout.truncated`); without it, a completion
         is truncated when its length reaches ``max_completion_length``."""
-        m = self._metrics[mode]
         scorable = torch.isfinite(outcome)
         vals = outcome[scorable]
         all_equal = float(vals.numel() == 0 or bool((vals == vals[0]).all()))
         lengths = completion_mask_g.sum(-1) if completion_lengths is None else completion_lengths
-        max_len = getattr(self, "max_completion_length", None)
-        if truncated is None and max_len is not None:
-            truncated = lengths >= max_len
+        if truncated is None and self.max_completion_length is not None:
+            truncated = lengths >= self.max_completion_length
         all_trunc = float(truncated is not None and truncated.numel() > 0 and bool(truncated.all()))
         short = (lengths <= 1).float().mean().item() if lengths.numel() else 0.0
         all_filtered = float(kept is not None and not bool(kept.any()))
         zero_spread = float(not bool(group_reward_spread(outcome, num_generations, kept).any()))
-        m["guard/all_rewards_equal"].append(all_equal)
-        m["guard/all_groups_zero_spread"].append(zero_spread)
-        m["guard/all_truncated"].append(all_trunc)
-        m["guard/short_completion_fraction"].append(short)
-        m["guard/all_filtered"].append(all_filtered)
+        for name, value in (
+            ("all_rewards_equal", all_equal),
+            ("all_groups_zero_spread", zero_spread),
+            ("all_truncated", all_trunc),
+            ("short_completion_fraction", short),
+            ("all_filtered", all_filtered),
+        ):
+            self.record(mode, f"guard/{name}", value)
         # every group's rewards equal within the group: no outcome advantage anywhere (the batch may still differ)
         zero_spread_only = zero_spread and not (all_equal or all_filtered)
         if self.accelerator.is_main_process and (all_filtered or all_trunc or all_equal or zero_spread_only):
@@ -661,56 +671,56 @@ class GuardsMixin:
             ]
             logger.warning(
                 "Degenerate batch at step %d: %s (no outcome signal from it).",
-                self.state.global_step + 1,
+                self.global_step() + 1,
                 ", ".join(which),
             )
 
     # --------------------------------------------------------------------------------------------------------
     # Verifier infrastructure failures
     # --------------------------------------------------------------------------------------------------------
-    def _log_metric(self, name: str, value: float):
+    def count_metric(self, name: str, value: float) -> None:
+        """A reward function's ``log_metric``: infrastructure failures (:func:`failure_metrics`) are counted."""
         if name in failure_metrics():
-            self._guard_infra_failures += float(value)
-        return super()._log_metric(name, value)
+            self.infra_failures += float(value)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._guard_infra_failures = 0.0
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        counts = torch.tensor([self._guard_infra_failures, float(len(prompts))], device=self.accelerator.device)
+    def check_failure_rate(self, mode: str, num_completions: int) -> None:
+        """After the reward functions of a generation batch: log ``verifier/failure_rate`` over the global batch and
+        stop above ``max_verifier_failure_rate``. Collective.
+
+        Raises:
+            RuntimeError: more completions than ``max_verifier_failure_rate`` allows could not be scored because the
+                verifier infrastructure failed."""
+        counts = torch.tensor([self.infra_failures, float(num_completions)], device=self.accelerator.device)
         counts = self.accelerator.reduce(counts, reduction="sum")
         failures, total = counts[0].item(), max(counts[1].item(), 1.0)
         rate = failures / total
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["verifier/failure_rate"].append(rate)
-        limit = self._guard_args("max_verifier_failure_rate", 1.0)
+        self.record(mode, "verifier/failure_rate", rate)
+        limit = getattr(self.args, "max_verifier_failure_rate", 1.0)
         if rate > limit:
             raise RuntimeError(
                 f"{int(failures)} of {int(total)} completions ({rate:.0%}) could not be scored because the verifier "
                 f"infrastructure failed ({', '.join(failure_metrics())}: e.g. the math worker pool or the code "
-                f"sandbox died) at step {self.state.global_step + 1}, above `max_verifier_failure_rate`={limit}. "
+                f"sandbox died) at step {self.global_step() + 1}, above `max_verifier_failure_rate`={limit}. "
                 "Stopping instead of training on bad rewards: check the verifier's workers / sandbox (memory, "
                 "processes, permissions), then resume from the last checkpoint."
             )
-        return rewards_per_func
 
     # --------------------------------------------------------------------------------------------------------
     # Guarded policy optimizer step
     # --------------------------------------------------------------------------------------------------------
-    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
-        self._guard_wrap_optimizer()
-        return model, train_dataloader
-
-    def _guard_wrap_optimizer(self) -> None:
-        opt = self.optimizer
-        if opt is None or getattr(opt, "_guard_wrapped", False) or self.is_deepspeed_enabled:
+    def wrap_optimizer(self, opt, after_policy_step) -> None:
+        """Guard the policy optimizer's ``step`` (not under DeepSpeed, whose step runs inside ``backward``): a step
+        of a poisoned batch, with a non-finite gradient or without any weighted token is skipped (gradients zeroed,
+        accelerate's ``step_was_skipped``, scheduler not advanced). ``after_policy_step(applied, reason)`` is called
+        before a step runs (``applied``) or when it is skipped (``reason``: ``"empty"`` or the non-finite reason)."""
+        if opt is None or getattr(opt, "_guard_wrapped", False):
             return
         original = opt.step
 
         def guarded_step(*args, **kwargs):
-            reason = self._guard_step_problem(opt)
-            self._guard_step_pending = False  # the next generation batch is judged afresh
-            no_tokens = self._guard_step_is_empty()  # every step: the count restarts after a skipped step too
+            reason = self.step_problem(opt)
+            self.step_pending = False  # the next generation batch is judged afresh
+            no_tokens = self.step_is_empty()  # every step: the count restarts after a skipped step too
             empty = reason is None and no_tokens
             if reason is not None or empty:
                 opt.zero_grad(set_to_none=True)
@@ -723,56 +733,40 @@ class GuardsMixin:
                     from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
                     scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
-                self._guard_after_policy_step(applied=False, reason="empty" if empty else reason)
+                after_policy_step(applied=False, reason="empty" if empty else reason)
                 if empty:
-                    self._metrics["train"]["guard/empty_steps"].append(1.0)
+                    self.record("train", "guard/empty_steps", 1.0)
                 else:
-                    self._guard_record_skip(reason)
+                    self.record_skip(reason)
                 return None
             if hasattr(opt, "_is_overflow") and getattr(opt, "scaler", None) is None:
                 opt._is_overflow = False
-            self._guard_after_policy_step(applied=True)
+            after_policy_step(applied=True)
             out = original(*args, **kwargs)
-            self._guard_consecutive_skips = 0
+            self.consecutive_skips = 0
             return out
 
         for k, v in getattr(original, "__dict__", {}).items():  # keep torch's `_wrapped_by_lr_sched` marker
             setattr(guarded_step, k, v)
         opt.step = guarded_step
         opt._guard_wrapped = True
+        self.wrapped = True
 
-    def _get_grad_norm(self, model, grad_norm=None):
-        # Trainer: the norm returned by its gradient clipping (computed before clipping), or an unclipped norm. An
-        # overflowing norm (inf) makes clipping scale every gradient by 0: the gradients the guarded step sees are then
-        # finite zeros (or NaN), so the step is judged on this norm too.
-        out = super()._get_grad_norm(model, grad_norm=grad_norm)
-        value = out.item() if hasattr(out, "item") else out
-        self._guard_clip_norm = None if value is None else float(value)
-        return out
-
-    def _guard_step_is_empty(self) -> bool:
+    def step_is_empty(self) -> bool:
         """Whether this optimizer step's micro-batches held no weighted loss token on any process (then resets the
         count for the next step); ``False`` when no micro-batch was counted (an optimizer stepped outside TRL's
         loop). Collective."""
-        counts = torch.tensor(
-            [getattr(self, "_guard_step_tokens", 0.0), float(getattr(self, "_guard_step_batches", 0))],
-            device=self.accelerator.device,
-        )
-        self._guard_step_tokens, self._guard_step_batches = 0.0, 0
+        counts = torch.tensor([self.step_tokens, float(self.step_batches)], device=self.accelerator.device)
+        self.step_tokens, self.step_batches = 0.0, 0
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts, reduction="sum")
         return bool(counts[1].item() > 0 and counts[0].item() == 0)
 
-    def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
-        """Hook at each guarded policy optimizer step, before it runs (``applied``) or when it is skipped (``reason``:
-        ``"empty"`` or the non-finite reason): a trainer with a second model whose step was held back for this
-        decision (PRIME's PRM and critic) takes or drops it here."""
-
-    def _guard_step_problem(self, opt) -> str | None:
+    def step_problem(self, opt) -> str | None:
         """Why the policy step must be skipped (``None``: it may run). Collective."""
-        poisoned = self._guard_poison is not None
+        poisoned = self.poison is not None
         bad_grad = False
-        clip_norm, self._guard_clip_norm = getattr(self, "_guard_clip_norm", None), None
+        clip_norm, self.clip_norm = self.clip_norm, None
         # fp16 AMP (a GradScaler): inf gradients are its overflows, which it handles itself (step skipped, scale
         # lowered); counting them here would stop a run while the scale calibrates and never let the scale drop
         if getattr(opt, "scaler", None) is None:
@@ -787,27 +781,30 @@ class GuardsMixin:
         if self.accelerator.num_processes > 1:
             flags = self.accelerator.reduce(flags, reduction="sum")
         if flags[0] > 0:
-            reason = (self._guard_poison or {}).get("reason", "non-finite values on another process")
-            return reason
+            return (self.poison or {}).get("reason", "non-finite values on another process")
         if flags[1] > 0:
             return "non-finite policy gradient norm: gradient overflow (no single row)"
         return None
 
-    def _guard_record_skip(self, reason: str) -> None:
-        self._guard_consecutive_skips += 1
-        self._guard_total_skips += 1
-        self._metrics["train"]["guard/skipped_steps"].append(1.0)
+    def record_skip(self, reason: str) -> None:
+        """Count a skipped non-finite step (``guard/skipped_steps``).
+
+        Raises:
+            RuntimeError: after ``max_nonfinite_skips`` consecutive skipped steps."""
+        self.consecutive_skips += 1
+        self.total_skips += 1
+        self.record("train", "guard/skipped_steps", 1.0)
         if self.accelerator.is_main_process:
             logger.warning(
                 "Skipped optimizer step %d (%s); %d consecutive.",
-                self.state.global_step + 1,
+                self.global_step() + 1,
                 reason,
-                self._guard_consecutive_skips,
+                self.consecutive_skips,
             )
-        limit = self._guard_args("max_nonfinite_skips", 3)
-        if self._guard_consecutive_skips >= limit:
+        limit = getattr(self.args, "max_nonfinite_skips", 3)
+        if self.consecutive_skips >= limit:
             raise RuntimeError(
-                f"Stopping: {self._guard_consecutive_skips} consecutive optimizer steps were skipped because of "
+                f"Stopping: {self.consecutive_skips} consecutive optimizer steps were skipped because of "
                 f"non-finite values (last: {reason}; `max_nonfinite_skips`={limit}). Check the reward functions "
                 "(inf rewards), lower the learning rates (policy `learning_rate`, `prm_learning_rate`), or resume "
                 "from the last good checkpoint."

@@ -8,16 +8,16 @@
   and recount ``num_items_in_batch`` over the remaining tokens of the global batch.
 - :func:`action_mask`: the completion tokens the policy generated (tool responses excluded, TRL's ``tool_mask``).
 - :func:`replace_logged_advantages`: put the advantages that really reach the loss into TRL's completions log.
-- :func:`drop_zero_weight_rows` / :class:`DropZeroWeightRowsMixin`: the policy's loss forward and backward skip the
-  rows whose loss weight is 0 (prompts removed by the online filter or by PROF, unscorable rows).
-- :class:`RolloutMixin` / :class:`Rollout`: the one hook into TRL's generation step shared by the PRIME, PRL and PROF
-  trainers: it captures what TRL produced, runs the common outcome preamble and calls the trainer's
-  ``_algorithm_step``.
+- :func:`drop_zero_weight_rows`: the policy's loss forward and backward skip the rows whose loss weight is 0 (prompts
+  removed by the online filter or by PROF, unscorable rows).
+- :class:`Rollout`, :func:`capture_rewards`, :func:`score_rollout`, :func:`hand_advantages`: what the adapters
+  (:mod:`trl_prime.adapters`) run around TRL's generation step for the PRIME, PRL and PROF trainers: capture what TRL
+  produced, the common outcome preamble, and the hand-off of a method's advantages to TRL's loss.
 - :data:`MM_KEYS` (TRL's multimodal inputs); :func:`resolve_trainer_args`, the start of the trainers' constructors
   (config or a default one, ``peft_config``, both checked).
 
-The trainers hook into TRL's private methods through this module: importing it checks the installed TRL version
-(:func:`trl_prime._compat.check_trl_version_once`).
+The adapters hook into TRL's private methods with these pieces: importing this module checks the installed TRL
+version (:func:`trl_prime._compat.check_trl_version_once`).
 """
 
 from __future__ import annotations
@@ -192,29 +192,10 @@ def drop_zero_weight_rows(inputs: dict[str, Any], weight: torch.Tensor, accelera
     }
 
 
-class DropZeroWeightRowsMixin:
-    """For trainers on TRL's ``GRPOTrainer`` that give rows loss weight 0 through ``tool_mask`` (PRIME's filter, PROF,
-    unscorable rows): the policy's loss forward and backward run on the other rows only (:func:`drop_zero_weight_rows`)
-    when ``loss_type`` is one of :data:`ROW_COUNT_FREE_LOSS_TYPES` (TRL's default ``"dapo"`` included) and the model
-    has no router auxiliary loss (a MoE load-balancing loss is a statistic of every attended token, so those batches
-    stay whole). The loss and its gradient are then those of the whole micro-batch. Token-masked metrics (entropy,
-    token-level clip ratios) are unchanged; per-row metrics averaged over rows (e.g. ``vespo/phi_seq_mean``, clip
-    ratios with sequence-level importance sampling) are over the rows that reached the loss."""
-
-    def _compute_loss(self, model, inputs):
-        if (
-            self.loss_type in ROW_COUNT_FREE_LOSS_TYPES
-            and inputs.get("tool_mask") is not None
-            and not self.aux_loss_enabled
-        ):
-            weight = inputs["completion_mask"] * inputs["tool_mask"]
-            inputs = drop_zero_weight_rows(inputs, weight, self.accelerator)
-        return super()._compute_loss(model, inputs)
-
-
 @dataclass
 class Rollout:
-    """One generation round after TRL scored it, as the common preamble of :class:`RolloutMixin` leaves it.
+    """One generation round after TRL scored it, as :func:`score_rollout` (the outcome preamble common to PRIME, PRL
+    and PROF) leaves it.
 
     ``B`` local rows (this process), ``B_global`` rows over all processes (``B_global = B * num_processes``, rows of
     process ``p`` at ``local`` for ``p``), ``T`` completion tokens, ``K`` completions per prompt (``num_generations``).
@@ -231,7 +212,7 @@ class Rollout:
             ``completions/clipped_ratio``).
         flagged: ``(B_global,)`` bool, the rows the guard found non-finite (infinite rewards, or non-finite values in
             ``logps``); in training such a row poisons the batch (its optimizer steps are skipped).
-        logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (:meth:`RolloutMixin._rollout_logps`).
+        logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (the trainer's ``_rollout_logps``).
         capture: what TRL's step produced on the way (local): ``rewards_per_func`` ``(B_global, n_funcs)``,
             ``prompts``, ``completions``, ``completion_lengths`` (list of ints), ``truncated`` (``(B,)`` bool) and, for trainers that record them,
             log-probs (``policy_logps``, ``trl_ref_logps``).
@@ -250,116 +231,76 @@ class Rollout:
     capture: dict[str, Any] = field(default_factory=dict)
 
 
-class RolloutMixin:
-    """The hook into TRL's generation step shared by the PRIME, PRL and PROF trainers.
+def capture_rewards(trainer, capture: dict, rewards_per_func, prompts, completions, completion_ids_list) -> None:
+    """Record in ``capture`` what TRL's ``_calculate_rewards`` saw and returned: the reward functions' values, the
+    prompts, the completions, their lengths and which are truncated (:func:`truncated_rows`)."""
+    capture.update(
+        rewards_per_func=rewards_per_func,
+        prompts=prompts,
+        completions=completions,
+        completion_lengths=[len(c) for c in completion_ids_list],
+        truncated=truncated_rows(trainer, completion_ids_list),
+    )
 
-    ``_calculate_rewards`` records the reward functions' values, the prompts and the completions of the round;
-    ``_generate_and_score_completions`` runs TRL's step, then the outcome preamble common to every method (weighted
-    sum of the reward functions, guard inspection of the rewards and of the log-probs the trainer names, infinite
-    rewards turned into ``NaN``, scorable mask: :class:`Rollout`), then ``self._algorithm_step(output, rollout)``,
-    the method's own work, which returns the (modified) output TRL's loss consumes.
 
-    Place it first in the bases, before the guards mixin (``_guard_inspect``) and TRL's trainer. A trainer may set
-    ``_rollout_class`` to a subclass of :class:`Rollout` (with defaults for its extra fields) to carry its own state.
-    """
+def truncated_rows(trainer, completion_ids_list) -> torch.Tensor:
+    """``(B,)`` bool: the completions TRL counts as truncated (``completions/clipped_ratio``): the last token is
+    neither an EOS nor the pad token (tool responses and every turn included, as TRL's generation step does)."""
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    return torch.tensor(
+        [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_ids_list],
+        dtype=torch.bool,
+        device=trainer.accelerator.device,
+    )
 
-    _rollout_class: type = Rollout
-    _rollout_capture: dict | None = None  # {} while TRL's generation step runs
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self._rollout_capture is not None:
-            self._rollout_capture.update(
-                rewards_per_func=rewards_per_func,
-                prompts=prompts,
-                completions=completions,
-                completion_lengths=[len(c) for c in completion_ids_list],
-                truncated=self._truncated_rows(completion_ids_list),
-            )
-        return rewards_per_func
+def score_rollout(trainer, output: dict, capture: dict) -> Rollout:
+    """The outcome preamble common to every method: outcome rewards, guard inspection (of the rewards and of the
+    log-probs the trainer's ``_rollout_logps`` names), ``inf -> NaN``, scorable mask; a ``trainer._rollout_class``
+    (:class:`Rollout` or a subclass with defaults for its extra fields). Collective."""
+    mode = "train" if trainer.model.training else "eval"
+    completion_mask = output["completion_mask"]
+    B = completion_mask.size(0)
+    rank = trainer.accelerator.process_index
+    input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
+    outcome = outcome_rewards(trainer, capture["rewards_per_func"])  # (B_global,)
+    logps = trainer._rollout_logps(output, input_ids, attention_mask, mode)
+    # an inf reward poisons the batch (training: no optimizer step; evaluation: logged; trl_prime/guards.py);
+    # NaN = unscorable, excluded
+    flagged = trainer.guards.inspect(
+        mode,
+        global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
+        local_rows=logps,
+        masks=dict.fromkeys(logps, completion_mask),
+    )
+    outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
+    return trainer._rollout_class(
+        mode=mode,
+        num_generations=trainer.num_generations if mode == "train" else trainer.num_generations_eval,
+        local=slice(rank * B, (rank + 1) * B),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        outcome=outcome,
+        scorable=~torch.isnan(outcome),
+        flagged=flagged,
+        truncated=gather(capture["truncated"]),
+        logps=logps,
+        capture=capture,
+    )
 
-    def _truncated_rows(self, completion_ids_list) -> torch.Tensor:
-        """``(B,)`` bool: the completions TRL counts as truncated (``completions/clipped_ratio``): the last token is
-        neither an EOS nor the pad token (tool responses and every turn included, as TRL's generation step does)."""
-        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
-        return torch.tensor(
-            [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_ids_list],
-            dtype=torch.bool,
-            device=self.accelerator.device,
-        )
 
-    def _generate_and_score_completions(self, inputs):
-        self._rollout_capture = {}
-        try:
-            output = super()._generate_and_score_completions(inputs)
-            capture = self._rollout_capture
-        finally:
-            self._rollout_capture = None
-        return self._algorithm_step(output, self._score_rollout(output, capture))
-
-    def _score_rollout(self, output: dict, capture: dict) -> Rollout:
-        """The outcome preamble: outcome rewards, guard inspection, ``inf -> NaN``, scorable mask. Collective."""
-        mode = "train" if self.model.training else "eval"
-        completion_mask = output["completion_mask"]
-        B = completion_mask.size(0)
-        rank = self.accelerator.process_index
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], completion_mask], dim=1)
-        outcome = outcome_rewards(self, capture["rewards_per_func"])  # (B_global,)
-        logps = self._rollout_logps(output, input_ids, attention_mask, mode)
-        # an inf reward poisons the batch (training: no optimizer step; evaluation: logged; trl_prime/guards.py);
-        # NaN = unscorable, excluded
-        flagged = self._guard_inspect(
-            mode,
-            global_rows={"rewards": outcome.nan_to_num(0.0, posinf=torch.inf, neginf=-torch.inf)},
-            local_rows=logps,
-            masks=dict.fromkeys(logps, completion_mask),
-        )
-        outcome = torch.where(torch.isinf(outcome), torch.full_like(outcome, torch.nan), outcome)
-        return self._rollout_class(
-            mode=mode,
-            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
-            local=slice(rank * B, (rank + 1) * B),
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            outcome=outcome,
-            scorable=~torch.isnan(outcome),
-            flagged=flagged,
-            truncated=gather(capture["truncated"]),
-            logps=logps,
-            capture=capture,
-        )
-
-    def _hand_advantages(
-        self, output: dict, rollout: Rollout, advantages_g: torch.Tensor, keep: torch.Tensor | None = None
-    ) -> None:
-        """Hand the global advantages to TRL's loss: this process's rows of ``advantages_g`` (``(B_global,)``, or
-        ``(B_global, T_max)`` cut to the completion length) become ``output["advantages"]``; rows outside ``keep``
-        (``(B_global,)`` bool; ``None``: every row) get loss weight 0 (:func:`mask_loss_rows`, collective); TRL's
-        completions log shows the advantages that reach the loss (the first token's for per-token advantages)."""
-        if advantages_g.dim() == 1:
-            output["advantages"] = advantages_g[rollout.local]
-        else:
-            output["advantages"] = advantages_g[rollout.local, : output["completion_ids"].size(1)]
-        if keep is not None:
-            mask_loss_rows(self.accelerator, output, keep[rollout.local])
-        replace_logged_advantages(self, advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])
-
-    def _rollout_logps(
-        self, output: dict, input_ids: torch.Tensor, attention_mask: torch.Tensor, mode: str
-    ) -> dict[str, torch.Tensor | None]:
-        """The ``(B, T)`` log-probs to judge with the rewards (name -> tensor; ``None`` = absent); none by default."""
-        return {}
-
-    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
-        """The method's own work on a scored generation round; returns the output for TRL's loss.
-
-        Abstract: every trainer that mixes :class:`RolloutMixin` in defines it (PRIME's Algorithm 1, PRL's and PROF's
-        steps).
-
-        Raises:
-            TypeError: the trainer class does not define its step.
-        """
-        raise TypeError(
-            f"{type(self).__name__} mixes in RolloutMixin but does not define _algorithm_step(output, rollout)."
-        )
+def hand_advantages(
+    trainer, output: dict, rollout: Rollout, advantages_g: torch.Tensor, keep: torch.Tensor | None = None
+) -> None:
+    """Hand the global advantages to TRL's loss: this process's rows of ``advantages_g`` (``(B_global,)``, or
+    ``(B_global, T_max)`` cut to the completion length) become ``output["advantages"]``; rows outside ``keep``
+    (``(B_global,)`` bool; ``None``: every row) get loss weight 0 (:func:`mask_loss_rows`, collective); TRL's
+    completions log shows the advantages that reach the loss (the first token's for per-token advantages)."""
+    if advantages_g.dim() == 1:
+        output["advantages"] = advantages_g[rollout.local]
+    else:
+        output["advantages"] = advantages_g[rollout.local, : output["completion_ids"].size(1)]
+    if keep is not None:
+        mask_loss_rows(trainer.accelerator, output, keep[rollout.local])
+    replace_logged_advantages(trainer, advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])

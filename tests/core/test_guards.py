@@ -164,7 +164,7 @@ def test_policy_gradient_overflow_is_caught_after_clipping(tiny_model_path, tmp_
     assert snaps.opt[1] and _same_state(snaps.opt[1], snaps.opt[2])
     assert _same_state(snaps.opt[1], _opt_state(tr.optimizer))
     assert tr.lr_scheduler.last_epoch == 1  # advanced by step 1 only
-    assert tr._guard_total_skips == 2
+    assert tr.guards.total_skips == 2
     text = caplog.text
     assert "Skipped optimizer step 2 (non-finite policy gradient norm: gradient overflow (no single row))" in text
     assert _logs(tr)[2]["guard/skipped_steps"] == 1.0
@@ -182,7 +182,7 @@ def test_prm_gradient_overflow_skips_prm_and_policy(tiny_model_path, tmp_path, c
     assert _same(snaps.prm[1], snaps.prm[2]) and _same(snaps.prm[1], _snap(tr.prm_model))
     assert snaps.prm_opt[1] and _same_state(snaps.prm_opt[1], _opt_state(tr.prm_optimizer))
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.policy[1], _snap(tr.model))
-    assert tr.prm_optim.num_updates == 1 and tr._guard_total_skips == 2
+    assert tr.prm_optim.num_updates == 1 and tr.guards.total_skips == 2
     text = caplog.text
     assert (
         "Non-finite values at step 2 (non-finite PRM loss/gradient norm): skipping the optimizer step. "
@@ -216,7 +216,7 @@ def test_token_rewards_beyond_the_bound_skip_the_step_and_name_the_rows(
         tr.train()
     assert _same(snaps.prm[1], snaps.prm[2]) and not _same(snaps.prm[2], snaps.prm[3])
     assert _same(snaps.policy[1], snaps.policy[2]) and not _same(snaps.policy[2], snaps.policy[3])
-    assert tr.prm_optim.num_updates == 2 and tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
+    assert tr.prm_optim.num_updates == 2 and tr.guards.total_skips == 1 and tr.guards.consecutive_skips == 0
     text = caplog.text
     assert (
         "Non-finite or out-of-bound values at step 2 (token_rewards beyond +-100): skipping the optimizer step. "

@@ -269,3 +269,68 @@ def test_estimator_names_are_compared_only_in_the_registry():
             if constants & names and "estimator" in text:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------------------------- adapters (MRO)
+
+
+def _trainer_classes():
+    import trl_prime
+
+    return (
+        trl_prime.PrimeGRPOTrainer,
+        trl_prime.PrimeRLOOTrainer,
+        trl_prime.PRLGRPOTrainer,
+        trl_prime.ProfGRPOTrainer,
+    )
+
+
+def _ours(cls) -> list[type]:
+    return [k for k in cls.__mro__ if k.__module__.startswith("trl_prime")]
+
+
+def test_each_trainer_has_at_most_three_trl_prime_classes_and_one_adapter():
+    """Composition over inheritance: a trainer is its method's class (PRIME's shared by its two trainers) on one
+    adapter per TRL base; guards, checkpoints, optimizers, the PROF filter are plain objects it holds."""
+    from trl import GRPOTrainer, RLOOTrainer
+
+    from trl_prime.adapters import GRPOAdapter, RLOOAdapter
+
+    for cls in _trainer_classes():
+        ours = _ours(cls)
+        assert len(ours) <= 3, f"{cls.__name__}: {[k.__name__ for k in ours]}"
+        adapters = [k for k in ours if k in (GRPOAdapter, RLOOAdapter)]
+        assert len(adapters) == 1, cls.__name__
+        assert adapters[0].__bases__ in ((GRPOTrainer,), (RLOOTrainer,))
+
+
+def test_only_the_adapters_override_trl_private_methods_each_once():
+    """A private method of TRL's trainers or of transformers.Trainer (``_name``, not dunder) is overridden by the
+    adapter alone, and by no other trl-prime class of the trainer's MRO: one place per hook to update on a TRL
+    release."""
+    from transformers import Trainer
+    from trl import GRPOTrainer, RLOOTrainer
+
+    from trl_prime.adapters import GRPOAdapter, RLOOAdapter
+
+    def private(cls):
+        return {
+            n
+            for k in cls.__mro__
+            if k.__module__.split(".")[0] in ("trl", "transformers")
+            for n in vars(k)
+            if n.startswith("_") and not n.startswith("__")
+        }
+
+    theirs = private(GRPOTrainer) | private(RLOOTrainer) | private(Trainer)
+    assert {"_generate_and_score_completions", "_compute_loss", "_save_checkpoint"} <= theirs  # found them
+    overridden = {}
+    for cls in _trainer_classes():
+        for k in _ours(cls):
+            for n in set(vars(k)) & theirs:
+                if isinstance(vars(k)[n], (int, float, str, bool, list, type(None))):
+                    continue  # class attributes (e.g. `_tag_names`, `_name`) are settings, not hooks
+                overridden.setdefault(n, set()).add(k)
+    outside = {n: sorted(k.__name__ for k in ks) for n, ks in overridden.items() if ks - {GRPOAdapter, RLOOAdapter}}
+    assert not outside, f"TRL private methods overridden outside the adapters: {outside}"
+    assert overridden, "no override found: the check is broken"

@@ -204,7 +204,7 @@ def test_nonfinite_reward_skips_the_step_weights_unchanged(tiny_model_path, step
     assert "sample ids: ['What is" in text
     logs = {h["step"]: h for h in tr.state.log_history if "loss" in h and "train_runtime" not in h}
     assert logs[2].get("guard/skipped_steps") == 1.0 and "guard/skipped_steps" not in logs[3]
-    assert tr._guard_consecutive_skips == 0 and tr._guard_total_skips == 1
+    assert tr.guards.consecutive_skips == 0 and tr.guards.total_skips == 1
 
 
 def test_consecutive_nonfinite_steps_stop_the_run(tiny_model_path, tmp_path):
@@ -249,7 +249,7 @@ def test_nonfinite_in_first_of_several_generation_batches_per_step_still_skips(t
     assert calls["n"] == 6
     assert _same(snaps.policy[1], snaps.policy[2]) and _same(snaps.prm[1], snaps.prm[2])
     assert not _same(snaps.policy[2], snaps.policy[3]) and not _same(snaps.prm[2], snaps.prm[3])
-    assert tr._guard_total_skips == 1 and tr._guard_consecutive_skips == 0
+    assert tr.guards.total_skips == 1 and tr.guards.consecutive_skips == 0
 
 
 def test_guarded_step_under_fp16_grad_scaler():
@@ -259,7 +259,7 @@ def test_guarded_step_under_fp16_grad_scaler():
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from trl_prime.guards import GuardsMixin
+    from trl_prime.guards import Guards
 
     p = torch.nn.Parameter(torch.ones(2))
     inner = torch.optim.SGD([p], lr=1.0)
@@ -283,36 +283,30 @@ def test_guarded_step_under_fp16_grad_scaler():
             self.scaler.update()
             self._is_overflow = torch.equal(before, p.detach())
 
-    class Fake(GuardsMixin):
-        pass
-
-    tr = Fake()
-    tr.optimizer, tr.is_deepspeed_enabled = AcceleratedOptimizer(), False
-    tr.accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), is_main_process=True)
-    tr.args, tr.state, tr._metrics = (
-        SimpleNamespace(max_nonfinite_skips=1),
-        SimpleNamespace(global_step=0),
-        {"train": defaultdict(list)},
+    metrics = defaultdict(list)
+    acc = SimpleNamespace(num_processes=1, device=torch.device("cpu"), is_main_process=True)
+    guards = Guards(
+        SimpleNamespace(max_nonfinite_skips=1), acc, lambda mode, name, v: metrics[name].append(v), lambda: 0
     )
-    tr.train_dataset, tr.reward_funcs = None, []
-    tr._guard_setup()
-    tr._guard_wrap_optimizer()
+    opt = AcceleratedOptimizer()
+    guards.wrap_optimizer(opt, lambda applied, reason=None: None)
 
     def step(weight):  # backward of the scaled loss, clipping's unscale_, the optimizer step (as Trainer does)
         scaler.scale((p * torch.tensor(weight)).sum()).backward()
         scaler.unscale_(inner)
-        tr.optimizer.step()
-        tr.optimizer.zero_grad()
+        opt.step()
+        opt.zero_grad()
 
     step([float("inf"), 1.0])  # overflow: the scaler skips and halves its scale; no guard skip, no stop
-    assert torch.equal(p.detach(), torch.ones(2)) and scaler.get_scale() == 2.0 and tr._guard_total_skips == 0
-    tr._guard_poison = {"reason": "non-finite rewards", "rows": [0], "sample_ids": []}
+    assert torch.equal(p.detach(), torch.ones(2)) and scaler.get_scale() == 2.0 and guards.total_skips == 0
+    guards.poison = {"reason": "non-finite rewards", "rows": [0], "sample_ids": []}
     with pytest.raises(RuntimeError, match="max_nonfinite_skips"):  # poisoned: skipped (limit 1 -> stop)
         step([1.0, 1.0])
-    assert torch.equal(p.detach(), torch.ones(2)) and tr._guard_total_skips == 1
-    tr._guard_poison, tr.args.max_nonfinite_skips = None, 3
+    assert torch.equal(p.detach(), torch.ones(2)) and guards.total_skips == 1
+    assert metrics["guard/skipped_steps"] == [1.0]
+    guards.poison, guards.args.max_nonfinite_skips = None, 3
     step([1.0, 1.0])  # a good step: unscale_ works again, the weights move, the counter resets
-    assert torch.equal(p.detach(), torch.zeros(2)) and tr._guard_consecutive_skips == 0
+    assert torch.equal(p.detach(), torch.zeros(2)) and guards.consecutive_skips == 0
 
 
 def test_nan_logps_and_nan_prm_loss_skip_policy_and_prm(tiny_model_path, tmp_path, monkeypatch):
@@ -532,11 +526,12 @@ def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
 
     from transformers import TrainerState
 
-    from trl_prime.checkpointing import CheckpointMixin
+    from trl_prime.adapters import save_checkpoint
+    from trl_prime.checkpointing import Checkpoints
 
     class _Trainer:  # what transformers' Trainer._save_checkpoint does with the best checkpoint and the state
-        def _get_output_dir(self, trial):
-            return str(tmp_path)
+        def _get_output_dir(self, trial):  # as the adapters: the staging folder while a checkpoint is saved
+            return self.checkpoints.output_dir(str(tmp_path))
 
         def _save_checkpoint(self, model, trial):
             out = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
@@ -545,21 +540,16 @@ def test_atomic_checkpoint_best_model_path_names_the_published_folder(tmp_path):
             if self.args.should_save:
                 self.state.save_to_json(os.path.join(out, "trainer_state.json"))
 
-    class Fake(CheckpointMixin, _Trainer):
-        pass
+        def _save_method_state(self, checkpoint_dir):
+            assert os.path.basename(os.path.dirname(checkpoint_dir)).startswith(".staging-")
 
     for step, should_save in ((3, True), (4, False)):  # the main process; another rank (shared file system)
-        tr = Fake()
+        tr = _Trainer()
         tr.args = SimpleNamespace(should_save=should_save, save_total_limit=None)
         tr.accelerator = SimpleNamespace(wait_for_everyone=lambda: None)
         tr.state = TrainerState(global_step=step)
-        tr._guard_saving, tr._guard_staging_root, tr._guard_consecutive_skips, tr._guard_total_skips = (
-            False,
-            None,
-            0,
-            0,
-        )
-        tr._save_checkpoint(None, None)
+        tr.checkpoints = Checkpoints(tr, SimpleNamespace(consecutive_skips=0, total_skips=0))
+        save_checkpoint(tr, tr._save_checkpoint, None, None)
         assert tr.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{step}")
     with open(tmp_path / "checkpoint-3" / "trainer_state.json") as f:
         assert json.load(f)["best_model_checkpoint"] == str(tmp_path / "checkpoint-3")

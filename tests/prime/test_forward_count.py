@@ -284,12 +284,12 @@ def test_policy_loss_skips_filtered_rows_with_the_same_update(
     """Rows of filtered prompts have loss weight 0: the policy's loss forward and backward run on the kept rows only
     (4 of 8 here), and the update is the one the whole micro-batch gives (same losses, same weights after 2 steps as
     with the row dropping turned off). TRL's "grpo" loss divides by the number of rows, so it keeps every row."""
-    import trl_prime.prime.trainer as pt
+    import trl_prime.adapters as adapters
     import trl_prime.rollout as rollout
 
     def run(drop: bool, name: str):
         if not drop:
-            monkeypatch.setattr(pt, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
+            monkeypatch.setattr(adapters, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
             monkeypatch.setattr(rollout, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
         extra = {} if loss_type is None else {"loss_type": loss_type}
         tr = _trainer(

@@ -237,7 +237,7 @@ def test_poisoned_generation_batch_stays_skipped_after_resume(tiny_model_path, t
     a, b = _rows(full), _rows(second)
     assert [a[s].get("guard/skipped_steps") for s in range(1, 7)] == [1.0] * 4 + [None] * 2
     assert [b[s].get("guard/skipped_steps") for s in range(3, 7)] == [1.0] * 2 + [None] * 2
-    assert second._guard_total_skips == full._guard_total_skips == 4
+    assert second.guards.total_skips == full.guards.total_skips == 4
     assert _same(_snap(full.model), _snap(second.model))
 
 

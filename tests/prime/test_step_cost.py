@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from transformers import TrainerCallback
 from trl import RLOOConfig, RLOOTrainer
 
 from trl_prime import PrimeRLOOConfig, PrimeRLOOTrainer
-from trl_prime.guards import GuardsMixin
+from trl_prime.guards import Guards
 
 
 MATMULS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
@@ -160,18 +161,12 @@ def test_prm_and_reference_follow_the_policys_bf16_autocast(tiny_model_path, tmp
     assert prime.matmuls["rollout"] and all(set(d) == {bf16} for (_, d) in prime.matmuls["rollout"])
 
 
-class _GuardProbe:
-    """The attributes ``GuardsMixin._guard_step_problem`` reads, on one process."""
-
-    def __init__(self, clip_norm):
-        self._guard_poison = None
-        self._guard_clip_norm = clip_norm
-
-        class Acc:
-            device = torch.device("cpu")
-            num_processes = 1
-
-        self.accelerator = Acc()
+def _guards(clip_norm):
+    """A one-process :class:`~trl_prime.guards.Guards` whose Trainer recorded the clipping norm ``clip_norm``."""
+    acc = SimpleNamespace(device=torch.device("cpu"), num_processes=1, is_main_process=True)
+    guards = Guards(SimpleNamespace(), acc, record=lambda *a: None, global_step=lambda: 0)
+    guards.clip_norm = clip_norm
+    return guards
 
 
 @pytest.mark.parametrize(
@@ -189,10 +184,10 @@ def test_guard_judges_the_clipping_norm_else_the_gradients(clip_norm, grad, expe
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.tensor([0.5, grad, -0.25])
     opt = torch.optim.SGD([p], lr=0.1)
-    probe = _GuardProbe(clip_norm)
-    reason = GuardsMixin._guard_step_problem(probe, opt)
+    guards = _guards(clip_norm)
+    reason = guards.step_problem(opt)
     if expected is None:
         assert reason is None
     else:
         assert reason == "non-finite policy gradient norm: gradient overflow (no single row)"
-    assert probe._guard_clip_norm is None  # consumed: the next step is judged on its own norm
+    assert guards.clip_norm is None  # consumed: the next step is judged on its own norm

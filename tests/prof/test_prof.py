@@ -407,10 +407,10 @@ def test_dropped_rows_have_zero_gradient(tiny_model_path, step_prm_path, tmp_pat
     are replaced by anything, and equals the gradient of the kept rows alone; changing a kept row changes it. Both
     with the loss skipping zero-weight rows (the default) and with that turned off (the loss masks alone)."""
     if not row_dropping:
-        import trl_prime.prime.trainer
+        import trl_prime.adapters
         import trl_prime.rollout
 
-        for mod in (trl_prime.rollout, trl_prime.prime.trainer):
+        for mod in (trl_prime.rollout, trl_prime.adapters):
             monkeypatch.setattr(mod, "drop_zero_weight_rows", lambda inputs, weight, accelerator=None: inputs)
     if which == "prof-grpo":
         tr = _spy(ProfGRPOTrainer)(
@@ -585,8 +585,6 @@ def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_p
     cannot dodge the > prof_max_steps penalty, and a truncated one is not taken for a 0-step one), the cut-off steps are
     unscored, the row's consistency is NaN (least consistent of its class in prof_select), the fraction is logged as
     prof/prm_truncated_fraction and a warning is given once."""
-    from collections import defaultdict
-    from types import SimpleNamespace
 
     from accelerate import Accelerator
     from transformers import AutoModelForTokenClassification, AutoTokenizer
@@ -618,10 +616,7 @@ def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_p
     assert sel["kept"].tolist()[0] is False and int(sel["kept"].sum()) == 2
     m = ProfFilter.metrics(sel)
     assert m["prof/prm_truncated_fraction"] == 0.25 and math.isfinite(m["prof/consistency_dropped_mean"])
-    # through __call__: the metric reaches the trainer's logs and the warning comes once
-    trainer = SimpleNamespace(
-        accelerator=Accelerator(cpu=True), _metrics={"train": defaultdict(list)}, state=SimpleNamespace(global_step=0)
-    )
+    # through __call__: the metric comes back with the kept rows and the warning comes once
     output = {
         "completion_ids": ids,
         "completion_mask": torch.ones_like(ids),
@@ -629,6 +624,7 @@ def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_p
         "prompt_mask": torch.ones_like(ids),
     }
     call = dict(
+        step=0,
         outcome=outcome,
         eligible=torch.ones(4, dtype=torch.bool),
         output=output,
@@ -636,13 +632,14 @@ def test_truncated_prm_input_counts_true_steps_and_ranks_least_consistent(step_p
         num_generations=4,
     )
     with pytest.warns(UserWarning, match="prof_prm_max_length"):
-        f(trainer, **call)
+        kept, first = f(Accelerator(cpu=True), **call)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        f(trainer, **call)
-    assert trainer._metrics["train"]["prof/prm_truncated_fraction"] == [0.25, 0.25]
+        _, second = f(Accelerator(cpu=True), **call)
+    assert kept.tolist() == sel["kept"].tolist()
+    assert first["prof/prm_truncated_fraction"] == second["prof/prm_truncated_fraction"] == 0.25
 
 
 def test_step_delimiter_escapes_and_prof_prm_path_checked_early(tmp_path):
@@ -736,4 +733,4 @@ def test_evaluation_logs_non_finite_rewards_without_skipping_a_step(tiny_model_p
         "['What is 0 + 0?']"
     ) in text
     assert "skipping the optimizer step" not in text
-    assert not tr.guard_poisoned and tr._guard_total_skips == 0 and tr.prof_filter.last == {}
+    assert not tr.guard_poisoned and tr.guards.total_skips == 0 and tr.prof_filter.last == {}

@@ -3,7 +3,7 @@
 Each generation round is PRIME Algorithm 1 (:meth:`PrimeMixin._algorithm_step`, one named method per line):
 
 1. TRL generates ``K`` completions per prompt and scores them with the reward functions (outcome rewards, gathered
-   over processes; ``NaN`` = unscorable): :class:`~trl_prime.rollout.RolloutMixin`.
+   over processes; ``NaN`` = unscorable): the adapters of :mod:`trl_prime.adapters`.
 2. Online prompt filter (:func:`trl_prime.functional.prompt_accuracy_mask`): groups whose accuracy (the mean PRM
    label, :func:`trl_prime.functional.prm_labels` of the outcome rewards, ``prm_label``) lies outside
    ``[filter_lower, filter_upper]`` train neither the PRM nor the policy (loss weight 0).
@@ -35,13 +35,11 @@ from typing import Any
 import torch
 from accelerate.utils import gather, is_peft_model
 from torch import nn
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer, RLOOTrainer
-from trl.trainer.utils import nanmax, nanmin
+from trl import RLOOTrainer
 
 from trl_prime import functional as F
-from trl_prime.checkpointing import CheckpointMixin
-from trl_prime.guards import GuardsMixin, check_causal_lm_source
+from trl_prime.adapters import GRPOAdapter, RLOOAdapter
+from trl_prime.guards import check_causal_lm_source
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.modeling import (
     adapter_parameters,
@@ -72,11 +70,8 @@ from trl_prime.prime.value import ValueMixin
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
 from trl_prime.rollout import (
     MM_KEYS,
-    DropZeroWeightRowsMixin,
     Rollout,
-    RolloutMixin,
     action_mask,
-    drop_zero_weight_rows,
     gather_padded,
     mask_loss_rows,
     replace_logged_advantages,
@@ -215,16 +210,17 @@ class PrimeRound(Rollout):
     loss_mask: torch.Tensor | None = None  # (B, T) loss weight: completion tokens of kept, scorable rows
 
 
-class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
+class PrimeMixin(ValueMixin):
     """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
 
     It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimisation state
     (``self.prm_optim``, a :class:`~trl_prime.prime.prm_optimizer.PRMOptimizer`: optimizer and scheduler, also as
     ``self.prm_optimizer`` and ``self.prm_lr_scheduler``), the online prompt filter, the advantages and the PRIME
     metrics, callbacks and checkpoint files. Each generation round runs :meth:`_algorithm_step` (PRIME Algorithm 1),
-    called by :class:`~trl_prime.rollout.RolloutMixin` once TRL has generated and scored the completions. Other hooks
-    into TRL: ``_get_per_token_logps_and_entropies`` (to see the rollout and reference log-probs TRL computes),
-    ``_prepare_for_training`` (PRM optimizer, resume), ``_save_checkpoint`` and ``save_model``.
+    called by the adapter (:mod:`trl_prime.adapters`) once TRL has generated and scored the completions. The
+    adapter's other hooks: ``_token_logps`` (to see the rollout and reference log-probs TRL computes),
+    ``_prepare_method`` (PRM optimizer, resume), ``_save_method_state`` (checkpoints), ``_method_train_sampler``
+    (oversampling) and ``_after_policy_step`` (the held PRM and critic steps); and ``save_model``.
 
     PRM and reference models:
 
@@ -388,7 +384,6 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             _accepts_images(prm.ref_model) if prm.ref_model is not None else self._prm_takes_images
         )
         self.prof_filter = ProfFilter.from_trainer(self)  # PROF (trl_prime/prof/); None when prof_mode="off"
-        self._guard_setup()  # start-up dataset checks; non-finite / verifier guards (trl_prime/guards.py)
 
     def _prm_micro_batch_size(self) -> int:
         return self.args.prm_micro_batch_size or self.args.per_device_train_batch_size
@@ -480,27 +475,22 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         """The PRM's learning-rate scheduler; ``None`` before training starts."""
         return self.prm_optim.lr_scheduler
 
-    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+    def _prepare_method(self, max_steps, resume_from_checkpoint) -> None:
+        # the adapter's hook after Trainer prepared the policy: the PRM's (and critic's) optimizer and scheduler, their
+        # state and the replay window on resume
         self.prm_optim.create(max_steps)
         if resume_from_checkpoint is not None:
             self.prm_optim.load_state(resume_from_checkpoint, self.prm_model)
             self.prm_replay.load(resume_from_checkpoint, self.accelerator.process_index)
         self._value_prepare(max_steps, resume_from_checkpoint)
-        return model, train_dataloader
 
-    def _save_checkpoint(self, model, trial):
-        # atomic: everything below (policy, PRM, optimizers, RNG, states) lands in a staging folder that is renamed to
-        # checkpoint-N once complete (trl_prime/checkpointing.py). Trainer's checkpoint calls save_model, which writes the
-        # PRM's weights to checkpoint-N/prm; its optimisation state follows.
-        with self._guard_atomic_checkpoint(trial):
-            super()._save_checkpoint(model, trial)
-            run_dir = self._get_output_dir(trial=trial)
-            output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            self.prm_optim.save_state(output_dir, is_main_process=self.args.should_save)
-            self.prm_replay.save(output_dir, self.accelerator.process_index)
-            self._value_save_state(output_dir)
-            self.accelerator.wait_for_everyone()
+    def _save_method_state(self, checkpoint_dir: str) -> None:
+        # the adapter's hook inside the atomic checkpoint (trl_prime/checkpointing.py): Trainer's checkpoint called
+        # save_model, which wrote the PRM's weights to checkpoint-N/prm; its optimisation state follows
+        self.prm_optim.save_state(checkpoint_dir, is_main_process=self.args.should_save)
+        self.prm_replay.save(checkpoint_dir, self.accelerator.process_index)
+        self._value_save_state(checkpoint_dir)
+        self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the policy as ``Trainer.save_model`` does, the trained implicit PRM in ``<output_dir>/prm`` and the
@@ -523,9 +513,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         )
 
     # ----------------------------------------------------------------------------------------------------------
-    # Hooks into TRL (the rollout capture itself: RolloutMixin, trl_prime/rollout.py)
+    # Around TRL's per-token log-probs (the adapter's hook; the rollout capture: trl_prime/adapters.py)
     # ----------------------------------------------------------------------------------------------------------
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+    def _token_logps(self, trl_fn, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         cap = self._rollout_capture
         trl_ref = cap is not None and not torch.is_grad_enabled() and self._is_trl_ref_call(model)
         if (
@@ -542,9 +532,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         call_model = _PositionIdsFromMask(model) if text_only else model
         # a reference shared with the implicit PRM is scored as the PRM's: eval mode (no dropout)
         with eval_mode(model) if trl_ref and self._shares_trl_ref else contextlib.nullcontext():
-            out = super()._get_per_token_logps_and_entropies(
-                call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-            )
+            out = trl_fn(call_model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if cap is not None and not torch.is_grad_enabled():
             if self._is_trl_ref_call(model):
                 cap["trl_ref_logps"] = out[0]
@@ -591,7 +579,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         """PRIME Algorithm 1 (arXiv 2502.01456) on one generation round; returns TRL's output, ready for its loss.
 
         Lines 3-5 (a batch of prompts, ``K`` completions each, their outcome rewards ``r_o``) ran in TRL's generation
-        step and :class:`~trl_prime.rollout.RolloutMixin` (``r``: outcome rewards, scorable rows, guard checks).
+        step and :func:`~trl_prime.rollout.score_rollout` (``r``: outcome rewards, scorable rows, guard checks).
 
         - line 6, online prompt filter (section 3.3): groups whose accuracy lies outside the filter bounds;
         - line 7, reference log-probs ``log pi_ref`` of Eq. 3;
@@ -709,11 +697,11 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             is_training=True,
         )
 
-    def _get_train_sampler(self, dataset=None):
+    def _method_train_sampler(self, dataset=None):
         # TRL's RepeatSampler with `groups` prompts per generation batch instead of generation_batch_size / K
         groups = self._oversampled_groups()
         if groups is None:
-            return super()._get_train_sampler(dataset)
+            return None
         from trl.trainer.utils import RepeatSampler
 
         return RepeatSampler(
@@ -839,7 +827,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
                     skip=r.unscored,
                     mm=r.mm if self._prm_ref_takes_images else {},
                 )
-        self._guard_inspect(
+        self.guards.inspect(
             r.mode,
             local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
             masks={"ref_logps": completion_mask, "policy_logps": completion_mask},
@@ -886,8 +874,10 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     def _filter_rows(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """PROF's row filter (trl_prime/prof/; ``prof_mode != "off"``, training): the ``(B_global,)`` bool rows the
         policy trains on, ``m`` of the ``K`` completions of each kept prompt; ``r.kept`` when PROF is off."""
-        return prime_prof_rows(
-            self,
+        rows, metrics = prime_prof_rows(
+            self.prof_filter,
+            self.accelerator,
+            step=self.state.global_step,
             mode=r.mode,
             kept=r.kept,
             scorable=r.scorable,
@@ -897,6 +887,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             token_rewards=r.token_rewards,
             num_generations=r.num_generations,
         )
+        for name, value in metrics.items():
+            self.record_metric(r.mode, name, value)
+        return rows
 
     def _update_value(self, output: dict, r: PrimeRound) -> torch.Tensor | None:
         """``prime_estimator="ppo"`` (PRIME section 5.4, Table 4): the ``(B, T)`` detached values ``V(y_<t)`` GAE
@@ -934,7 +927,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         else:
             values, returns, r.value_stats = self._implicit_prm_value(r), None, {}
             returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
-        self._guard_inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
+        self.guards.inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
         self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
         return values
 
@@ -989,9 +982,9 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
     def _guard_advantages(self, r: PrimeRound, advantages_g: torch.Tensor) -> None:
         """The guards of the advantage step: single-row groups, non-finite advantages, degenerate-batch metrics."""
         inputs = r.advantage_inputs
-        self._guard_single_row_groups(r.mode, rewards=inputs["outcome_rewards"], group_ids=inputs["group_ids"])
-        self._guard_inspect(r.mode, global_rows={"advantages": advantages_g}, masks={"advantages": r.mask_g})
-        self._guard_degenerate_metrics(
+        self.guards.single_row_groups(r.mode, rewards=inputs["outcome_rewards"], group_ids=inputs["group_ids"])
+        self.guards.inspect(r.mode, global_rows={"advantages": advantages_g}, masks={"advantages": r.mask_g})
+        self.guards.degenerate_metrics(
             r.mode,
             outcome=r.outcome,
             completion_mask_g=r.mask_g,
@@ -1023,7 +1016,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         self._dispatch_rollouts_scored(output, r)
 
     def _log_prm_metrics(self, r: PrimeRound) -> None:
-        m, K = self._metrics[r.mode], r.num_generations
+        K = r.num_generations
         kept_idx = r.kept.nonzero(as_tuple=True)[0]
         if kept_idx.numel() > 0:
             seq, labels = r.seq_rewards[kept_idx], r.labels[kept_idx]  # the PRM's own targets (prm_label)
@@ -1035,20 +1028,20 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
             pair_acc = abs_acc = math.nan
         scored_g = r.kept if r.skip_filtered else torch.ones_like(r.kept)  # rows with computed token rewards
         tok = r.rewards_g[r.mask_g.bool() & scored_g.unsqueeze(1)]
-        m["prm/loss"].append(r.prm_stats["loss"])
-        m["prm/pair_accuracy"].append(pair_acc)
-        m["prm/abs_accuracy"].append(abs_acc)
-        m["prm/token_reward_mean"].append(tok.mean().item() if tok.numel() else math.nan)
-        m["prm/token_reward_std"].append(tok.std().item() if tok.numel() > 1 else math.nan)
-        m["prm/token_reward_min"].append(tok.min().item() if tok.numel() else math.nan)
-        m["prm/token_reward_max"].append(tok.max().item() if tok.numel() else math.nan)
-        m["filter/kept_fraction"].append(r.kept_fraction)
-        m["filter/kept_groups"].append(float(r.kept_groups))
+        self.record_metric(r.mode, "prm/loss", r.prm_stats["loss"])
+        self.record_metric(r.mode, "prm/pair_accuracy", pair_acc)
+        self.record_metric(r.mode, "prm/abs_accuracy", abs_acc)
+        self.record_metric(r.mode, "prm/token_reward_mean", tok.mean().item() if tok.numel() else math.nan)
+        self.record_metric(r.mode, "prm/token_reward_std", tok.std().item() if tok.numel() > 1 else math.nan)
+        self.record_metric(r.mode, "prm/token_reward_min", tok.min().item() if tok.numel() else math.nan)
+        self.record_metric(r.mode, "prm/token_reward_max", tok.max().item() if tok.numel() else math.nan)
+        self.record_metric(r.mode, "filter/kept_fraction", r.kept_fraction)
+        self.record_metric(r.mode, "filter/kept_groups", float(r.kept_groups))
         if "grad_norm" in r.prm_stats:
-            m["prm/grad_norm"].append(r.prm_stats["grad_norm"])
-            m["prm/learning_rate"].append(r.prm_stats["learning_rate"])
+            self.record_metric(r.mode, "prm/grad_norm", r.prm_stats["grad_norm"])
+            self.record_metric(r.mode, "prm/learning_rate", r.prm_stats["learning_rate"])
             if self.args.prm_replay_rounds:
-                m["prm/replay_rows"].append(float(r.prm_stats["replay_rows"]))
+                self.record_metric(r.mode, "prm/replay_rows", float(r.prm_stats["replay_rows"]))
 
     def _dispatch_rollouts_scored(self, output: dict, r: PrimeRound) -> None:
         """``on_rollouts_scored`` with the round's tensors (rows without a PRM forward read NaN)."""
@@ -1190,20 +1183,16 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         for _ in range(self.args.prm_epochs - 1):
             _, loss_value, _ = backward_pass(score_untrained_rows=False)  # the log-probs of the first pass stand
             if self.prm_optim.step(loss_finite=math.isfinite(loss_value)) is None:
-                self._metrics["train"]["prm/extra_updates_skipped"].append(1.0)
+                self.record_metric("train", "prm/extra_updates_skipped", 1.0)
                 return
 
     def _defers_model_steps(self) -> bool:
-        """Whether the PRM's (and the critic's) optimizer step waits for the policy's (:meth:`_guard_after_policy_step`):
+        """Whether the PRM's (and the critic's) optimizer step waits for the policy's (:meth:`_after_policy_step`):
         with the single PRM forward (its rewards come from before its step) and the policy's guarded optimizer (not
         DeepSpeed, whose engines step inside ``backward``). Then a policy step skipped for a reason found after the
         PRM's backward (non-finite advantages or values, a policy gradient overflow) leaves the PRM and its optimizer
         bit-identical. ``prm_update="double"`` scores the batch with the PRM after its step, which cannot wait."""
-        return (
-            self.args.prm_update == "single"
-            and self.prm_optim.engine is None
-            and bool(getattr(self.optimizer, "_guard_wrapped", False))
-        )
+        return self.args.prm_update == "single" and self.prm_optim.engine is None and self.guards.wrapped
 
     def _resolve_held_steps(self, apply: bool) -> None:
         """Take (``apply``) or drop the PRM's and the critic's held optimizer steps, and with them the PRM's later
@@ -1215,7 +1204,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
                     optim.apply_pending()
                 else:
                     optim.discard_pending()
-                    self._metrics["train"]["guard/held_steps_dropped"].append(1.0)
+                    self.record_metric("train", "guard/held_steps_dropped", 1.0)
         if apply and more is not None:
             more()
         if apply:  # the round's PRM rows follow its PRM step into the replay (prm_replay_rounds)
@@ -1223,7 +1212,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         else:
             self.prm_replay.drop()
 
-    def _guard_after_policy_step(self, applied: bool, reason: str | None = None) -> None:
+    def _after_policy_step(self, applied: bool, reason: str | None = None) -> None:
         # the policy's guarded step decided: the PRM (and critic) steps held for it follow it, except that an empty
         # policy step (no weighted token in its micro-batches) keeps them: the round's PRM update trained on its kept
         # rows, which other micro-batches of the same generation batch train the policy on
@@ -1334,7 +1323,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         grad_norm = self.prm_optim.step(loss_finite=math.isfinite(loss_value), defer=self._defers_model_steps())
         if grad_norm is None:  # non-finite PRM loss or gradient norm: step skipped (weights unchanged), batch poisoned
             # every row's log-probs and token rewards passed the check above: no row to blame
-            self._guard_poison_batch("train", "non-finite PRM loss/gradient norm")
+            self.guards.poison_batch("train", "non-finite PRM loss/gradient norm")
             return prm_logps, checked
         if self.prm_optim.engine is not None:  # the engine stepped (and scheduled) inside backward
             lr = self.prm_optim.learning_rate
@@ -1369,7 +1358,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         mask = completion_mask
         if unscored is not None:  # rows without a PRM forward (log-probs 0) are not judged
             mask = completion_mask * (~unscored).unsqueeze(1).to(completion_mask.dtype)
-        return self._guard_inspect(
+        return self.guards.inspect(
             mode,
             local_rows={"prm_logps": prm_logps, "token_rewards": token_rewards},
             masks={"prm_logps": mask, "token_rewards": mask},
@@ -1413,7 +1402,7 @@ class PrimeMixin(ValueMixin, RolloutMixin, CheckpointMixin, GuardsMixin):
         return loss.to(prm_logps.dtype), {"group_ids": group_ids, "global_labels": labels_g}
 
 
-class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
+class PrimeRLOOTrainer(PrimeMixin, RLOOAdapter):
     """PRIME on TRL's ``RLOOTrainer``: implicit-PRM process rewards, Eq. 5 advantages, token-level PPO-clip loss.
 
     Args: as ``trl.RLOOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PrimeRLOOConfig`,
@@ -1442,73 +1431,9 @@ class PrimeRLOOTrainer(PrimeMixin, RLOOTrainer):
     _config_class = PrimeRLOOConfig
     _tag_names = ["trl", "rloo", "prime", "trl-prime"]
     _name = "PRIME-RLOO"
-    loss_is_scaled_for_ga = True
-
-    def _compute_loss(self, model, inputs):
-        # rows with loss weight 0 (filtered prompts, PROF-dropped or unscorable rows) add nothing to this token-sum
-        # loss: the policy's forward and backward skip them (trl_prime/rollout.py)
-        if not self.aux_loss_enabled:  # a MoE router loss is a statistic of every attended token: keep the rows
-            inputs = drop_zero_weight_rows(inputs, inputs["prime_loss_mask"], self.accelerator)
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            inputs["completion_ids"].size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{k: inputs.get(k) for k in MM_KEYS},
-        )
-        mask = inputs["prime_loss_mask"].to(per_token_logps.dtype)
-        mode = "train" if self.model.training else "eval"
-        normalizer = None  # evaluation: the token mean of the micro-batch
-        if mode == "train":
-            # token mean over the kept tokens of the whole optimisation step, across processes and accumulation
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        loss = F.token_ppo_clip_loss(
-            per_token_logps,
-            inputs.get("old_per_token_logps"),
-            inputs["advantages"],
-            mask,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            normalizer=normalizer,
-        )
-        if self.aux_loss_enabled:
-            acc = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / acc
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._log_loss_metrics(mode, per_token_logps, inputs, entropies, mask)
-        return loss
-
-    def _log_loss_metrics(self, mode: str, per_token_logps, inputs: dict, entropies, mask) -> None:
-        """Entropy and clip ratios of Eq. 6 over the trained tokens (global), as TRL's GRPO logs them."""
-        advantages = inputs["advantages"]
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
-        old = inputs.get("old_per_token_logps")
-        ratio = torch.exp(per_token_logps - (per_token_logps.detach() if old is None else old))
-        m = self._metrics[mode]
-
-        def global_masked_mean(x, w):
-            totals = self.accelerator.reduce(torch.stack([(x * w).sum(), w.sum().float()]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        m["entropy"].append(global_masked_mean(entropies, mask))  # over the trained tokens, as GRPO
-        is_low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()
-        is_high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()
-        m["clip_ratio/low_mean"].append(global_masked_mean(is_low, mask))
-        m["clip_ratio/high_mean"].append(global_masked_mean(is_high, mask))
-        m["clip_ratio/region_mean"].append(global_masked_mean(torch.maximum(is_low, is_high), mask))
-        live = mask.sum(-1) > 0  # per-completion clip ratios of the trained rows only (NaN elsewhere)
-        seq = lambda x: torch.where(live, (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0), torch.nan)  # noqa: E731
-        m["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(seq(is_low))).item())
-        m["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(seq(is_high))).item())
 
 
-class PrimeGRPOTrainer(PrimeMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class PrimeGRPOTrainer(PrimeMixin, GRPOAdapter):
     """PRIME on TRL's ``GRPOTrainer``: the same PRIME machinery (:class:`PrimeMixin`) with the GRPO estimator.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`~trl_prime.PrimeGRPOConfig`), plus, by keyword, ``prm_model``,

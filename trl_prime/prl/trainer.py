@@ -21,11 +21,9 @@ from __future__ import annotations
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
-from trl import GRPOTrainer
 
 from trl_prime import functional as F
-from trl_prime.checkpointing import CheckpointMixin
-from trl_prime.guards import GuardsMixin
+from trl_prime.adapters import GRPOAdapter
 from trl_prime.modeling import (
     copy_adapter,
     eval_mode,
@@ -37,11 +35,10 @@ from trl_prime.modeling import (
 from trl_prime.prl.config import PRLConfig
 from trl_prime.rollout import (
     MM_KEYS,
-    DropZeroWeightRowsMixin,
     Rollout,
-    RolloutMixin,
     action_mask,
     gather_padded,
+    hand_advantages,
     resolve_trainer_args,
 )
 
@@ -49,7 +46,7 @@ from trl_prime.rollout import (
 PRL_REF_ADAPTER = "ref"  # TRL's name for the frozen copy of a pre-trained adapter
 
 
-class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class PRLGRPOTrainer(GRPOAdapter):
     """PRL on TRL's ``GRPOTrainer``: token weights ``rho_t = A - S_t / eta`` in the token-level PPO-clip loss.
 
     Args: as ``trl.GRPOTrainer`` (``model``, ``reward_funcs``, ``args`` a :class:`~trl_prime.PRLConfig`, datasets,
@@ -99,7 +96,6 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         # TRL's KL reference adapter "ref" (beta > 0) misses IA3's weights (it copies names holding ".default." only)
         sync_trl_ref_adapter(self.model, pretrained_adapter=self._prl_pretrained_adapter)
-        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/guards.py)
         self.prl_ref_model = None
         self._prl_ref_adapter = None
         if ref is not None:
@@ -123,7 +119,7 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         return "adapter" if self._prl_ref_adapter is not None else "adapters_disabled"
 
     # ----------------------------------------------------------------------------------------------------------
-    # One PRL step (TRL's generation step calls it through RolloutMixin, trl_prime/rollout.py)
+    # One PRL step (TRL's generation step calls it through the adapter, trl_prime/adapters.py)
     # ----------------------------------------------------------------------------------------------------------
     def _rollout_logps(self, output: dict, input_ids, attention_mask, mode: str) -> dict:
         """``pi_old`` and ``pi_ref`` log-probs of the round, judged with the rewards by the guard."""
@@ -206,13 +202,13 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
             zero_fill_compat=a.zero_fill_compat,
         )
         advantages_g = F.prl_advantages(**adv_inputs)
-        self._guard_single_row_groups(mode, rewards=outcome, group_ids=group_ids)
-        self._guard_inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
-        self._guard_degenerate_metrics(
+        self.guards.single_row_groups(mode, rewards=outcome, group_ids=group_ids)
+        self.guards.inspect(mode, global_rows={"advantages": advantages_g}, masks={"advantages": mask_g})
+        self.guards.degenerate_metrics(
             mode, outcome=outcome, completion_mask_g=mask_g, num_generations=K, truncated=rollout.truncated
         )
         # convention: an unscorable row has loss weight 0 (TRL keeps it with advantage 0)
-        self._hand_advantages(output, rollout, advantages_g, keep=None if bool(scorable.all()) else scorable)
+        hand_advantages(self, output, rollout, advantages_g, keep=None if bool(scorable.all()) else scorable)
         self._prl_log_metrics(mode, adv_inputs, advantages_g, ends_g)
         self._prl_last = dict(adv_inputs, advantages=advantages_g, process_slice=local)  # for tests and debugging
         return output
@@ -234,10 +230,9 @@ class PRLGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightR
         nonempty = mask.any(-1)
         ends = mask if ends_g is None else (ends_g.bool() & mask) | F.last_token_mask(mask)
         steps = ends.sum(-1)[nonempty].float()
-        m = self._metrics[mode]
         nan = float("nan")
-        m["prl/kl_to_go_mean"].append(s.mean().item() if s.numel() else nan)
-        m["prl/kl_to_go_min"].append(s.min().item() if s.numel() else nan)
-        m["prl/kl_to_go_max"].append(s.max().item() if s.numel() else nan)
-        m["prl/sign_flip_fraction"].append(flips.sum().item() / max(int(tok.sum().item()), 1))
-        m["prl/steps_per_completion"].append(steps.mean().item() if steps.numel() else nan)
+        self.record_metric(mode, "prl/kl_to_go_mean", s.mean().item() if s.numel() else nan)
+        self.record_metric(mode, "prl/kl_to_go_min", s.min().item() if s.numel() else nan)
+        self.record_metric(mode, "prl/kl_to_go_max", s.max().item() if s.numel() else nan)
+        self.record_metric(mode, "prl/sign_flip_fraction", flips.sum().item() / max(int(tok.sum().item()), 1))
+        self.record_metric(mode, "prl/steps_per_completion", steps.mean().item() if steps.numel() else nan)

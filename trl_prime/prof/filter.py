@@ -210,23 +210,26 @@ class ProfFilter:
 
     def __call__(
         self,
-        trainer,
+        accelerator,
         *,
+        step: int,
         outcome: torch.Tensor,
         eligible: torch.Tensor,
         output: dict,
         capture: dict,
         num_generations: int,
         token_rewards: torch.Tensor | None = None,
-        mode: str = "train",
-    ) -> torch.Tensor:
-        """Run PROF on a trainer's generation batch; returns the global ``(B_global,)`` bool mask of kept rows.
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Run PROF on a trainer's generation batch; returns the global ``(B_global,)`` bool mask of kept rows and
+        the ``prof/*`` metrics of the selection (:meth:`metrics`).
 
-        ``outcome`` ``(B_global,)`` and ``eligible`` ``(B_global,)`` (rows that may be kept: scorable, and not removed
-        by another filter) are global; ``output`` is TRL's local generation output; ``capture`` holds the local
-        ``prompts`` and ``completions``; ``token_rewards`` ``(B, T)`` local implicit-PRM rewards (PRIME). Collective.
+        ``accelerator``: the trainer's (collectives). ``step``: the trainer's optimizer steps so far (the tie-break
+        seed). ``outcome`` ``(B_global,)`` and ``eligible`` ``(B_global,)`` (rows that may be kept: scorable, and not
+        removed by another filter) are global; ``output`` is TRL's local generation output; ``capture`` holds the
+        local ``prompts`` and ``completions``; ``token_rewards`` ``(B, T)`` local implicit-PRM rewards (PRIME).
+        Collective.
         """
-        acc = trainer.accelerator
+        acc = accelerator
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         batch = StepBatch(
             prompts=capture["prompts"],
@@ -244,7 +247,7 @@ class ProfFilter:
         smask_g = gather_padded(acc, smask.long().contiguous()).bool()
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // num_generations
         masked_outcome = torch.where(eligible, outcome, torch.full_like(outcome, torch.nan))
-        sel = self.select(group_ids, scores_g, smask_g, masked_outcome, step=trainer.state.global_step)
+        sel = self.select(group_ids, scores_g, smask_g, masked_outcome, step=step)
         if not self._warned_truncation and bool(sel["truncated"].any()):
             self._warned_truncation = True
             if acc.is_main_process:
@@ -255,10 +258,8 @@ class ProfFilter:
                     "is logged as prof/prm_truncated_fraction). Warned once.",
                     stacklevel=2,
                 )
-        for k, v in self.metrics(sel).items():
-            trainer._metrics[mode][k].append(v)
         self.last = dict(sel, step_scores=scores_g, step_mask=smask_g, outcome=outcome, group_ids=group_ids)
-        return sel["kept"]
+        return sel["kept"], self.metrics(sel)
 
 
 def _step_prm_for(trainer, source: StepPRM | ImplicitPRM | str) -> StepPRM:
@@ -316,8 +317,10 @@ def _freeze_step_prm(step_prm: StepPRM, trainer) -> None:
 
 
 def prime_prof_rows(
-    trainer,
+    prof: ProfFilter | None,
+    accelerator,
     *,
+    step: int,
     mode: str,
     kept: torch.Tensor,
     scorable: torch.Tensor,
@@ -326,23 +329,23 @@ def prime_prof_rows(
     capture: dict,
     token_rewards: torch.Tensor,
     num_generations: int,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The rows a PRIME trainer trains its policy on: ``kept`` (the online prompt filter) narrowed by PROF.
 
-    Called from ``PrimeMixin._algorithm_step`` after the implicit PRM's token rewards and before the advantages. Returns
-    ``kept`` unchanged when the trainer has no PROF filter (``prof_mode="off"``) or in evaluation. The PRM update is
-    not affected (it already ran, on every row of the kept groups).
+    Called from ``PrimeMixin._algorithm_step`` after the implicit PRM's token rewards and before the advantages, with the
+    trainer's filter ``prof``. Returns ``(rows, metrics)``: ``kept`` unchanged and no metrics when there is no PROF
+    filter (``prof_mode="off"``) or in evaluation. The PRM update is not affected (it already ran, on every row of
+    the kept groups).
     """
-    prof = getattr(trainer, "prof_filter", None)
     if prof is None or mode != "train":
-        return kept
+        return kept, {}
     return prof(
-        trainer,
+        accelerator,
+        step=step,
         outcome=outcome,
         eligible=kept & scorable,
         output=output,
         capture=capture,
         num_generations=num_generations,
         token_rewards=token_rewards,
-        mode=mode,
     )

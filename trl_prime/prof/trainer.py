@@ -14,21 +14,18 @@ from __future__ import annotations
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
-from trl import GRPOTrainer
 
 from trl_prime import functional as F
-from trl_prime.checkpointing import CheckpointMixin
-from trl_prime.guards import GuardsMixin
+from trl_prime.adapters import GRPOAdapter
 from trl_prime.implicit_prm.model import ImplicitPRM
 from trl_prime.modeling import sync_trl_ref_adapter
 from trl_prime.prof.config import ProfGRPOConfig
 from trl_prime.prof.filter import ProfFilter
 from trl_prime.prof.step_prm import StepPRM
 from trl_prime.rollout import (
-    DropZeroWeightRowsMixin,
     Rollout,
-    RolloutMixin,
     gather_padded,
+    hand_advantages,
     resolve_trainer_args,
 )
 
@@ -36,7 +33,7 @@ from trl_prime.rollout import (
 # ----------------------------------------------------------------------------------------------------------------
 # PROF on plain GRPO
 # ----------------------------------------------------------------------------------------------------------------
-class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeightRowsMixin, GRPOTrainer):
+class ProfGRPOTrainer(GRPOAdapter):
     """PROF on TRL's ``GRPOTrainer`` (PROF-BOTH / PROF-POS): a step PRM filters each prompt's completions to ``m``.
 
     Args: as ``trl.GRPOTrainer`` (``args`` a :class:`ProfGRPOConfig`), plus, by keyword, ``prof_prm``: a
@@ -80,10 +77,9 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
         # TRL's KL reference adapter "ref" (beta > 0) misses IA3's weights (it copies names holding ".default." only)
         sync_trl_ref_adapter(self.model, pretrained_adapter=isinstance(model, nn.Module) and is_peft_model(model))
         self.prof_filter = ProfFilter.from_trainer(self, prm=prof_prm)
-        self._guard_setup()  # start-up checks of the dataset; non-finite / verifier guards (trl_prime/guards.py)
 
     # ----------------------------------------------------------------------------------------------------------
-    # One PROF step (TRL's generation step calls it through RolloutMixin, trl_prime/rollout.py)
+    # One PROF step (TRL's generation step calls it through the adapter, trl_prime/adapters.py)
     # ----------------------------------------------------------------------------------------------------------
     def _rollout_logps(self, output: dict, input_ids, attention_mask, mode: str) -> dict:
         """TRL's rollout log-probs, judged with the rewards by the guard (``None`` when TRL skipped them)."""
@@ -99,20 +95,28 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
         outcome = rollout.outcome
         mask_g = gather_padded(acc, output["completion_mask"])
         if self.prof_filter is None:
-            self._guard_inspect("train", local_rows={"advantages": output["advantages"]})
-            self._guard_degenerate_metrics(
+            self.guards.inspect("train", local_rows={"advantages": output["advantages"]})
+            self.guards.degenerate_metrics(
                 "train", outcome=outcome, completion_mask_g=mask_g, num_generations=K, truncated=rollout.truncated
             )
             return output
-        kept = self.prof_filter(
-            self, outcome=outcome, eligible=rollout.scorable, output=output, capture=rollout.capture, num_generations=K
+        kept, metrics = self.prof_filter(
+            acc,
+            step=self.state.global_step,
+            outcome=outcome,
+            eligible=rollout.scorable,
+            output=output,
+            capture=rollout.capture,
+            num_generations=K,
         )
+        for name, value in metrics.items():
+            self.record_metric("train", name, value)
         group_ids = torch.arange(outcome.numel(), device=outcome.device) // K
         kept_outcome = torch.where(kept, outcome, torch.full_like(outcome, torch.nan))
         advantages_g = F.grpo_advantages(kept_outcome, group_ids, scale_rewards=self.args.scale_rewards)
-        self._guard_single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
-        self._guard_inspect("train", global_rows={"advantages": advantages_g})
-        self._guard_degenerate_metrics(
+        self.guards.single_row_groups("train", rewards=kept_outcome, group_ids=group_ids)
+        self.guards.inspect("train", global_rows={"advantages": advantages_g})
+        self.guards.degenerate_metrics(
             "train",
             outcome=outcome,
             completion_mask_g=mask_g,
@@ -120,5 +124,5 @@ class ProfGRPOTrainer(RolloutMixin, CheckpointMixin, GuardsMixin, DropZeroWeight
             kept=kept,
             truncated=rollout.truncated,
         )
-        self._hand_advantages(output, rollout, advantages_g, keep=kept)
+        hand_advantages(self, output, rollout, advantages_g, keep=kept)
         return output
