@@ -143,12 +143,10 @@ def test_value_model_argument_needs_a_critic(tiny_model_path, tmp_path):
 
 def test_value_adapter_is_refused_under_deepspeed():
     """As the PRM adapter: a LoRA value adapter would be partitioned inside the policy's DeepSpeed engine."""
-    from types import SimpleNamespace
-
-    from trl_prime.prime.value import ValueMixin
+    from trl_prime.prime.value import adapter_value_model
 
     with pytest.raises(ValueError, match="adapter 'value'.*not supported with DeepSpeed.*Pass `value_model`"):
-        ValueMixin._adapter_value(SimpleNamespace(is_deepspeed_enabled=True), {"pretrained_adapter": False})
+        adapter_value_model(None, pretrained_adapter=False, seed=0, deepspeed=True)
 
 
 def test_value_model_shapes_and_head_alignment(tiny_model_path):

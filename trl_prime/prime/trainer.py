@@ -64,9 +64,9 @@ from trl_prime.prime.oversample import (
     oversampled_groups,
     select_first_groups,
 )
-from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, PRMOptimizer
+from trl_prime.prime.prm_optimizer import PRM_ADAPTER, PRM_CHECKPOINT_DIR, VALUE_CHECKPOINT_DIR, PRMOptimizer
 from trl_prime.prime.replay import ROW_FIELDS, PrmReplay, select_rows, to_device
-from trl_prime.prime.value import ValueMixin
+from trl_prime.prime.value import Critic, build_value_spec, value_metrics
 from trl_prime.prof.filter import ProfFilter, prime_prof_rows
 from trl_prime.rollout import (
     MM_KEYS,
@@ -210,7 +210,7 @@ class PrimeRound(Rollout):
     loss_mask: torch.Tensor | None = None  # (B, T) loss weight: completion tokens of kept, scorable rows
 
 
-class PrimeMixin(ValueMixin):
+class PrimeMixin:
     """The PRIME machinery shared by :class:`PrimeRLOOTrainer` and :class:`PrimeGRPOTrainer`.
 
     It owns the implicit PRM (:class:`~trl_prime.ImplicitPRM` in ``self.implicit_prm``), its optimisation state
@@ -254,7 +254,8 @@ class PrimeMixin(ValueMixin):
 
     PPO (``prime_estimator="ppo"``, PRIME section 5.4, Table 4): a value model
     (:class:`~trl_prime.prime.value.ValueModel`, held by ``self.value_function``, its optimizer ``self.value_optim``,
-    a :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`) gives ``V(y_<t)``; :meth:`_update_value` trains it once
+    a :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`, both held by the :class:`~trl_prime.prime.value.Critic`
+    ``self.critic``, ``None`` without a learned critic) gives ``V(y_<t)``; :meth:`_update_value` trains it once
     per generation round and GAE gives the advantages. With ``prime_value="implicit_prm"`` there is no critic: the
     advantage is the outcome minus the implicit PRM's prefix value, ``A_t = outcome_coef * r_o - sum_{s<t}
     r_phi(y_s)`` (``gamma = lam = 1``). The value model is a copy of the policy's initial checkpoint
@@ -270,6 +271,7 @@ class PrimeMixin(ValueMixin):
 
     _config_class: type = PrimeRLOOConfig
     _rollout_class: type = PrimeRound
+    critic: Critic | None = None  # the learned critic (prime_estimator="ppo", prime_value="critic"), else None
 
     def __init__(
         self,
@@ -293,12 +295,29 @@ class PrimeMixin(ValueMixin):
             accepted=PrimeOptions,
         )
         self._prm_spec = self._build_prm_models(model, args, prm_model, prm_ref_model, peft_config)
-        value_spec = self._build_value_model(model, args, value_model, peft_config)
+        value_spec = build_value_spec(model, args, value_model, peft_config)
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         # TRL's KL reference adapter "ref" misses IA3's weights (it copies names holding ".default." only)
         sync_trl_ref_adapter(self.model, pretrained_adapter=isinstance(model, nn.Module) and is_peft_model(model))
         self._setup_prm()
-        self._setup_value(value_spec)
+        self.critic = Critic.from_spec(
+            value_spec,
+            self.model,
+            self.args,
+            self.accelerator,
+            deepspeed=self.is_deepspeed_enabled,
+            micro_batch_size=self._prm_micro_batch_size(),
+        )
+
+    @property
+    def value_function(self):
+        """The critic's :class:`~trl_prime.prime.value.ValueFunction` (the value model); ``None`` without a critic."""
+        return self.critic.value_function if self.critic is not None else None
+
+    @property
+    def value_optim(self):
+        """The critic's :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer`; ``None`` without a critic."""
+        return self.critic.value_optim if self.critic is not None else None
 
     # ----------------------------------------------------------------------------------------------------------
     # Construction
@@ -482,14 +501,16 @@ class PrimeMixin(ValueMixin):
         if resume_from_checkpoint is not None:
             self.prm_optim.load_state(resume_from_checkpoint, self.prm_model)
             self.prm_replay.load(resume_from_checkpoint, self.accelerator.process_index)
-        self._value_prepare(max_steps, resume_from_checkpoint)
+        if self.critic is not None:
+            self.critic.prepare(max_steps, resume_from_checkpoint)
 
     def _save_method_state(self, checkpoint_dir: str) -> None:
         # the adapter's hook inside the atomic checkpoint (trl_prime/checkpointing.py): Trainer's checkpoint called
         # save_model, which wrote the PRM's weights to checkpoint-N/prm; its optimisation state follows
         self.prm_optim.save_state(checkpoint_dir, is_main_process=self.args.should_save)
         self.prm_replay.save(checkpoint_dir, self.accelerator.process_index)
-        self._value_save_state(checkpoint_dir)
+        if self.critic is not None:
+            self.critic.save_state(checkpoint_dir, is_main_process=self.args.should_save)
         self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -503,8 +524,14 @@ class PrimeMixin(ValueMixin):
         """
         super().save_model(output_dir, _internal_call=_internal_call)
         self.save_prm(os.path.join(output_dir or self.args.output_dir, PRM_CHECKPOINT_DIR))
-        self.save_value_model(self._value_save_dir(output_dir))
+        self.save_value_model(os.path.join(output_dir or self.args.output_dir, VALUE_CHECKPOINT_DIR))
         self.accelerator.wait_for_everyone()
+
+    def save_value_model(self, output_dir: str) -> None:
+        """Save the value model (``value/`` folder: the backbone or adapter ``"value"``, and
+        ``value_head.safetensors``; ``value_model=`` loads it back); call it on every rank. No-op without a critic."""
+        if self.critic is not None:
+            self.critic.save_pretrained(output_dir, is_main_process=self.args.should_save)
 
     def save_prm(self, output_dir: str) -> None:
         """Save the implicit PRM (``save_pretrained`` folder, reference, config json); call it on every rank."""
@@ -898,7 +925,7 @@ class PrimeMixin(ValueMixin):
 
         - ``prime_value="critic"``: the token rewards are ``process_coef * r_phi(y_t)`` (Eq. 3) on every token plus
           ``outcome_coef * r_o`` on the last; the value model's forward gives the values, and its clipped value loss
-          on their GAE returns trains it (:meth:`~trl_prime.prime.value.ValueMixin._train_value`; training only).
+          on their GAE returns trains it (:meth:`~trl_prime.prime.value.Critic.train`; training only).
         - ``prime_value="implicit_prm"``: no critic; the reward is ``outcome_coef * r_o`` on the last token only, and
           the value is the implicit PRM's prefix value ``V(y_<t) = sum_{s<t} r_phi(y_s)``
           (:func:`trl_prime.functional.implicit_prm_values`), so with ``gamma = lam = 1`` GAE gives
@@ -930,6 +957,27 @@ class PrimeMixin(ValueMixin):
         self.guards.inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
         self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
         return values
+
+    def _log_value_metrics(self, mode: str, values, returns, train_mask, stats: dict) -> None:
+        """Record the round's value metrics (:meth:`record_metric`), in order: the critic's
+        (:meth:`~trl_prime.prime.value.Critic.metrics`), or without one :func:`~trl_prime.prime.value.value_metrics`
+        (``prime_value="implicit_prm"``). Collective."""
+        if self.critic is not None:
+            metrics = self.critic.metrics(values, returns, train_mask, stats)
+        else:
+            metrics = value_metrics(self.accelerator, values, returns, train_mask, stats)
+        for name, val in metrics.items():
+            self.record_metric(mode, name, val)
+
+    def _train_value(self, r: PrimeRound, rewards: torch.Tensor, train_mask: torch.Tensor):
+        """The critic's update of the round (:meth:`~trl_prime.prime.value.Critic.train`, given the trainer's
+        ``guard_poisoned`` and :meth:`_defers_model_steps`), then the ``on_value_step`` callbacks when it stepped.
+        Returns ``(values, returns, stats)``."""
+        out = self.critic.train(r, rewards, train_mask, poisoned=self.guard_poisoned, defer=self._defers_model_steps())
+        payload = self.critic.step_payload(out[2])
+        if payload is not None:
+            self._dispatch("on_value_step", **payload)
+        return out
 
     def _implicit_prm_value(self, r: PrimeRound) -> torch.Tensor:
         """``prime_value="implicit_prm"``: the ``(B, T)`` value ``V(y_<t)``, the PRM's prefix sum (a logit), or with
@@ -1198,7 +1246,7 @@ class PrimeMixin(ValueMixin):
         """Take (``apply``) or drop the PRM's and the critic's held optimizer steps, and with them the PRM's later
         updates of that round (``prm_epochs > 1``), which run once its first step is taken."""
         more, self._held_prm_updates = getattr(self, "_held_prm_updates", None), None
-        for optim in (self.prm_optim, getattr(self, "value_optim", None)):
+        for optim in (self.prm_optim, self.value_optim):
             if optim is not None and optim.pending:
                 if apply:
                     optim.apply_pending()

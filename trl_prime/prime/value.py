@@ -5,6 +5,10 @@
   ``t`` (the causal shift of the log-probs: position ``t - 1`` of the completion, the last prompt token for ``t = 0``).
 - :class:`ValueFunction`: what the PRIME trainer holds as ``self.value_function``: the model (or its DeepSpeed
   engine), its trainable parameters, micro-batched forwards, and its ``value/`` checkpoint folder.
+- :class:`Critic`: what the PRIME trainer holds as ``self.critic`` (and calls; it never calls the trainer): the
+  :class:`ValueFunction`, its optimizer, one update per generation round, the value metrics and checkpoint files.
+  :func:`build_value_spec` builds the value model before TRL loads the policy; :meth:`Critic.from_spec` builds the
+  critic after (under PEFT, :func:`adapter_value_model` adds the adapter ``"value"`` to the policy).
 
 Two layouts: a separate model (default: a copy of the policy's initial checkpoint; ``value_model=`` another causal
 LM or a saved ``value/`` folder), or, under PEFT, a third adapter ``"value"`` on the policy's shared frozen base plus
@@ -36,7 +40,7 @@ from trl_prime.modeling import (
     unwrap,
 )
 from trl_prime.prime.estimators import get_advantage_estimator
-from trl_prime.prime.prm_optimizer import VALUE_CHECKPOINT_DIR, ValueOptimizer, load_weights
+from trl_prime.prime.prm_optimizer import ValueOptimizer, load_weights
 from trl_prime.rollout import gather_padded
 
 
@@ -186,91 +190,160 @@ def load_value_head(model: ValueModel, source: str | None) -> None:
         )
 
 
-class ValueMixin:
-    """The value model's part of the PRIME trainers (``prime_estimator="ppo"``, ``prime_value="critic"``): building
-    it, one update per generation round, its metrics, callbacks and checkpoint files. Mixed into
-    :class:`~trl_prime.prime.trainer.PrimeMixin`, whose ``_update_value`` step calls :meth:`_train_value`."""
+def build_value_spec(model, args, value_model, peft_config) -> dict | None:
+    """Build the value model *before* TRL loads, patches or wraps the policy (as the PRM; PRIME section 5.4).
 
-    value_function: ValueFunction | None = None  # None without a learned critic
-    value_optim: ValueOptimizer | None = None
+    Args:
+        model: the policy as the trainer receives it (a path, a causal LM or a ``PeftModel``).
+        args: the trainer's config (a :class:`~trl_prime.prime.config.PrimeOptions`).
+        value_model: the value model's initial causal LM (a path, a module, a saved ``value/`` folder) or ``None``
+            (``args.value_model``, else a copy of the policy's initial checkpoint, or the PEFT adapter).
+        peft_config: the trainer's ``peft_config`` (``None`` without PEFT).
 
-    def _build_value_model(self, model, args, value_model, peft_config) -> dict | None:
-        """Build the value model *before* TRL loads, patches or wraps the policy (as the PRM): ``None`` without a
-        critic, ``{"kind": "adapter"}`` for the PEFT adapter ``"value"``, else ``{"kind": "model", "model": ...}``."""
-        value_model = value_model if value_model is not None else args.value_model
-        if (
-            not get_advantage_estimator(args.prime_estimator, "prime_estimator").needs_values
-            or args.prime_value != "critic"
-        ):
-            if value_model is not None:
-                raise ValueError(
-                    "`value_model` was given but this run has no learned critic (it needs prime_estimator='ppo' and "
-                    "prime_value='critic'). Drop value_model, or set those options."
-                )
-            return None
-        is_peft_policy = isinstance(model, nn.Module) and is_peft_model(model)
-        if value_model is None and (peft_config is not None or is_peft_policy):
-            return {"kind": "adapter", "pretrained_adapter": is_peft_policy}
-        init_kw = model_init_kwargs(args)
-        check_causal_lm_source(
-            value_model,
-            "value_model",
-            trust_remote_code=init_kw.get("trust_remote_code", False),
-            revision=init_kw.get("revision"),
+    Returns:
+        ``None`` without a learned critic (``prime_estimator`` other than ``"ppo"``, or ``prime_value`` other than
+        ``"critic"``); ``{"kind": "adapter", "pretrained_adapter": bool}`` for the PEFT adapter ``"value"`` (built
+        by :func:`adapter_value_model` once the policy is a ``PeftModel``); else ``{"kind": "model", "model": vm}``
+        with ``vm`` a :class:`ValueModel` (its head seeded by ``args.seed``, loaded from ``value_model`` when that
+        folder holds one).
+
+    Raises:
+        ValueError: ``value_model`` given for a run without a learned critic, a ``PeftModel`` to copy into a separate
+            value model, or a ``value_model`` that is not a causal LM.
+    """
+    value_model = value_model if value_model is not None else args.value_model
+    if (
+        not get_advantage_estimator(args.prime_estimator, "prime_estimator").needs_values
+        or args.prime_value != "critic"
+    ):
+        if value_model is not None:
+            raise ValueError(
+                "`value_model` was given but this run has no learned critic (it needs prime_estimator='ppo' and "
+                "prime_value='critic'). Drop value_model, or set those options."
+            )
+        return None
+    is_peft_policy = isinstance(model, nn.Module) and is_peft_model(model)
+    if value_model is None and (peft_config is not None or is_peft_policy):
+        return {"kind": "adapter", "pretrained_adapter": is_peft_policy}
+    init_kw = model_init_kwargs(args)
+    check_causal_lm_source(
+        value_model,
+        "value_model",
+        trust_remote_code=init_kw.get("trust_remote_code", False),
+        revision=init_kw.get("revision"),
+    )
+    source = value_model if value_model is not None else model
+    backbone = load_model_copy(
+        source,
+        args,
+        peft_message="A PeftModel cannot be copied into a separate value model; pass `value_model` (a path or a "
+        "causal LM), or let the value model be the adapter 'value' on the policy (the default with PEFT).",
+    )
+    vm = ValueModel(backbone, seed=args.seed)
+    load_value_head(vm, source)
+    return {"kind": "model", "model": vm}
+
+
+def adapter_value_model(policy, *, pretrained_adapter: bool, seed: int, deepspeed: bool) -> ValueModel:
+    """The PEFT value model (PRIME section 5.4): a third adapter ``"value"`` on the policy's ``PeftModel`` plus the
+    head (seeded by ``seed``).
+
+    Args:
+        policy: the policy's ``PeftModel`` (the trainer's ``self.model``, before ``accelerator.prepare``); the
+            adapter is added to it in place.
+        pretrained_adapter: the policy came as a ``PeftModel``: the adapter ``"value"`` is a copy of its adapter;
+            else a fresh adapter of the policy's config, its parameters frozen for the policy's optimizer and DDP.
+        seed: ``args.seed``, for the head's initialisation (:class:`ValueModel`).
+        deepspeed: whether the trainer runs under DeepSpeed.
+
+    Raises:
+        ValueError: under DeepSpeed (the adapter would be partitioned inside the policy's engine), or for a PEFT
+            method the shared-base adapters do not support.
+    """
+    if deepspeed:
+        raise ValueError(
+            "The shared-base PEFT value model (adapter 'value' on the policy) is not supported with DeepSpeed: "
+            "its adapter would be partitioned inside the policy's engine. Pass `value_model` (a separate value "
+            "model, trained as its own DeepSpeed engine) or train without DeepSpeed."
         )
-        source = value_model if value_model is not None else model
-        backbone = load_model_copy(
-            source,
-            args,
-            peft_message="A PeftModel cannot be copied into a separate value model; pass `value_model` (a path or a "
-            "causal LM), or let the value model be the adapter 'value' on the policy (the default with PEFT).",
-        )
-        vm = ValueModel(backbone, seed=args.seed)
-        load_value_head(vm, source)
-        return {"kind": "model", "model": vm}
+    check_peft_adapter_supported(policy)
+    if pretrained_adapter:
+        copy_adapter(policy, VALUE_ADAPTER)
+    else:
+        import copy
 
-    def _setup_value(self, spec: dict | None) -> None:
-        """``self.value_function`` and ``self.value_optim`` from :meth:`_build_value_model`'s ``spec``."""
+        cfg = copy.deepcopy(policy.peft_config["default"])
+        cfg.inference_mode = False
+        policy.add_adapter(VALUE_ADAPTER, cfg)
+        for _, p in adapter_parameters(policy, VALUE_ADAPTER):
+            p.requires_grad_(False)  # the policy's optimizer and DDP must not see them
+    return ValueModel(policy, adapter_name=VALUE_ADAPTER, seed=seed)
+
+
+def value_metrics(accelerator, values, returns, train_mask, stats: dict) -> dict[str, float]:
+    """The value metrics of a generation round, in logging order: ``value/mean`` and ``value/explained_variance``
+    over the global batch's trained tokens (NaN without a trained token, resp. with fewer than 2), then ``value/<k>``
+    for each ``stats`` entry (the critic's ``loss``, ``clipfrac``; ``grad_norm``, ``learning_rate`` after a step).
+
+    ``values``, ``returns``, ``train_mask``: this process's ``(B, T)`` tensors (float32 values and returns; the 0/1
+    mask of the trained tokens), gathered (padded) over processes: collective, call it on every rank. Used for the
+    learned critic (:meth:`Critic.metrics`) and for ``prime_value="implicit_prm"`` (no critic, empty ``stats``).
+    """
+    v, ret, w = (gather_padded(accelerator, x) for x in (values, returns, train_mask))
+    w = w.bool()
+    out = {"value/mean": v[w].mean().item() if w.any() else math.nan}
+    ev = F.explained_variance(v, ret, w) if int(w.sum()) >= 2 else torch.tensor(math.nan)
+    out["value/explained_variance"] = float(ev)
+    out.update({f"value/{k}": val for k, val in stats.items()})
+    return out
+
+
+class Critic:
+    """The learned critic of ``prime_estimator="ppo"``, ``prime_value="critic"`` (PRIME section 5.4, Table 4): the
+    value model and its optimizer, one update per generation round, its metrics and checkpoint files. The PRIME
+    trainer holds it as ``self.critic`` and calls it; it never calls the trainer (the trainer passes the decisions it
+    owns, ``poisoned`` and ``defer``, and dispatches ``on_value_step`` from :meth:`step_payload`).
+
+    Args:
+        value_function: the :class:`ValueFunction` (its model on the accelerator's device, or to be wrapped by
+            DeepSpeed).
+        args: the trainer's config (``value_epochs``, ``vf_coef``, ``cliprange_value``, ``prime_gamma``, ``lam`` and
+            the ``value_*`` optimizer settings).
+        accelerator: the trainer's ``Accelerator`` (reductions and gathers over processes).
+        deepspeed: whether the trainer runs under DeepSpeed (the value model becomes its own engine).
+
+    Attributes:
+        value_function: the :class:`ValueFunction` (the trainer's ``value_function``).
+        value_optim: its :class:`~trl_prime.prime.prm_optimizer.ValueOptimizer` (the trainer's ``value_optim``).
+    """
+
+    def __init__(self, value_function: ValueFunction, args, accelerator, *, deepspeed: bool):
+        self.value_function = value_function
+        self.value_optim = ValueOptimizer(value_function, args, accelerator, deepspeed=deepspeed)
+        self.args = args
+        self.accelerator = accelerator
+
+    @classmethod
+    def from_spec(cls, spec: dict | None, policy, args, accelerator, *, deepspeed: bool, micro_batch_size: int):
+        """The critic of :func:`build_value_spec`'s ``spec`` (``None`` for ``None``): the separate value model moved
+        to the accelerator's device (not under DeepSpeed), or the adapter ``"value"`` added to ``policy``
+        (:func:`adapter_value_model`, which raises its ``ValueError``). ``micro_batch_size``: rows per forward."""
         if spec is None:
-            return
+            return None
         if spec["kind"] == "adapter":
-            vm = self._adapter_value(spec)
+            vm = adapter_value_model(
+                policy, pretrained_adapter=spec["pretrained_adapter"], seed=args.seed, deepspeed=deepspeed
+            )
         else:
             vm = spec["model"]
-            if not self.is_deepspeed_enabled:
-                vm = vm.to(self.accelerator.device)
-        self.value_function = ValueFunction(vm, micro_batch_size=self._prm_micro_batch_size())
-        self.value_optim = ValueOptimizer(
-            self.value_function, self.args, self.accelerator, deepspeed=self.is_deepspeed_enabled
-        )
-
-    def _adapter_value(self, spec: dict) -> ValueModel:
-        """The PEFT value model: a third adapter ``"value"`` on the policy's PeftModel (a copy of a pre-trained
-        policy adapter, else a fresh one of the policy's config) plus the head."""
-        if self.is_deepspeed_enabled:
-            raise ValueError(
-                "The shared-base PEFT value model (adapter 'value' on the policy) is not supported with DeepSpeed: "
-                "its adapter would be partitioned inside the policy's engine. Pass `value_model` (a separate value "
-                "model, trained as its own DeepSpeed engine) or train without DeepSpeed."
-            )
-        peft_model = self.model
-        check_peft_adapter_supported(peft_model)
-        if spec["pretrained_adapter"]:
-            copy_adapter(peft_model, VALUE_ADAPTER)
-        else:
-            import copy
-
-            cfg = copy.deepcopy(peft_model.peft_config["default"])
-            cfg.inference_mode = False
-            peft_model.add_adapter(VALUE_ADAPTER, cfg)
-            for _, p in adapter_parameters(peft_model, VALUE_ADAPTER):
-                p.requires_grad_(False)  # the policy's optimizer and DDP must not see them
-        return ValueModel(peft_model, adapter_name=VALUE_ADAPTER, seed=self.args.seed)
+            if not deepspeed:
+                vm = vm.to(accelerator.device)
+        return cls(ValueFunction(vm, micro_batch_size=micro_batch_size), args, accelerator, deepspeed=deepspeed)
 
     # ------------------------------------------------------------------------------------------------------------
     # One update per generation round
     # ------------------------------------------------------------------------------------------------------------
-    def _train_value(self, r, rewards: torch.Tensor, train_mask: torch.Tensor):
+    def train(self, r, rewards: torch.Tensor, train_mask: torch.Tensor, *, poisoned: bool, defer: bool):
         """The critic's round: value forwards by micro-batches, each with grad and one backward of ``vf_coef`` times
         the clipped value loss (:func:`trl_prime.functional.clipped_value_loss`, token mean over the global batch's
         ``train_mask``) against the GAE returns of ``rewards`` (:func:`trl_prime.functional.gae_advantages`), then one
@@ -278,43 +351,63 @@ class ValueMixin:
         ``cliprange_value`` acts from epoch 2 on: one value forward per micro-batch, no separate no-grad forward for
         the old values as veRL runs). The value model has its own AdamW (nearly scale-invariant; TRL's old PPO shared
         one optimizer with the policy), so ``vf_coef`` only rescales the loss relative to ``value_max_grad_norm``
-        (and Adam's eps). Evaluation: the forwards without grad. Returns ``(values, returns, stats)``: ``(B, T)``
-        detached values of the first forward and returns, and the metrics (``loss``, ``clipfrac``; ``grad_norm``,
-        ``learning_rate`` when the optimizer stepped)."""
+        (and Adam's eps). Evaluation (``r.mode != "train"``), a batch without trained token or a ``poisoned`` one:
+        the forwards without grad, no step. Collective (reductions over processes).
+
+        Args:
+            r: the generation round (a :class:`~trl_prime.prime.trainer.PrimeRound`): ``mode``, ``input_ids`` /
+                ``attention_mask`` ``(B, L)``, ``actions`` ``(B, T)`` (the policy's own tokens).
+            rewards: ``(B, T)`` PPO token rewards (:func:`trl_prime.functional.ppo_token_rewards`).
+            train_mask: ``(B, T)`` 0/1 tokens the value loss trains on.
+            poisoned: the trainer's guards will skip this batch's steps (``guard_poisoned``): no update.
+            defer: the last epoch's optimizer step waits for the policy's (held, ``value_optim.pending``; the
+                trainer's ``_defers_model_steps``, as the PRM's).
+
+        Returns:
+            ``(values, returns, stats)``: ``(B, T)`` float32 detached values of the first forward and GAE returns, and
+            the metrics (``loss``, ``clipfrac``; ``grad_norm``, ``learning_rate`` when the optimizer stepped, see
+            :meth:`step_payload`).
+        """
         a = self.args
         n_global = self.accelerator.reduce(train_mask.sum().float(), reduction="sum").item()
-        train = r.mode == "train" and n_global > 0 and not self.guard_poisoned
+        train = r.mode == "train" and n_global > 0 and not poisoned
         values, returns = (
             torch.zeros_like(rewards, dtype=torch.float32),
             torch.zeros_like(rewards, dtype=torch.float32),
         )
         losses, clips, norm = [], [], None
         for epoch in range(a.value_epochs if train else 1):
-            totals = self._value_epoch(r, rewards, train_mask, values, returns, max(n_global, 1.0), epoch, train)
+            totals = self._epoch(r, rewards, train_mask, values, returns, max(n_global, 1.0), epoch, train)
             totals = self.accelerator.reduce(totals, reduction="sum")
             losses.append(totals[0].item())
             clips.append(totals[1].item() / n_global if n_global else math.nan)
             if train:
                 # the last epoch's step waits for the policy's (as the PRM's: _defers_model_steps)
-                last = epoch == self.args.value_epochs - 1
-                defer = last and self._defers_model_steps()
-                norm = self.value_optim.step(loss_finite=math.isfinite(losses[-1]), defer=defer)
+                last = epoch == a.value_epochs - 1
+                norm = self.value_optim.step(loss_finite=math.isfinite(losses[-1]), defer=last and defer)
         stats = {"loss": sum(losses) / len(losses) if n_global else math.nan, "clipfrac": sum(clips) / len(clips)}
         if norm is not None:
             stats.update(grad_norm=norm, learning_rate=self.value_optim.learning_rate)
-            self._dispatch(
-                "on_value_step",
-                loss=stats["loss"],
-                grad_norm=norm,
-                learning_rate=stats["learning_rate"],
-                num_updates=self.value_optim.num_updates + int(self.value_optim.pending),
-                value_model=self.value_function.module,
-            )
         return values, returns, stats
 
-    def _value_epoch(self, r, rewards, train_mask, values, returns, normalizer: float, epoch: int, train: bool):
-        """One pass of the critic over this process's rows (see :meth:`_train_value`); fills ``values`` and
-        ``returns`` in epoch 0. Returns the ``(2,)`` local sums ``(value loss, clipped tokens)``."""
+    def step_payload(self, stats: dict) -> dict | None:
+        """The keyword arguments of the ``on_value_step`` callbacks after :meth:`train` returned ``stats``: ``loss``,
+        ``grad_norm``, ``learning_rate``, ``num_updates`` (counting a step held for the policy's) and ``value_model``
+        (the unwrapped :class:`ValueModel`); ``None`` when the optimizer did not step. Call it right after
+        :meth:`train` (it reads the optimizer's update count)."""
+        if "grad_norm" not in stats:
+            return None
+        return dict(
+            loss=stats["loss"],
+            grad_norm=stats["grad_norm"],
+            learning_rate=stats["learning_rate"],
+            num_updates=self.value_optim.num_updates + int(self.value_optim.pending),
+            value_model=self.value_function.module,
+        )
+
+    def _epoch(self, r, rewards, train_mask, values, returns, normalizer: float, epoch: int, train: bool):
+        """One pass of the critic over this process's rows (see :meth:`train`); fills ``values`` and ``returns`` in
+        epoch 0. Returns the ``(2,)`` local sums ``(value loss, clipped tokens)``."""
         a, fn = self.args, self.value_function
         T, mb = rewards.size(1), fn.micro_batch_size
         totals = torch.zeros(2, device=rewards.device)
@@ -340,36 +433,29 @@ class ValueMixin:
                 totals += torch.stack([loss.detach().float(), clipfrac.detach().float() * train_mask[rows].sum()])
         return totals
 
-    def _log_value_metrics(self, mode: str, values, returns, train_mask, stats: dict) -> None:
-        """``value/mean`` and ``value/explained_variance`` over the global batch's trained tokens, and the critic's
-        ``value/loss``, ``value/clipfrac`` (``value/grad_norm``, ``value/learning_rate`` after a step)."""
-        m = self._metrics[mode]
-        v, ret, w = (gather_padded(self.accelerator, x) for x in (values, returns, train_mask))
-        w = w.bool()
-        m["value/mean"].append(v[w].mean().item() if w.any() else math.nan)
-        ev = F.explained_variance(v, ret, w) if int(w.sum()) >= 2 else torch.tensor(math.nan)
-        m["value/explained_variance"].append(float(ev))
-        for k, val in stats.items():
-            m[f"value/{k}"].append(val)
+    def metrics(self, values, returns, train_mask, stats: dict) -> dict[str, float]:
+        """The round's value metrics, name -> value in logging order (:func:`value_metrics`: ``value/mean``,
+        ``value/explained_variance``, then ``value/loss``, ``value/clipfrac`` and after a step ``value/grad_norm``,
+        ``value/learning_rate``); the trainer appends them to its metrics. Collective."""
+        return value_metrics(self.accelerator, values, returns, train_mask, stats)
 
     # ------------------------------------------------------------------------------------------------------------
     # Checkpoints: value/ (weights, optimizer.pt, scheduler.pt, prime_state.json), value_deepspeed/
     # ------------------------------------------------------------------------------------------------------------
-    def _value_prepare(self, max_steps: int, resume_from_checkpoint: str | None) -> None:
-        if self.value_optim is not None:
-            self.value_optim.create(max_steps)
-            if resume_from_checkpoint is not None:
-                self.value_optim.load_state(resume_from_checkpoint, self.value_function.module)
+    def prepare(self, max_steps: int, resume_from_checkpoint: str | None) -> None:
+        """Create the optimizer (and DeepSpeed engine) for ``max_steps`` policy steps (``value_epochs`` updates
+        each); with ``resume_from_checkpoint`` (a ``checkpoint-N`` folder) load its ``value/`` state."""
+        self.value_optim.create(max_steps)
+        if resume_from_checkpoint is not None:
+            self.value_optim.load_state(resume_from_checkpoint, self.value_function.module)
 
-    def _value_save_state(self, output_dir: str) -> None:
-        if self.value_optim is not None:
-            self.value_optim.save_state(output_dir, is_main_process=self.args.should_save)
+    def save_state(self, output_dir: str, is_main_process: bool) -> None:
+        """Write the optimisation state into the checkpoint folder ``output_dir`` (``value/``,
+        ``value_deepspeed/``); call it on every rank, ``is_main_process`` writes the shared files."""
+        self.value_optim.save_state(output_dir, is_main_process=is_main_process)
 
-    def save_value_model(self, output_dir: str) -> None:
-        """Save the value model (``value/`` folder: the backbone or adapter ``"value"``, and
-        ``value_head.safetensors``; ``value_model=`` loads it back); call it on every rank. No-op without a critic."""
-        if self.value_optim is not None:
-            self.value_optim.save_pretrained(output_dir, is_main_process=self.args.should_save)
-
-    def _value_save_dir(self, output_dir: str | None) -> str:
-        return os.path.join(output_dir or self.args.output_dir, VALUE_CHECKPOINT_DIR)
+    def save_pretrained(self, output_dir: str, is_main_process: bool) -> None:
+        """Save the value model into ``output_dir`` (the backbone or adapter ``"value"``, and
+        ``value_head.safetensors``; ``value_model=`` loads it back), gathered under ZeRO-3; call it on every rank,
+        only ``is_main_process`` writes."""
+        self.value_optim.save_pretrained(output_dir, is_main_process=is_main_process)
