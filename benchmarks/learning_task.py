@@ -481,7 +481,7 @@ def _oracle_trainer_class():
         oracle_penalty = ORACLE_STEP_PENALTY
 
         def _token_rewards(self, output, r):
-            """``(B, T)`` oracle rewards on the policy's tokens (``r.actions``); sets ``r.seq_rewards``."""
+            """``(B, T)`` oracle rewards on the policy's tokens (``r.actions``) and their ``(B_global,)`` row sums."""
             tok, mask = self._tokenizer, r.actions
             prompts = tok.batch_decode(output["prompt_ids"], skip_special_tokens=True)
             rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
@@ -490,8 +490,7 @@ def _oracle_trainer_class():
                 pieces = [tok.decode([ids[p]], skip_special_tokens=True) for p in pos]
                 values = oracle_step_rewards(pieces, parse_operands(prompts[i]), self.oracle_penalty)
                 rewards[i, pos] = torch.tensor(values, dtype=torch.float32, device=mask.device)
-            r.seq_rewards = gather(rewards.sum(-1))
-            return rewards
+            return rewards, gather(rewards.sum(-1))
 
     _ORACLE_CLASS = OracleRLOOTrainer
     return OracleRLOOTrainer

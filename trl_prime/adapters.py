@@ -1,8 +1,8 @@
 """One adapter per TRL trainer: the only trl-prime classes that override TRL's or ``transformers.Trainer``'s private
 methods.
 
-:class:`GRPOAdapter` (on ``trl.GRPOTrainer``) and :class:`RLOOAdapter` (on ``trl.RLOOTrainer``) override each hook once,
-in a few lines that say what TRL does there, and hand the work to plain objects and functions:
+:class:`GRPOAdapter` (on ``trl.GRPOTrainer``) and :class:`RLOOAdapter` (on ``trl.RLOOTrainer``) override each hook
+once, in a few lines that say what TRL does there, and hand the work to plain objects and functions:
 
 - :class:`~trl_prime.guards.Guards` (``self.guards``): non-finite rows and steps, empty steps, verifier failures;
 - :class:`~trl_prime.checkpointing.Checkpoints` (``self.checkpoints``): atomic checkpoints, exact resume;

@@ -32,10 +32,10 @@ failures, degenerate batches).
     ``RuntimeError``. (Under DeepSpeed the policy step happens inside ``backward``: it is not guarded; only a poisoned
     batch's PRM step is skipped.)
   * **a step with nothing to learn moves nothing.** The loss weight of every micro-batch the policy's loss receives
-    is counted (:meth:`Guards.count_micro_batch`, from TRL's ``_prepare_inputs``); an optimizer step whose micro-batches hold no weighted token on
-    any process (every group filtered, every row unscorable or dropped by PROF) does not step: gradients zeroed,
-    AdamW's moments and step count and the scheduler unchanged (a zero gradient would still move the weights through
-    Adam's momentum), counted in ``guard/empty_steps`` (not a non-finite skip: it never stops the run). The PRM and
+    is counted (:meth:`Guards.count_micro_batch`, from TRL's ``_prepare_inputs``); an optimizer step whose
+    micro-batches hold no weighted token on any process (every group filtered, every row unscorable or dropped by
+    PROF) does not step: gradients zeroed, AdamW's moments and step count and the scheduler unchanged (a zero gradient
+    would still move the weights through Adam's momentum), counted in ``guard/empty_steps`` (not a non-finite skip: it never stops the run). The PRM and
     the value model already skip a round without trained rows.
   * **verifier infrastructure failures** (``math/error``: the math worker pool died; ``code/sandbox_error``: the
     sandbox could not run), reported by the verifiers through TRL's ``log_metric``, are counted over the global

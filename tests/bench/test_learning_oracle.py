@@ -78,7 +78,7 @@ def test_multi_character_pieces_map_to_their_token_and_whitespace_is_tolerated()
 
 def test_oracle_trainer_hook_on_padded_batch():
     """The trainer's ``_token_rewards``: the task's tokenizer decodes each completion token, EOS and padding carry
-    no reward, the penalty lands on the right position, and ``r.seq_rewards`` are the row sums."""
+    no reward, the penalty lands on the right position, and the sequence rewards are the row sums."""
     torch = pytest.importorskip("torch")
     tok = lt.build_tokenizer()
     prompts = ["Add: 7 + 8 + 6 + 9\n", "Add: 1 + 2\n"]
@@ -91,9 +91,9 @@ def test_oracle_trainer_hook_on_padded_batch():
     trainer_cls = lt.OracleRLOOTrainer
     stub = SimpleNamespace(_tokenizer=tok, oracle_penalty=1.0)
     r = SimpleNamespace(actions=mask)
-    out = trainer_cls._token_rewards(stub, {"prompt_ids": enc["input_ids"], "completion_ids": ids}, r)
+    out, seq = trainer_cls._token_rewards(stub, {"prompt_ids": enc["input_ids"], "completion_ids": ids}, r)
     assert out.shape == (2, T)
     assert out[0].nonzero().flatten().tolist() == [22] and out[0, 22].item() == -1.0
     # "1 + 2 = 3" stops before "\boxed{3}": the penalty on its EOS (index 9); the padding after it stays 0
     assert out[1].nonzero().flatten().tolist() == [9] and out[1, 9].item() == -1.0
-    assert r.seq_rewards.tolist() == [-1.0, -1.0]
+    assert seq.tolist() == [-1.0, -1.0]

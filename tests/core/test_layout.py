@@ -334,3 +334,25 @@ def test_only_the_adapters_override_trl_private_methods_each_once():
     outside = {n: sorted(k.__name__ for k in ks) for n, ks in overridden.items() if ks - {GRPOAdapter, RLOOAdapter}}
     assert not outside, f"TRL private methods overridden outside the adapters: {outside}"
     assert overridden, "no override found: the check is broken"
+
+
+def test_prime_round_is_written_by_the_step_alone():
+    """Each line of PRIME's Algorithm 1 returns its result (typed: ``PromptFilter``, ``Advantages``, tensors); only
+    ``_algorithm_step`` writes them into the round, so the step shows every piece of state a round gets."""
+    import ast
+
+    tree = ast.parse((ROOT / "trl_prime" / "prime" / "trainer.py").read_text())
+    writers = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "r":
+                    writers.setdefault(fn.name, set()).add(t.attr)
+    assert set(writers) == {"_algorithm_step"}, writers
+    assert {"filter", "ref_logps", "prm_logps", "token_rewards", "policy_kept", "values", "adv"} <= writers[
+        "_algorithm_step"
+    ]

@@ -198,7 +198,7 @@ def test_prompt_filter_reads_the_labels(tiny_model_path, tmp_path):
 
 
 def test_rows_without_policy_tokens_get_no_label(tiny_model_path, tmp_path):
-    """A row whose action mask is empty (e.g. TRL's mask_truncated_completions) gets label NaN in ``r.labels``, the
+    """A row whose action mask is empty (e.g. TRL's mask_truncated_completions) gets label NaN among the PRM labels, the
     one tensor the PRM loss, the prompt filter's accuracy and the PRM metrics read: with labels [1, 0, 1, 0] and the
     third row empty, the group's accuracy is mean(1, 0, 0) = 1/3, not 1/2."""
     from types import SimpleNamespace

@@ -749,11 +749,13 @@ def test_text_only_prm_next_to_a_vision_language_policy_gets_no_images(tiny_mode
         m.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw.get("pixel_values")), with_kwargs=True)
     ids = torch.randint(0, 50, (2, 6))
     actions = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0]])[:, 2:]
+    kept = SimpleNamespace(
+        labels=torch.tensor([1.0, 0.0]), kept=torch.tensor([True, True]), unscored=torch.tensor([False, False])
+    )
     r = SimpleNamespace(
-        mode="eval", actions=actions, labels=torch.tensor([1.0, 0.0]), kept=torch.tensor([True, True]),
-        local=slice(0, 2), input_ids=ids, attention_mask=torch.ones_like(ids), mm={"pixel_values": torch.ones(2, 3)},
-        unscored=torch.tensor([False, False]), capture={},
+        mode="eval", actions=actions, filter=kept, local=slice(0, 2), input_ids=ids,
+        attention_mask=torch.ones_like(ids), mm={"pixel_values": torch.ones(2, 3)}, capture={},
     )  # fmt: skip
     lp, _ = tr._update_prm(None, r)
-    ref = tr._reference_logps({"completion_mask": actions}, r)
+    ref, _ = tr._reference_logps({"completion_mask": actions}, r)
     assert lp.shape == ref.shape == (2, 4) and seen and all(v is None for v in seen)

@@ -178,36 +178,50 @@ def _accepts_images(model: nn.Module | None) -> bool:
     return "pixel_values" in inspect.signature(base.forward).parameters
 
 
+@dataclass(frozen=True)
+class PromptFilter:
+    """Algorithm 1 line 6, the online prompt filter's result (:meth:`PrimeMixin._filter_prompts`)."""
+
+    kept: torch.Tensor  # (B_global,) bool: rows of the groups the prompt filter kept (and oversampling selected)
+    labels: torch.Tensor  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
+    lengths: torch.Tensor  # (B_global,) completion lengths
+    kept_fraction: float  # fraction of the generated groups that pass the filter (filter/kept_fraction)
+    kept_groups: int  # groups that train this round (filter/kept_groups; at most the target with oversampling)
+    skip_filtered: bool  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
+    unscored: torch.Tensor  # (B,) bool: rows without reference / PRM forward (log-probs 0)
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """Algorithm 1 line 9's result (:meth:`PrimeMixin._advantages`): Eq. 5 over the global batch and this process's
+    share of it."""
+
+    advantages_g: torch.Tensor  # (B_global, T_max) Eq. 5 advantages
+    advantages: torch.Tensor  # (B, T) this process's advantages
+    loss_mask: torch.Tensor  # (B, T) loss weight: completion tokens of kept, scorable rows
+    rewards_g: torch.Tensor  # (B_global, T_max) token rewards, padded and gathered
+    mask_g: torch.Tensor  # (B_global, T_max) completion mask, padded and gathered
+    inputs: dict  # the keyword arguments of functional.prime_advantages
+
+
 @dataclass
 class PrimeRound(Rollout):
     """A generation round in PRIME's step: the :class:`~trl_prime.rollout.Rollout` and what each line of Algorithm 1
-    adds to it. Local tensors are ``(B, T)`` / ``(B,)`` (this process), global ones ``(B_global, ...)``."""
+    adds to it, each field set once, by :meth:`PrimeMixin._algorithm_step` from a step's return value. Local tensors
+    are ``(B, T)`` / ``(B,)`` (this process), global ones ``(B_global, ...)``."""
 
-    lengths: torch.Tensor | None = None  # (B_global,) completion lengths
-    labels: torch.Tensor | None = None  # (B_global,) the PRM's labels in [0, 1] or NaN (prm_label; the outcome's)
-    kept: torch.Tensor | None = None  # (B_global,) bool: rows of the groups the prompt filter kept
-    kept_fraction: float = float("nan")  # fraction of the generated groups that pass the filter (filter/kept_fraction)
-    kept_groups: int = 0  # groups that train this round (filter/kept_groups; at most the target with oversampling)
     actions: torch.Tensor | None = None  # (B, T) the policy's own completion tokens (tool responses excluded)
     mm: dict = field(default_factory=dict)  # a vision-language policy's multimodal inputs (TRL's, MM_KEYS)
-    skip_filtered: bool = False  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
-    unscored: torch.Tensor | None = None  # (B,) bool: rows without reference / PRM forward (log-probs 0)
-    policy_logps: torch.Tensor | None = None  # (B, T) rollout log-probs (None when TRL skipped them)
+    filter: PromptFilter | None = None  # line 6: the prompt filter's rows, the PRM labels
     ref_logps: torch.Tensor | None = None  # (B, T) reference log-probs (Eq. 3's pi_ref)
+    policy_logps: torch.Tensor | None = None  # (B, T) rollout log-probs (None when TRL skipped them)
     prm_logps: torch.Tensor | None = None  # (B, T) implicit PRM log-probs (Eq. 3's pi_phi), detached
     prm_stats: dict | None = None  # PRM update: loss, grad_norm, learning_rate, token_rewards_checked
     token_rewards: torch.Tensor | None = None  # (B, T) Eq. 3 token rewards
     seq_rewards: torch.Tensor | None = None  # (B_global,) sum of each row's token rewards
-    policy_kept: torch.Tensor | None = None  # (B_global,) bool: rows the policy trains on (PROF narrows `kept`)
-    rewards_g: torch.Tensor | None = None  # (B_global, T_max) token rewards, padded and gathered
-    mask_g: torch.Tensor | None = None  # (B_global, T_max) completion mask, padded and gathered
-    value_rewards: torch.Tensor | None = None  # (B, T) PPO token rewards: process + outcome on the last token
+    policy_kept: torch.Tensor | None = None  # (B_global,) bool: rows the policy trains on (PROF narrows the filter's)
     values: torch.Tensor | None = None  # (B, T) V(y_<t) of PPO's GAE (the critic's, or the implicit PRM's prefix)
-    value_stats: dict | None = None  # the critic's update: loss, clipfrac, grad_norm, learning_rate
-    advantage_inputs: dict | None = None  # the keyword arguments of functional.prime_advantages
-    advantages_g: torch.Tensor | None = None  # (B_global, T_max) Eq. 5 advantages
-    advantages: torch.Tensor | None = None  # (B, T) this process's advantages
-    loss_mask: torch.Tensor | None = None  # (B, T) loss weight: completion tokens of kept, scorable rows
+    adv: Advantages | None = None  # line 9: the advantages and the loss mask
 
 
 class PrimeMixin:
@@ -621,36 +635,34 @@ class PrimeMixin:
         """
         r.actions = action_mask(output)  # tool responses are not the policy's actions: no token reward on them
         r.mm = {k: output[k] for k in MM_KEYS if output.get(k) is not None}  # the PRM and reference see the images
-        r.kept = self._filter_prompts(r)  # line 6
-        r.ref_logps = self._reference_logps(output, r)  # line 7: log pi_ref
+        r.filter = self._filter_prompts(r)  # line 6
+        r.ref_logps, r.policy_logps = self._reference_logps(output, r)  # line 7: log pi_ref (and the rollout's)
         r.prm_logps, r.prm_stats = self._update_prm(output, r)  # line 8 (and log pi_phi of line 7)
-        r.token_rewards = self._token_rewards(output, r)  # line 7: Eq. 3
+        r.token_rewards, r.seq_rewards = self._token_rewards(output, r)  # line 7: Eq. 3
         r.policy_kept = self._filter_rows(output, r)  # PROF (optional)
         r.values = self._update_value(output, r)  # PPO (section 5.4): the value baseline, the critic's update
-        r.advantages_g = self._advantages(output, r)  # line 9: Eq. 5
+        r.adv = self._advantages(output, r)  # line 9: Eq. 5
         self._hand_to_loss(output, r)  # line 10: Eq. 6 in TRL's loss
         self._log_round(output, r)
         return self._compact_oversampled(output, r)  # oversampling: back to one generation batch of rows
 
-    def _filter_prompts(self, r: PrimeRound) -> torch.Tensor:
+    def _filter_prompts(self, r: PrimeRound) -> PromptFilter:
         """Algorithm 1 line 6, the online prompt filter (PRIME section 3.3): the ``(B_global,)`` bool rows of the
-        groups whose accuracy (mean PRM label, ``r.labels``) lies in ``[filter_lower, filter_upper]`` (every row in
-        evaluation). Sets ``r.labels``, ``r.lengths``, ``r.kept_fraction``, ``r.skip_filtered`` and ``r.unscored``;
-        calls ``on_prompts_filtered``.
+        groups whose accuracy (mean PRM label) lies in ``[filter_lower, filter_upper]`` (every row in evaluation),
+        with the labels, the kept fraction and the rows left unscored; calls ``on_prompts_filtered``.
 
         Raises:
             ValueError: with ``prm_label="identity"``, when a scorable outcome reward lies outside ``[0, 1]``.
         """
         a, K = self.args, r.num_generations
-        r.labels = self._prm_labels(r)
-        r.lengths = gather(torch.tensor(r.capture["completion_lengths"], device=self.accelerator.device))
+        labels = self._prm_labels(r)
         if r.mode == "train":
             # truncated = TRL's definition (no EOS at the end, TRL's completions/clipped_ratio), handed to the
             # length test of prompt_accuracy_mask as length max_completion_length (truncated) or 0
             max_len = self.max_completion_length
             trunc = dict(completion_lengths=r.truncated.long() * max_len, max_completion_length=max_len)
             kept = F.prompt_accuracy_mask(
-                outcome_rewards=r.labels,
+                outcome_rewards=labels,
                 num_generations=K,
                 lower=a.filter_lower,
                 upper=a.filter_upper,
@@ -658,15 +670,22 @@ class PrimeMixin:
             )
         else:
             kept = torch.ones_like(r.outcome, dtype=torch.bool)
-        r.kept_fraction = kept.view(-1, K)[:, 0].float().mean().item()
+        kept_fraction = kept.view(-1, K)[:, 0].float().mean().item()
         kept = self._select_oversampled(kept, K, r.mode)
         group_kept = kept.view(-1, K)[:, 0]
-        r.kept_groups = int(group_kept.sum().item())
-        self._dispatch_prompts_filtered(r, kept, group_kept)
-        self._mark_unscored_rows(r, kept)
-        return kept
+        self._dispatch_prompts_filtered(r, kept, group_kept, kept_fraction)
+        skip_filtered, unscored = self._unscored_rows(r, kept)
+        return PromptFilter(
+            kept=kept,
+            labels=labels,
+            lengths=gather(torch.tensor(r.capture["completion_lengths"], device=self.accelerator.device)),
+            kept_fraction=kept_fraction,
+            kept_groups=int(group_kept.sum().item()),
+            skip_filtered=skip_filtered,
+            unscored=unscored,
+        )
 
-    def _dispatch_prompts_filtered(self, r: PrimeRound, kept: torch.Tensor, group_kept: torch.Tensor) -> None:
+    def _dispatch_prompts_filtered(self, r: PrimeRound, kept, group_kept, kept_fraction: float) -> None:
         """``on_prompts_filtered`` callbacks: ``kept_mask`` the rows that train (after an oversampled round's
         selection), ``kept_fraction`` the fraction of the generated groups that pass the filter."""
         self._dispatch(
@@ -674,7 +693,7 @@ class PrimeMixin:
             outcome_rewards=r.outcome,
             kept_mask=kept,
             group_kept=group_kept,
-            kept_fraction=r.kept_fraction,
+            kept_fraction=kept_fraction,
             num_generations=r.num_generations,
             mode=r.mode,
         )
@@ -747,7 +766,7 @@ class PrimeMixin:
         if r.mode != "train" or self._oversample_target_groups() is None:
             return output
         n_proc = self.accelerator.num_processes
-        rows = compaction_rows(r.kept, self.args.generation_batch_size)
+        rows = compaction_rows(r.filter.kept, self.args.generation_batch_size)
         output = compact_generation_batch(
             self.accelerator,
             output,
@@ -758,12 +777,12 @@ class PrimeMixin:
         output["num_items_in_batch"] = gather(output["prime_loss_mask"].sum()).sum()
         return output
 
-    def _mark_unscored_rows(self, r: PrimeRound, kept: torch.Tensor) -> None:
-        """Sets ``r.skip_filtered`` and ``r.unscored`` (this process's ``(B_local,)`` bool rows whose reference / PRM
-        log-probs are not computed): the filtered-out rows when ``prm_score_filtered_rows=False`` (CE loss, no
-        DeepSpeed), else none."""
+    def _unscored_rows(self, r: PrimeRound, kept: torch.Tensor) -> tuple[bool, torch.Tensor]:
+        """``(skip_filtered, unscored)``: whether filtered rows skip the reference / PRM forwards, and this process's
+        ``(B_local,)`` bool rows whose reference / PRM log-probs are not computed: the filtered-out rows when
+        ``prm_score_filtered_rows=False`` (CE loss, no DeepSpeed), else none."""
         a = self.args
-        r.skip_filtered = (
+        skip_filtered = (
             r.mode == "train"
             and not a.prm_score_filtered_rows
             and a.prm_loss == "ce"
@@ -771,7 +790,7 @@ class PrimeMixin:
             and not self.is_deepspeed_enabled
         )
         kept_l = kept[r.local]
-        r.unscored = ~kept_l if r.skip_filtered else torch.zeros_like(kept_l)
+        return skip_filtered, (~kept_l if skip_filtered else torch.zeros_like(kept_l))
 
     def _prm_labels(self, r: PrimeRound) -> torch.Tensor:
         """The ``(B_global,)`` PRM labels of the outcome rewards (:func:`trl_prime.functional.prm_labels`, option
@@ -823,10 +842,10 @@ class PrimeMixin:
                 "'identity' uses the reward itself)."
             )
 
-    def _reference_logps(self, output: dict, r: PrimeRound) -> torch.Tensor:
+    def _reference_logps(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Algorithm 1 line 7, the reference of Eq. 3: ``(B, T)`` no-grad log-probs of the completions under
         ``pi_ref`` (the PRM's frozen reference, TRL's shared reference, or with ``prm_reference="policy"`` the rollout
-        policy). Sets ``r.policy_logps`` (the rollout log-probs, ``None`` when TRL skipped them); guards both."""
+        policy), and the rollout log-probs (``None`` when TRL skipped them); guards both."""
         completion_mask = output["completion_mask"]
         T = completion_mask.size(1)
         policy_logps = r.capture.get("policy_logps")
@@ -851,7 +870,7 @@ class PrimeMixin:
                     r.input_ids,
                     r.attention_mask,
                     T,
-                    skip=r.unscored,
+                    skip=r.filter.unscored,
                     mm=r.mm if self._prm_ref_takes_images else {},
                 )
         self.guards.inspect(
@@ -859,20 +878,19 @@ class PrimeMixin:
             local_rows={"ref_logps": ref_logps, "policy_logps": policy_logps},
             masks={"ref_logps": completion_mask, "policy_logps": completion_mask},
         )
-        r.policy_logps = policy_logps
-        return ref_logps
+        return ref_logps, policy_logps
 
     def _update_prm(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, dict]:
-        """Algorithm 1 line 8: one PRM update on the PRM labels (``r.labels``) of the kept rows (training;
+        """Algorithm 1 line 8: one PRM update on the PRM labels (``r.filter.labels``) of the kept rows (training;
         :meth:`_train_prm`), or the PRM's forward alone (evaluation).
 
         Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
         completion_mask, mm = r.actions, (r.mm if self._prm_takes_images else {})
-        labels = r.labels[r.local].clone()
-        labels[~r.kept[r.local]] = torch.nan  # weight 0 in the PRM loss (empty rows: already NaN in r.labels)
+        labels = r.filter.labels[r.local].clone()
+        labels[~r.filter.kept[r.local]] = torch.nan  # weight 0 in the PRM loss (empty rows: NaN already)
         if r.mode == "train":
             return self._train_prm(
-                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.unscored, mm=mm
+                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.filter.unscored, mm=mm
             )
         with self.accelerator.autocast():
             lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
@@ -882,7 +900,8 @@ class PrimeMixin:
         """Algorithm 1 line 7, PRIME Eq. 3: the ``(B, T)`` token rewards ``beta * (log pi_phi - log pi_ref)`` on every
         completion token (the last one leaves the advantages when ``include_last_token=False``). Guarded (non-finite
         or beyond ``prm_max_abs_token_reward``: the batch is poisoned, the rewards zeroed / clamped to stay finite).
-        Tool responses (TRL's ``tool_mask``) get token reward 0. Sets ``r.seq_rewards``."""
+        Tool responses (TRL's ``tool_mask``) get token reward 0. Returns ``(token_rewards (B, T), sequence rewards
+        (B_global,))``, the sequence reward of a row the sum of its token rewards."""
         a, completion_mask = self.args, r.actions
         token_rewards = F.implicit_token_rewards(
             prm_logps=r.prm_logps, ref_logps=r.ref_logps, mask=completion_mask, beta=a.prm_beta
@@ -890,23 +909,24 @@ class PrimeMixin:
         if r.prm_stats.get("token_rewards_checked"):  # by the PRM update, before its step (same values)
             bad = gather(self._bad_token_reward_rows(token_rewards, completion_mask).to(torch.long)).bool()
         else:
-            bad = self._inspect_token_rewards(r.prm_logps, r.ref_logps, completion_mask, r.unscored, mode=r.mode)
+            bad = self._inspect_token_rewards(
+                r.prm_logps, r.ref_logps, completion_mask, r.filter.unscored, mode=r.mode
+            )
         if bool(bad.any()):  # the step is skipped; keep the rest of the batch's computation finite
             token_rewards = torch.nan_to_num(token_rewards, nan=0.0, posinf=0.0, neginf=0.0)
             if a.prm_max_abs_token_reward is not None:
                 token_rewards = token_rewards.clamp(-a.prm_max_abs_token_reward, a.prm_max_abs_token_reward)
-        r.seq_rewards = gather(token_rewards.sum(-1))
-        return token_rewards
+        return token_rewards, gather(token_rewards.sum(-1))
 
     def _filter_rows(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """PROF's row filter (trl_prime/prof/; ``prof_mode != "off"``, training): the ``(B_global,)`` bool rows the
-        policy trains on, ``m`` of the ``K`` completions of each kept prompt; ``r.kept`` when PROF is off."""
+        policy trains on, ``m`` of the ``K`` completions of each kept prompt; ``r.filter.kept`` when PROF is off."""
         rows, metrics = prime_prof_rows(
             self.prof_filter,
             self.accelerator,
             step=self.state.global_step,
             mode=r.mode,
-            kept=r.kept,
+            kept=r.filter.kept,
             scorable=r.scorable,
             outcome=r.outcome,
             output=output,
@@ -920,8 +940,8 @@ class PrimeMixin:
 
     def _update_value(self, output: dict, r: PrimeRound) -> torch.Tensor | None:
         """``prime_estimator="ppo"`` (PRIME section 5.4, Table 4): the ``(B, T)`` detached values ``V(y_<t)`` GAE
-        subtracts (``None`` for the other estimators). Sets ``r.value_rewards`` (the PPO token rewards
-        :func:`trl_prime.functional.ppo_token_rewards`) and ``r.value_stats``.
+        subtracts (``None`` for the other estimators), on the PPO token rewards
+        (:func:`trl_prime.functional.ppo_token_rewards`).
 
         - ``prime_value="critic"``: the token rewards are ``process_coef * r_phi(y_t)`` (Eq. 3) on every token plus
           ``outcome_coef * r_o`` on the last; the value model's forward gives the values, and its clipped value loss
@@ -941,7 +961,7 @@ class PrimeMixin:
         outcome = self._outcome_with_kl_penalty(output, r)
         outcome = torch.where(r.policy_kept, outcome, torch.full_like(outcome, torch.nan))[r.local]
         critic = a.prime_value == "critic"
-        r.value_rewards = F.ppo_token_rewards(
+        value_rewards = F.ppo_token_rewards(
             r.token_rewards,
             outcome,
             r.actions,
@@ -950,12 +970,12 @@ class PrimeMixin:
         )
         train_mask = r.actions * (r.policy_kept & r.scorable)[r.local].unsqueeze(1).to(r.actions.dtype)
         if critic:
-            values, returns, r.value_stats = self._train_value(r, r.value_rewards, train_mask)
+            values, returns, value_stats = self._train_value(r, value_rewards, train_mask)
         else:
-            values, returns, r.value_stats = self._implicit_prm_value(r), None, {}
-            returns = F.gae_advantages(r.value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
+            values, returns, value_stats = self._implicit_prm_value(r), None, {}
+            returns = F.gae_advantages(value_rewards, values, r.actions, gamma=a.prime_gamma, lam=a.lam)[1]
         self.guards.inspect(r.mode, local_rows={"values": values}, masks={"values": train_mask})
-        self._log_value_metrics(r.mode, values, returns, train_mask, r.value_stats)
+        self._log_value_metrics(r.mode, values, returns, train_mask, value_stats)
         return values
 
     def _log_value_metrics(self, mode: str, values, returns, train_mask, stats: dict) -> None:
@@ -987,30 +1007,34 @@ class PrimeMixin:
         values = F.implicit_prm_values(r.token_rewards, r.actions, scale=a.prime_value_scale)
         return a.outcome_coef * values if a.prime_value_scale == "prob" else values
 
-    def _advantages(self, output: dict, r: PrimeRound) -> torch.Tensor:
+    def _advantages(self, output: dict, r: PrimeRound) -> Advantages:
         """Algorithm 1 line 9, PRIME Eq. 5 (:func:`trl_prime.functional.prime_advantages`) over the global batch (token
         rewards padded and gathered; rows outside ``r.policy_kept`` get no outcome): ``(B_global, T_max)``; zeros
-        when ``K == 1``. Sets ``r.rewards_g``, ``r.mask_g``, ``r.advantage_inputs``, and this process's
-        ``r.advantages`` and ``r.loss_mask`` ``(B, T)``."""
+        when ``K == 1``; with this process's advantages and loss mask ``(B, T)``."""
         completion_mask, K = r.actions, r.num_generations
-        r.rewards_g = gather_padded(self.accelerator, r.token_rewards)
-        r.mask_g = gather_padded(self.accelerator, completion_mask)
+        rewards_g = gather_padded(self.accelerator, r.token_rewards)
+        mask_g = gather_padded(self.accelerator, completion_mask)
         outcome = self._outcome_with_kl_penalty(output, r)
-        r.advantage_inputs = dict(
-            process_rewards=r.rewards_g,
+        inputs = dict(
+            process_rewards=rewards_g,
             outcome_rewards=torch.where(r.policy_kept, outcome, torch.full_like(outcome, torch.nan)),
-            mask=r.mask_g,
+            mask=mask_g,
             group_ids=torch.arange(outcome.numel(), device=self.accelerator.device) // K,
             **self._advantage_options(),
         )
         if r.values is not None:  # PPO: GAE against the values (section 5.4)
-            r.advantage_inputs["values"] = gather_padded(self.accelerator, r.values)
-        advantages_g = F.prime_advantages(**r.advantage_inputs) if K >= 2 else torch.zeros_like(r.rewards_g)
-        self._guard_advantages(r, advantages_g)
-        r.advantages = advantages_g[r.local, : completion_mask.size(1)]
+            inputs["values"] = gather_padded(self.accelerator, r.values)
+        advantages_g = F.prime_advantages(**inputs) if K >= 2 else torch.zeros_like(rewards_g)
+        self._guard_advantages(r, advantages_g, inputs)
         rows = (r.policy_kept[r.local] & r.scorable[r.local]).unsqueeze(1)
-        r.loss_mask = completion_mask * rows.to(completion_mask.dtype)
-        return advantages_g
+        return Advantages(
+            advantages_g=advantages_g,
+            advantages=advantages_g[r.local, : completion_mask.size(1)],
+            loss_mask=completion_mask * rows.to(completion_mask.dtype),
+            rewards_g=rewards_g,
+            mask_g=mask_g,
+            inputs=inputs,
+        )
 
     def _outcome_with_kl_penalty(self, output: dict, r: PrimeRound) -> torch.Tensor:
         """``(B_global,)`` outcome rewards for the advantages: with TRL's RLOO KL-in-reward (``beta > 0``), minus
@@ -1027,18 +1051,18 @@ class PrimeMixin:
         (:func:`~trl_prime.prime.estimators.estimator_options`)."""
         return estimator_options(self.args)
 
-    def _guard_advantages(self, r: PrimeRound, advantages_g: torch.Tensor) -> None:
-        """The guards of the advantage step: single-row groups, non-finite advantages, degenerate-batch metrics."""
-        inputs = r.advantage_inputs
+    def _guard_advantages(self, r: PrimeRound, advantages_g: torch.Tensor, inputs: dict) -> None:
+        """The guards of the advantage step (``inputs``: those of ``prime_advantages``): single-row groups,
+        non-finite advantages, degenerate-batch metrics."""
         self.guards.single_row_groups(r.mode, rewards=inputs["outcome_rewards"], group_ids=inputs["group_ids"])
-        self.guards.inspect(r.mode, global_rows={"advantages": advantages_g}, masks={"advantages": r.mask_g})
+        self.guards.inspect(r.mode, global_rows={"advantages": advantages_g}, masks={"advantages": inputs["mask"]})
         self.guards.degenerate_metrics(
             r.mode,
             outcome=r.outcome,
-            completion_mask_g=r.mask_g,
+            completion_mask_g=inputs["mask"],
             num_generations=r.num_generations,
-            kept=r.kept if r.mode == "train" else None,
-            completion_lengths=r.lengths,
+            kept=r.filter.kept if r.mode == "train" else None,
+            completion_lengths=r.filter.lengths,
             truncated=r.truncated,
         )
 
@@ -1046,17 +1070,17 @@ class PrimeMixin:
         """Algorithm 1 line 10: put the ``(B, T)`` advantages, the loss mask, the token rewards and the rollout
         log-probs (``pi_old`` of Eq. 6) into TRL's output, weight the loss rows, and log the advantages that reach
         the loss in TRL's completions table."""
-        output["advantages"] = r.advantages
-        output["prime_loss_mask"] = r.loss_mask
+        output["advantages"] = r.adv.advantages
+        output["prime_loss_mask"] = r.adv.loss_mask
         output["prime_token_rewards"] = r.token_rewards
         if r.policy_logps is not None:
             output["old_per_token_logps"] = r.policy_logps
         self._apply_loss_mask(output, r)
-        replace_logged_advantages(self, r.advantages_g[:, 0])
+        replace_logged_advantages(self, r.adv.advantages_g[:, 0])
 
     def _apply_loss_mask(self, output: dict, r: PrimeRound) -> None:
-        """Trainer-specific: make TRL's loss use ``r.loss_mask`` (filtered and unscorable rows get weight 0)."""
-        output["num_items_in_batch"] = gather(r.loss_mask.sum()).sum()
+        """Trainer-specific: make TRL's loss use the loss mask (filtered and unscorable rows get weight 0)."""
+        output["num_items_in_batch"] = gather(r.adv.loss_mask.sum()).sum()
 
     def _log_round(self, output: dict, r: PrimeRound) -> None:
         """The round's ``prm/*`` and ``filter/*`` metrics, then the ``on_rollouts_scored`` callbacks."""
@@ -1065,17 +1089,18 @@ class PrimeMixin:
 
     def _log_prm_metrics(self, r: PrimeRound) -> None:
         K = r.num_generations
-        kept_idx = r.kept.nonzero(as_tuple=True)[0]
+        kept_idx = r.filter.kept.nonzero(as_tuple=True)[0]
         if kept_idx.numel() > 0:
-            seq, labels = r.seq_rewards[kept_idx], r.labels[kept_idx]  # the PRM's own targets (prm_label)
+            seq, labels = r.seq_rewards[kept_idx], r.filter.labels[kept_idx]  # the PRM's own targets (prm_label)
             pair_acc = F.prm_pair_accuracy(
                 sequence_rewards=seq, outcome_rewards=labels, num_generations=K, ties="half"
             )
             abs_acc = F.prm_abs_accuracy(sequence_rewards=seq, outcome_rewards=labels)
         else:
             pair_acc = abs_acc = math.nan
-        scored_g = r.kept if r.skip_filtered else torch.ones_like(r.kept)  # rows with computed token rewards
-        tok = r.rewards_g[r.mask_g.bool() & scored_g.unsqueeze(1)]
+        f = r.filter
+        scored_g = f.kept if f.skip_filtered else torch.ones_like(f.kept)  # rows with computed token rewards
+        tok = r.adv.rewards_g[r.adv.mask_g.bool() & scored_g.unsqueeze(1)]
         self.record_metric(r.mode, "prm/loss", r.prm_stats["loss"])
         self.record_metric(r.mode, "prm/pair_accuracy", pair_acc)
         self.record_metric(r.mode, "prm/abs_accuracy", abs_acc)
@@ -1083,8 +1108,8 @@ class PrimeMixin:
         self.record_metric(r.mode, "prm/token_reward_std", tok.std().item() if tok.numel() > 1 else math.nan)
         self.record_metric(r.mode, "prm/token_reward_min", tok.min().item() if tok.numel() else math.nan)
         self.record_metric(r.mode, "prm/token_reward_max", tok.max().item() if tok.numel() else math.nan)
-        self.record_metric(r.mode, "filter/kept_fraction", r.kept_fraction)
-        self.record_metric(r.mode, "filter/kept_groups", float(r.kept_groups))
+        self.record_metric(r.mode, "filter/kept_fraction", r.filter.kept_fraction)
+        self.record_metric(r.mode, "filter/kept_groups", float(r.filter.kept_groups))
         if "grad_norm" in r.prm_stats:
             self.record_metric(r.mode, "prm/grad_norm", r.prm_stats["grad_norm"])
             self.record_metric(r.mode, "prm/learning_rate", r.prm_stats["learning_rate"])
@@ -1094,8 +1119,9 @@ class PrimeMixin:
     def _dispatch_rollouts_scored(self, output: dict, r: PrimeRound) -> None:
         """``on_rollouts_scored`` with the round's tensors (rows without a PRM forward read NaN)."""
         token_rewards, prm_logps, ref_logps, seq_l = r.token_rewards, r.prm_logps, r.ref_logps, r.seq_rewards[r.local]
-        if bool(r.unscored.any()):  # callbacks see NaN for rows that were not scored (prm_score_filtered_rows=False)
-            nan_rows = lambda x: x.masked_fill(r.unscored.view(-1, *([1] * (x.dim() - 1))), torch.nan)  # noqa: E731
+        unscored = r.filter.unscored
+        if bool(unscored.any()):  # callbacks see NaN for rows that were not scored (prm_score_filtered_rows=False)
+            nan_rows = lambda x: x.masked_fill(unscored.view(-1, *([1] * (x.dim() - 1))), torch.nan)  # noqa: E731
             token_rewards, prm_logps, ref_logps, seq_l = map(nan_rows, (token_rewards, prm_logps, ref_logps, seq_l))
         self._dispatch(
             "on_rollouts_scored",
@@ -1108,13 +1134,13 @@ class PrimeMixin:
             token_rewards=token_rewards,
             sequence_rewards=seq_l,
             outcome_rewards=r.outcome[r.local],
-            kept_mask=r.kept[r.local],
-            advantages=r.advantages,
-            loss_mask=r.loss_mask,
+            kept_mask=r.filter.kept[r.local],
+            advantages=r.adv.advantages,
+            loss_mask=r.adv.loss_mask,
             prm_logps=prm_logps,
             ref_logps=ref_logps,
-            advantage_inputs=r.advantage_inputs,
-            global_advantages=r.advantages_g,
+            advantage_inputs=r.adv.inputs,
+            global_advantages=r.adv.advantages_g,
             process_slice=r.local,
             prompts=r.capture.get("prompts"),
             completions=r.capture.get("completions"),
