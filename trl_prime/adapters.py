@@ -119,6 +119,17 @@ def save_checkpoint(trainer, trl_save, model, trial) -> None:
         trainer._save_method_state(f"{trainer._get_output_dir(trial=trial)}/{name}")
 
 
+def log_advantages(trainer, values) -> None:
+    """Replace the advantages TRL appended to its completions log (``trainer._logs["advantages"]``, a deque whose
+    length is the generation batch) by ``values`` (a sequence or a ``(B_global,)`` tensor)."""
+    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    logged = trainer._logs["advantages"]
+    if len(logged) >= len(values):
+        for _ in range(len(values)):
+            logged.pop()
+    logged.extend(values)
+
+
 class GRPOAdapter(GRPOTrainer):
     """trl-prime's hooks into ``trl.GRPOTrainer`` (see the module docstring). Not a method on its own: PRIME-GRPO,
     PRL and PROF subclass it."""
@@ -133,6 +144,11 @@ class GRPOAdapter(GRPOTrainer):
         """Append ``value`` to the metric ``name`` of ``mode`` (``"train"`` / ``"eval"``), logged (averaged) at the
         next ``logging_steps`` as TRL's own."""
         self._metrics[mode][name].append(value)
+
+    def log_advantages(self, values) -> None:
+        """Replace the global advantages TRL just appended to its completions log (one per generated completion) by
+        ``values`` (``(B_global,)``), the advantages that reach the loss."""
+        log_advantages(self, values)
 
     @property
     def guard_poisoned(self) -> bool:
@@ -252,6 +268,11 @@ class RLOOAdapter(RLOOTrainer):
         """Append ``value`` to the metric ``name`` of ``mode`` (``"train"`` / ``"eval"``), logged (averaged) at the
         next ``logging_steps`` as TRL's own."""
         self._metrics[mode][name].append(value)
+
+    def log_advantages(self, values) -> None:
+        """Replace the global advantages TRL just appended to its completions log (one per generated completion) by
+        ``values`` (``(B_global,)``), the advantages that reach the loss."""
+        log_advantages(self, values)
 
     @property
     def guard_poisoned(self) -> bool:

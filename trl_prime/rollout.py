@@ -7,7 +7,6 @@
 - :func:`mask_loss_rows`: give whole rows of a GRPO generation batch loss weight 0 (TRL's loss-only ``tool_mask``)
   and recount ``num_items_in_batch`` over the remaining tokens of the global batch.
 - :func:`action_mask`: the completion tokens the policy generated (tool responses excluded, TRL's ``tool_mask``).
-- :func:`replace_logged_advantages`: put the advantages that really reach the loss into TRL's completions log.
 - :func:`drop_zero_weight_rows`: the policy's loss forward and backward skip the rows whose loss weight is 0 (prompts
   removed by the online filter or by PROF, unscorable rows).
 - :class:`Rollout`, :func:`capture_rewards`, :func:`score_rollout`, :func:`hand_advantages`: what the adapters
@@ -22,7 +21,6 @@ version (:func:`trl_prime._compat.check_trl_version_once`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,16 +124,6 @@ def action_mask(output: dict) -> torch.Tensor:
     ``output["completion_mask"]`` itself. Read it before :func:`mask_loss_rows` adds row weights to ``tool_mask``."""
     tool_mask = output.get("tool_mask")
     return output["completion_mask"] if tool_mask is None else output["completion_mask"] * tool_mask
-
-
-def replace_logged_advantages(trainer, values: Sequence[float] | torch.Tensor) -> None:
-    """Replace the global advantages TRL just appended to its completions log (one per generated completion)."""
-    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
-    logged = trainer._logs["advantages"]  # a deque (maxlen = generation batch size)
-    if len(logged) >= len(values):
-        for _ in range(len(values)):
-            logged.pop()
-    logged.extend(values)
 
 
 # TRL GRPO loss types whose value does not depend on how many zero-weight rows a micro-batch holds: they sum masked
@@ -303,4 +291,4 @@ def hand_advantages(
         output["advantages"] = advantages_g[rollout.local, : output["completion_ids"].size(1)]
     if keep is not None:
         mask_loss_rows(trainer.accelerator, output, keep[rollout.local])
-    replace_logged_advantages(trainer, advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])
+    trainer.log_advantages(advantages_g if advantages_g.dim() == 1 else advantages_g[:, 0])

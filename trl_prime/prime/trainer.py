@@ -74,7 +74,6 @@ from trl_prime.rollout import (
     action_mask,
     gather_padded,
     mask_loss_rows,
-    replace_logged_advantages,
     resolve_trainer_args,
 )
 
@@ -1076,7 +1075,7 @@ class PrimeMixin:
         if r.policy_logps is not None:
             output["old_per_token_logps"] = r.policy_logps
         self._apply_loss_mask(output, r)
-        replace_logged_advantages(self, r.adv.advantages_g[:, 0])
+        self.log_advantages(r.adv.advantages_g[:, 0])
 
     def _apply_loss_mask(self, output: dict, r: PrimeRound) -> None:
         """Trainer-specific: make TRL's loss use the loss mask (filtered and unscorable rows get weight 0)."""
