@@ -235,7 +235,9 @@ class GRPOAdapter(GRPOTrainer):
 
     def _get_train_sampler(self, dataset=None):
         # TRL: its RepeatSampler (K copies of each prompt, reused for steps_per_generation * num_iterations)
-        sampler = self._method_train_sampler(dataset) or super()._get_train_sampler(dataset)
+        sampler = self._method_train_sampler(dataset)  # (a RepeatSampler of 0 batches is falsy: test None)
+        if sampler is None:
+            sampler = super()._get_train_sampler(dataset)
         self.checkpoints.train_sampler = sampler
         return sampler
 
@@ -408,7 +410,9 @@ class RLOOAdapter(RLOOTrainer):
 
     def _get_train_sampler(self, dataset=None):
         # TRL: its RepeatSampler (K copies of each prompt, reused for steps_per_generation * num_iterations)
-        sampler = self._method_train_sampler(dataset) or super()._get_train_sampler(dataset)
+        sampler = self._method_train_sampler(dataset)  # (a RepeatSampler of 0 batches is falsy: test None)
+        if sampler is None:
+            sampler = super()._get_train_sampler(dataset)
         self.checkpoints.train_sampler = sampler
         return sampler
 

@@ -389,7 +389,7 @@ def check_train_dataset(dataset, reward_funcs, *, max_scan: int = 1_000_000) -> 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Trainer mixin
+# The runtime guards (a plain object; trl_prime/adapters.py calls it)
 # ----------------------------------------------------------------------------------------------------------------
 def group_reward_spread(outcome: torch.Tensor, num_generations: int, kept: torch.Tensor | None = None) -> torch.Tensor:
     """``(G,)`` bool: whether group ``g`` (rows ``g*K .. g*K+K-1`` of ``outcome``, ``(B_g,)`` float) has at least two

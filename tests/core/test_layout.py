@@ -356,3 +356,22 @@ def test_prime_round_is_written_by_the_step_alone():
     assert {"filter", "ref_logps", "prm_logps", "token_rewards", "policy_kept", "values", "adv"} <= writers[
         "_algorithm_step"
     ]
+
+
+def test_the_two_adapters_hook_trl_alike():
+    """``GRPOAdapter`` and ``RLOOAdapter`` override the same hooks with the same code, except the policy loss (RLOO's
+    is PRIME's token-level one): a fix made in one adapter cannot be missed in the other."""
+    import inspect
+    import textwrap
+
+    from trl_prime.adapters import GRPOAdapter, RLOOAdapter
+
+    def methods(cls):
+        return {n: v for n, v in vars(cls).items() if callable(v) or isinstance(v, property)}
+
+    grpo, rloo = methods(GRPOAdapter), methods(RLOOAdapter)
+    differ = {"_compute_loss", "_log_loss_metrics", "_generate_and_score_completions"}
+    assert set(grpo) - differ == set(rloo) - differ
+    for name in set(grpo) - differ:
+        src = [textwrap.dedent(inspect.getsource(getattr(m[name], "fget", m[name]))) for m in (grpo, rloo)]
+        assert src[0] == src[1], f"{name} differs between GRPOAdapter and RLOOAdapter"

@@ -181,9 +181,12 @@ def test_grpo_oversampling_with_accumulation_steps_per_generation_and_iterations
     )
 
 
-def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("num_prompts", [32, 8])
+def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path, num_prompts):
     """A run with oversample_factor=2 stopped at step 2 and resumed from its checkpoint ends with the same policy,
-    PRM and per-step metrics (kept groups included) as the uninterrupted run."""
+    PRM and per-step metrics (kept groups included) as the uninterrupted run; with 8 prompts (4 per oversampled step)
+    the checkpoint ends the first epoch, so the resumed run must replay that epoch's draw of the oversampling
+    sampler before its second (the adapter records every train sampler, the oversampling one included)."""
 
     def make(out, callbacks=None):
         args = _args(
@@ -199,7 +202,7 @@ def test_oversampled_run_resumes_exactly(tiny_model_path, tmp_path):
             model=tiny_model_path,
             reward_funcs=odd_prompts_pass,
             args=args,
-            train_dataset=tiny_prompt_dataset(32),
+            train_dataset=tiny_prompt_dataset(num_prompts),
             callbacks=callbacks,
         )
 

@@ -895,7 +895,7 @@ class PrimeMixin:
             lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
         return lp, {"loss": math.nan}
 
-    def _token_rewards(self, output: dict, r: PrimeRound) -> torch.Tensor:
+    def _token_rewards(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, torch.Tensor]:
         """Algorithm 1 line 7, PRIME Eq. 3: the ``(B, T)`` token rewards ``beta * (log pi_phi - log pi_ref)`` on every
         completion token (the last one leaves the advantages when ``include_last_token=False``). Guarded (non-finite
         or beyond ``prm_max_abs_token_reward``: the batch is poisoned, the rewards zeroed / clamped to stay finite).

@@ -12,7 +12,8 @@ never enters the advantage.
 - :class:`ProfFilter`: step scores -> consistency -> selection over the global batch (identical on every process),
   and the ``prof/*`` metrics. A trainer composes it as it would a PEFT config: :meth:`ProfFilter.from_trainer` builds
   it from the ``prof_*`` fields (:class:`~trl_prime.prof.config.ProfOptions`) of the trainer's ``args`` (``None``
-  when ``prof_mode="off"``), and calling it on a generation batch returns the rows kept. The arithmetic is
+  when ``prof_mode="off"``), and calling it on a generation batch returns the rows kept and the ``prof/*`` metrics
+  (the trainer records them). The arithmetic is
   :func:`trl_prime.functional.prof_consistency_scores` and :func:`~trl_prime.functional.prof_select`.
 - :func:`prime_prof_rows`: the PRIME trainers' use of the filter (``PrimeMixin._algorithm_step``): the online prompt
   filter's kept rows narrowed by PROF. :class:`~trl_prime.prof.trainer.ProfGRPOTrainer` composes it with plain GRPO.
@@ -51,7 +52,7 @@ class ProfFilter:
             draw the same rows).
 
     :meth:`select` is the pure selection over global tensors; :meth:`__call__` runs the whole step inside a trainer
-    (scores the local rows, gathers them, selects identically on every process, logs the ``prof/*`` metrics).
+    (scores the local rows, gathers them, selects identically on every process, returns the ``prof/*`` metrics).
     ``last`` holds the tensors of the latest call (global; for callbacks, tests and debugging).
     """
 
