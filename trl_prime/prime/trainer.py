@@ -30,7 +30,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate.utils import gather, is_peft_model
@@ -188,6 +188,13 @@ class PromptFilter:
     kept_groups: int  # groups that train this round (filter/kept_groups; at most the target with oversampling)
     skip_filtered: bool  # filtered rows get no reference / PRM forward (prm_score_filtered_rows=False)
     unscored: torch.Tensor  # (B,) bool: rows without reference / PRM forward (log-probs 0)
+
+
+class PrmUpdate(NamedTuple):
+    """Algorithm 1 line 8's result (:meth:`PrimeMixin._update_prm`)."""
+
+    logps: torch.Tensor  # (B, T) the implicit PRM's log-probs (Eq. 3's pi_phi), detached
+    stats: dict  # loss (NaN without trained rows), and after a step grad_norm, learning_rate, replay_rows, ...
 
 
 @dataclass(frozen=True)
@@ -879,21 +886,29 @@ class PrimeMixin:
         )
         return ref_logps, policy_logps
 
-    def _update_prm(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, dict]:
+    def _update_prm(self, output: dict, r: PrimeRound) -> PrmUpdate:
         """Algorithm 1 line 8: one PRM update on the PRM labels (``r.filter.labels``) of the kept rows (training;
         :meth:`_train_prm`), or the PRM's forward alone (evaluation).
 
-        Returns ``(prm_logps (B, T) detached, stats)``. The loss reads the policy's own tokens (``r.actions``)."""
+        Returns the PRM's ``(B, T)`` detached log-probs and the update's stats. The loss reads the policy's own tokens (``r.actions``)."""
         completion_mask, mm = r.actions, (r.mm if self._prm_takes_images else {})
         labels = r.filter.labels[r.local].clone()
         labels[~r.filter.kept[r.local]] = torch.nan  # weight 0 in the PRM loss (empty rows: NaN already)
         if r.mode == "train":
-            return self._train_prm(
-                r.input_ids, r.attention_mask, completion_mask, labels, r.ref_logps, unscored=r.filter.unscored, mm=mm
+            return PrmUpdate(
+                *self._train_prm(
+                    r.input_ids,
+                    r.attention_mask,
+                    completion_mask,
+                    labels,
+                    r.ref_logps,
+                    unscored=r.filter.unscored,
+                    mm=mm,
+                )
             )
         with self.accelerator.autocast():
             lp = self.implicit_prm.prm_logps(r.input_ids, r.attention_mask, completion_mask.size(1), mm_inputs=mm)
-        return lp, {"loss": math.nan}
+        return PrmUpdate(lp, {"loss": math.nan})
 
     def _token_rewards(self, output: dict, r: PrimeRound) -> tuple[torch.Tensor, torch.Tensor]:
         """Algorithm 1 line 7, PRIME Eq. 3: the ``(B, T)`` token rewards ``beta * (log pi_phi - log pi_ref)`` on every
