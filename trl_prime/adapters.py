@@ -19,14 +19,37 @@ A method's trainer (PRIME, PRL, PROF) subclasses an adapter and fills in the met
 - ``_token_logps(trl_fn, model, ...)``: around TRL's per-token log-prob forward (PRIME records the rollout and
   reference log-probs there).
 
-Metrics of a round go through one call, :meth:`GRPOAdapter.record_metric`.
+Metrics of a round go through one call, :meth:`GRPOAdapter.record_metric`; ``log_advantages`` puts the advantages
+that reach the loss into TRL's completions log. The guards' per-round checks are the method's to call, on the tensors
+it builds (``self.guards.inspect``, ``single_row_groups``, ``degenerate_metrics``: the ``guard/*`` metrics); the
+adapter itself checks the rewards and the ``_rollout_logps`` (:func:`~trl_prime.rollout.score_rollout`), the verifier
+failures and every policy step.
+
+A method of its own, in a few lines (group-normalised outcome advantages; unscorable rows, ``NaN`` outcomes, get
+loss weight 0)::
+
+    import torch
+
+    from trl_prime import functional as F
+    from trl_prime.adapters import GRPOAdapter
+    from trl_prime.rollout import hand_advantages
+
+
+    class MyGRPOTrainer(GRPOAdapter):
+        def _algorithm_step(self, output, rollout):
+            group_ids = torch.arange(rollout.outcome.numel(), device=rollout.outcome.device) // rollout.num_generations
+            advantages = F.grpo_advantages(rollout.outcome, group_ids, scale_rewards=self.args.scale_rewards)
+            self.guards.inspect(rollout.mode, global_rows={"advantages": advantages})
+            hand_advantages(self, output, rollout, advantages, keep=rollout.scorable)
+            self.record_metric(rollout.mode, "my/scorable_fraction", rollout.scorable.float().mean().item())
+            return output  # what TRL's loss consumes
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from trl import GRPOTrainer, RLOOTrainer
+from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from trl_prime import functional as F
@@ -40,6 +63,30 @@ from trl_prime.rollout import (
     drop_zero_weight_rows,
     score_rollout,
 )
+
+
+def check_config(trainer, args: tuple, kwargs: dict) -> None:
+    """Refuse a config that is not the adapter's TRL config (``GRPOConfig`` / ``RLOOConfig`` or a subclass), which
+    TRL would only reject with an ``AttributeError`` deep in its constructor.
+
+    Raises:
+        TypeError: ``args`` (the third positional argument or the keyword) is another class."""
+    config = args[2] if len(args) > 2 else kwargs.get("args")
+    expected = GRPOConfig if isinstance(trainer, GRPOTrainer) else RLOOConfig
+    if config is not None and not isinstance(config, expected):
+        raise TypeError(
+            f"{type(trainer).__name__} needs `args` to be a {expected.__name__} (or a subclass, e.g. a trl-prime "
+            f"method's config); got {type(config).__name__}. Build it with {expected.__name__}(output_dir=..., ...)."
+        )
+
+
+def missing_step(trainer) -> str:
+    """The message of an adapter subclass without its method's step."""
+    return (
+        f"{type(trainer).__name__} subclasses a trl-prime adapter but does not define _algorithm_step(output, rollout), "
+        "the method's work on a scored generation round: it returns TRL's output for the loss, e.g. after "
+        "trl_prime.rollout.hand_advantages(self, output, rollout, advantages). See trl_prime/adapters.py."
+    )
 
 
 def setup_parts(trainer) -> None:
@@ -137,6 +184,7 @@ class GRPOAdapter(GRPOTrainer):
     _rollout_class: type = Rollout
 
     def __init__(self, *args, **kwargs):
+        check_config(self, args, kwargs)
         super().__init__(*args, **kwargs)
         setup_parts(self)
 
@@ -156,6 +204,9 @@ class GRPOAdapter(GRPOTrainer):
         return self.guards.poisoned
 
     # ---- the method's hooks (defaults) ----------------------------------------------------------------------------
+    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
+        raise NotImplementedError(missing_step(self))
+
     def _rollout_logps(self, output, input_ids, attention_mask, mode) -> dict:
         return {}
 
@@ -263,6 +314,7 @@ class RLOOAdapter(RLOOTrainer):
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args, **kwargs):
+        check_config(self, args, kwargs)
         super().__init__(*args, **kwargs)
         setup_parts(self)
 
@@ -282,6 +334,9 @@ class RLOOAdapter(RLOOTrainer):
         return self.guards.poisoned
 
     # ---- the method's hooks (defaults) ----------------------------------------------------------------------------
+    def _algorithm_step(self, output: dict, rollout: Rollout) -> dict:
+        raise NotImplementedError(missing_step(self))
+
     def _rollout_logps(self, output, input_ids, attention_mask, mode) -> dict:
         return {}
 

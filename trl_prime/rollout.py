@@ -200,7 +200,7 @@ class Rollout:
             ``completions/clipped_ratio``).
         flagged: ``(B_global,)`` bool, the rows the guard found non-finite (infinite rewards, or non-finite values in
             ``logps``); in training such a row poisons the batch (its optimizer steps are skipped).
-        logps: the ``(B, T)`` log-probs the trainer had judged with the rewards (the trainer's ``_rollout_logps``).
+        logps: name -> the ``(B, T)`` log-probs the trainer had judged with the rewards (its ``_rollout_logps``).
         capture: what TRL's step produced on the way (local): ``rewards_per_func`` ``(B_global, n_funcs)``,
             ``prompts``, ``completions``, ``completion_lengths`` (list of ints), ``truncated`` (``(B,)`` bool) and, for trainers that record them,
             log-probs (``policy_logps``, ``trl_ref_logps``).
@@ -284,7 +284,8 @@ def hand_advantages(
     """Hand the global advantages to TRL's loss: this process's rows of ``advantages_g`` (``(B_global,)``, or
     ``(B_global, T_max)`` cut to the completion length) become ``output["advantages"]``; rows outside ``keep``
     (``(B_global,)`` bool; ``None``: every row) get loss weight 0 (:func:`mask_loss_rows`, collective); TRL's
-    completions log shows the advantages that reach the loss (the first token's for per-token advantages)."""
+    completions log shows the advantages that reach the loss (the first token's for per-token advantages). Pass
+    ``keep=rollout.scorable`` (or narrower) when some outcome is ``NaN`` (unscorable): those rows must not train."""
     if advantages_g.dim() == 1:
         output["advantages"] = advantages_g[rollout.local]
     else:
