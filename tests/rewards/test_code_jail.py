@@ -207,3 +207,94 @@ def test_an_installed_trl_prime_is_hidden_in_the_jail(monkeypatch):
     assert argv[i : i + 4] == ["--tmpfs", package, "--remount-ro", package]
     monkeypatch.setattr(sbx, "_interpreter_paths", lambda python: ["/opt/elsewhere"])
     assert package not in sbx._jail_argv("bwrap", sys.executable, SandboxConfig())
+
+
+# A cold hostile probe (2026-12-04) found these; each test fails on the code before its fix.
+
+KERNEL_KNOBS = r"""
+import os
+for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
+          "/proc/self/oom_score_adj"):
+    try:
+        os.close(os.open(p, os.O_WRONLY))  # opened for writing only: nothing is written, whatever happens
+        print(p, "writable")
+    except OSError as e:
+        print(p, e.strerror)
+print("oom", open("/proc/self/oom_score_adj").read().strip())
+"""
+
+
+@needs_jail
+def test_the_jail_cannot_write_kernel_settings():
+    """Run by root, the jail's uid 65534 is uid 0 on the host, and the kernel lets host uid 0 write /proc/sys without
+    a capability: kernel.core_pattern = "|cmd" then runs cmd as root outside the jail at the next crash. /proc is
+    read-only in the jail (``fs_readonly`` checks it from inside); the OOM score is set before bwrap starts."""
+    run = run_program(KERNEL_KNOBS, mode="stdin", inputs=[""])
+    assert run.ok and "fs_readonly" in run.layers, run
+    lines = run.cases[0].stdout.splitlines()
+    assert not [line for line in lines if line.endswith("writable")], lines
+    assert lines[-1] == "oom 1000"
+
+
+DEEP_TREE = r"""
+import os
+for _ in range(3000):
+    os.mkdir("a")
+    os.chdir("a")
+print("wrong")
+"""
+
+
+@pytest.mark.parametrize("disable", [(), ("jail",)], ids=["jail", "fallback"])
+def test_a_tree_too_deep_for_rmtree_is_still_the_programs_verdict(tmp_path, disable):
+    """shutil.rmtree recurses: the work dir of a program that nests 3000 folders raised RecursionError in the harness
+    (the run became ``sandbox_error``, reward None instead of 0) and, in the fallback, out of ``run_program`` itself."""
+    if not disable and not JAIL_HERE:
+        pytest.skip("bubblewrap cannot start on this machine")
+    cfg = SandboxConfig(disable=disable, tmp_root=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = run_program(DEEP_TREE, mode="stdin", inputs=["", ""], config=cfg)
+        r = verify_code(
+            [f"```python\n{DEEP_TREE}\n```"],
+            [{"stdin_stdout": [{"input": "", "output": "right"}]}],
+            disable=disable,
+            tmp_root=str(tmp_path),
+        )[0]
+    assert run.ok, run.error
+    assert [c.status for c in run.cases] == ["ok", "ok"] and run.cases[1].stdout == "wrong\n"
+    assert (r.reward, r.reason) == (0.0, "failed"), r
+    assert os.listdir(tmp_path) == []  # the fallback's run dirs are gone
+
+
+STOP = "def f(x):\n    raise StopIteration\n"
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "def check(candidate):\n    for got, want in zip(map(candidate, [1, 2, 3]), [2, 4, 6]):\n        assert got == want\n",
+        "def check(candidate):\n    assert all(map(lambda p: candidate(p[0]) == p[1], [(1, 2), (2, 4)]))\n",
+    ],
+    ids=["zip-map", "all-map"],
+)
+def test_a_programs_stopiteration_does_not_end_the_checks_loop(check):
+    """A program raising StopIteration was re-raised as such in the judge, where it ends ``map``/``zip`` early: the
+    check passed. It is a RuntimeError there now, which fails the check."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = run_program(STOP, mode="check", check=check, entry_point="f")
+    assert run.ok, run.error
+    assert not run.cases[0].verified and run.cases[0].status == "runtime_error", run.cases[0]
+    assert "StopIteration" in run.cases[0].detail
+
+
+def test_output_caps_tell_only_the_order_of_magnitude_of_the_expected_output():
+    from trl_prime.rewards.code_verifier import _output_cap
+
+    cfg = SandboxConfig()
+    assert _output_cap(cfg, 10) == cfg.output_limit == 256 << 10
+    assert _output_cap(cfg, 140_000) == _output_cap(cfg, 200_000) == 1 << 19  # 281,024 and 401,024 bytes needed
+    assert _output_cap(cfg, 300_000) == 1 << 20
+    for n in (130_000, 300_000, 5_000_000):
+        assert _output_cap(cfg, n) >= 2 * n + 1024

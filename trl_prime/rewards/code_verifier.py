@@ -416,6 +416,13 @@ def default_deadline(config: SandboxConfig, n_cases: int) -> float:
     return config.startup_grace + min(config.total_timeout, n_cases * config.timeout) + config.timeout + DEADLINE_SLACK
 
 
+def _output_cap(cfg: SandboxConfig, expected_bytes: int) -> int:
+    """A case's output cap: at least ``2 * expected_bytes + 1024`` (a correct answer always fits), rounded up to a
+    power of two, so the program's RLIMIT_FSIZE tells it no more than the expected output's order of magnitude."""
+    need = 2 * expected_bytes + 1024
+    return cfg.output_limit if need <= cfg.output_limit else 1 << (need - 1).bit_length()
+
+
 def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig, executor: Executor) -> CodeResult:
     program = extract_code(completion)
     if not program.strip():
@@ -427,10 +434,10 @@ def _verify_one(completion: Any, spec: _Spec, cfg: SandboxConfig, executor: Exec
     ):
         program = spec.prompt + extract_code(completion, dedent=False)  # a body-only HumanEval completion
     if spec.mode == "stdin":
-        caps = [max(cfg.output_limit, 2 * len(o.encode("utf-8", "replace")) + 1024) for o in spec.outputs]
+        caps = [_output_cap(cfg, len(o.encode("utf-8", "replace"))) for o in spec.outputs]
         run = executor.run(program, mode="stdin", inputs=list(spec.inputs), output_caps=caps, config=cfg)
     elif spec.mode == "fn":
-        caps = [max(cfg.output_limit, 2 * len(json.dumps(o)) + 1024) for o in spec.outputs]
+        caps = [_output_cap(cfg, len(json.dumps(o))) for o in spec.outputs]
         run = executor.run(
             program,
             mode="fn",

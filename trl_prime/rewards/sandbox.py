@@ -51,8 +51,9 @@ Known limits: ``RLIMIT_AS`` is per process (a forking program can use ``max_proc
 filter is a deny list, its aarch64 table checked by a BPF interpreter in the tests, not on hardware; a program can
 read its own memory (its inputs, never expected outputs or the check); the interpreter's prefixes are visible
 read-only (keep no secrets in the venv); run as root, the jail's uid 65534 is uid 0 on the host, so
-``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` stops fork bombs).
-"""
+``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` stops fork bombs) and the kernel's checks that compare the uid
+with root's, not a capability, pass: /proc (whose /proc/sys host uid 0 may write) is therefore mounted read-only,
+and nothing else of the kernel's is shown writable."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ LAYERS: dict[str, str] = {
     "pidns": "pid namespace; its init's exit kills every process inside",
     "mountns": "private mount namespace",
     "fs_minimal": "only the interpreter's prefixes, the system directories and a fresh work dir are visible",
-    "fs_readonly": "everything but the work dir (and /dev/shm) read-only",
+    "fs_readonly": "everything but the work dir (and /dev/shm) read-only, /proc (and /proc/sys) included",
     "tmpfs_work": "work dir is a size-limited tmpfs (disk quota)",
     "proc_fresh": "fresh /proc of the sandbox's pid namespace",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
@@ -511,7 +512,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _jail_layers(notes: list[str]) -> list[str]:
     """Layers of the bubblewrap jail this process runs in, checked from inside where they can be."""
-    layers = ["jail", "userns", "netns", "mountns", "fs_minimal", "fs_readonly", "proc_fresh", "tmpfs_work"]
+    layers = ["jail", "userns", "netns", "mountns", "fs_minimal", "proc_fresh", "tmpfs_work"]
+    if os.statvfs("/").f_flag & os.statvfs("/proc").f_flag & os.ST_RDONLY:
+        layers.append("fs_readonly")
+    else:
+        notes.append("jail: / or /proc is writable")
     if os.getpid() == 1:
         layers.append("pidns")
     else:
@@ -647,7 +652,6 @@ def _plan_layers(job: dict) -> dict:
         and _readable_by_others([sys.executable, *sys.path, os.path.dirname(os.path.dirname(job["work_dir"]))])
     )
     plan = {
-        "oom_adj": True,
         "uid_drop": uid_drop,
         "caps_dropped": not job["jail"] and "caps_dropped" not in disable,  # the jail has none already
         "landlock_signal": not {"landlock", "landlock_signal"} & disable and _landlock_abi() >= 6,
@@ -662,7 +666,7 @@ def _plan_layers(job: dict) -> dict:
         except (OSError, AssertionError):
             plan["seccomp"] = False
     applied = _probe_layers(plan)
-    for k in ("oom_adj", "caps_dropped", "uid_drop", "landlock_signal", "seccomp"):
+    for k in ("caps_dropped", "uid_drop", "landlock_signal", "seccomp"):
         plan[k] = plan[k] and k in applied
     plan["nproc"] = plan["nproc"] if "rlimit_nproc" in applied else 0
     return plan
@@ -705,12 +709,6 @@ def _probe_layers(plan: dict) -> list[str]:
     return b"".join(chunks).decode().split("\n")
 
 
-def _oom_adj() -> None:
-    """Any OOM killer (the host's) takes a case process before the trainer."""
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
-
-
 def _uid_drop() -> None:
     """uid/gid 65534 (real, effective, saved) and no supplementary groups: the kernel clears every capability."""
     os.setgroups([])
@@ -723,7 +721,6 @@ def _apply_case_layers(plan: dict, strict: bool) -> list[str]:
     prlimit on others). ``strict=False`` records instead of raising."""
     steps = [
         ("rlimit_nproc", plan["nproc"], lambda: resource.setrlimit(resource.RLIMIT_NPROC, (plan["nproc"],) * 2)),
-        ("oom_adj", plan["oom_adj"], _oom_adj),
         ("uid_drop", plan["uid_drop"], _uid_drop),
         ("caps_dropped", plan["caps_dropped"], _drop_caps),
         ("landlock_signal", plan["landlock_signal"], _landlock_scope),
@@ -1037,7 +1034,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
         out.update(stderr=files.read("err", 2000, tail=True), diag=files.read("diag", 65536))
     finally:
         files.close()
-    _clear_dir(job["work_dir"])
+    _clear_dir(job["work_dir"], plan["uid_drop"])
     cpu = ru.ru_utime + ru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(cpu, 4)}
     rec["stderr"] = out["stderr"].decode("utf-8", "replace")
@@ -1116,7 +1113,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             except OSError:
                 pass
         files.close()
-    _clear_dir(job["work_dir"])
+    _clear_dir(job["work_dir"], plan["uid_drop"])
     ccpu = cru.ru_utime + cru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(ccpu, 4)}
     rec.update(stderr=out["stderr"].decode("utf-8", "replace"), stdout=out["stdout"].decode("utf-8", "replace"))
@@ -1173,23 +1170,37 @@ def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
     return {"status": failure[0], "detail": failure[1]}
 
 
-def _clear_dir(path: str) -> None:
+def _clear_dir(path: str, as_nobody: bool) -> None:
+    """Empty the work dir between cases, in a child with the program's own rights (uid 65534 where the program drops
+    to it): a symlink swapped in by a process of the program can only redirect the removal to what the program could
+    remove itself. Nothing it left (a tree too deep for Python, modes of 000) fails the harness."""
     try:
-        names = os.listdir(path)
+        if not os.listdir(path):
+            return
     except OSError:
         return
-    for name in names:
-        p = os.path.join(path, name)
+    pid = os.fork()
+    if pid == 0:
         try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                _rmtree_force(p)
-            else:
-                os.unlink(p)
-        except OSError:
-            pass
+            if as_nobody:
+                _uid_drop()
+            for name in os.listdir(path):
+                p = os.path.join(path, name)
+                try:
+                    if os.path.isdir(p) and not os.path.islink(p):
+                        _rmtree_force(p)
+                    else:
+                        os.unlink(p)
+                except OSError:
+                    pass
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _rmtree_force(path: str) -> None:
+    """Remove a tree, whatever its modes and depth (never raises): Python's rmtree, then coreutils for what it left
+    (shutil.rmtree recurses: a tree thousands of folders deep raises RecursionError)."""
     import shutil
 
     def onerror(func, p, exc_info):
@@ -1201,10 +1212,19 @@ def _rmtree_force(path: str) -> None:
         except OSError:
             pass
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=lambda func, p, exc: onerror(func, p, None))
-    else:
-        shutil.rmtree(path, onerror=onerror)
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=lambda func, p, exc: onerror(func, p, None))
+        else:
+            shutil.rmtree(path, onerror=onerror)
+    except Exception:  # noqa: BLE001 - RecursionError, or a path too long for the path-based error handler
+        import subprocess
+
+        for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+            try:
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            except OSError:
+                pass
 
 
 def _close_fds_except(keep: set[int]) -> None:
@@ -1436,7 +1456,15 @@ class _Judge:
         self.job, self.extra, self.builtins = job, extra, builtins
         self.bad: tuple | None = None
         self.g = {"__name__": "__main__", "__builtins__": builtins}
-        self.exceptions = {n: c for n, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, Exception)}
+        # builtins a program's exception is re-raised as; not StopIteration / StopAsyncIteration, which would end the
+        # check's loop over map(candidate, ...) or zip(...) early instead of failing it (they become RuntimeError)
+        self.exceptions = {
+            n: c
+            for n, c in vars(builtins).items()
+            if isinstance(c, type)
+            and issubclass(c, Exception)
+            and not issubclass(c, (StopIteration, StopAsyncIteration))
+        }
 
     def fail(self, cls, msg: str):
         if self.bad is None:
@@ -1614,9 +1642,10 @@ _BOOT = (
     "del _fd, _d, _n, _f\n"
     "exec(_c)\n"
 )
-# joins the sandbox's pids cgroup (when there is one) before anything else starts, then runs the jail:
-# sh -c _JOIN sh CGROUP_PROCS_OR_EMPTY argv...
-_JOIN = '[ -z "$1" ] || echo $$ > "$1" || exit 125; shift; exec "$@"'
+# joins the sandbox's pids cgroup (when there is one) before anything else starts and sets the OOM score every
+# process of the sandbox inherits (the host's OOM killer takes them before the trainer; /proc is read-only in the
+# jail), then runs the jail: sh -c _JOIN sh CGROUP_PROCS_OR_EMPTY argv...
+_JOIN = '[ -z "$1" ] || echo $$ > "$1" || exit 125; shift; echo 1000 2>/dev/null > /proc/self/oom_score_adj; exec "$@"'
 _COUNTER = itertools.count()
 _WARNED: set[tuple[str, ...]] = set()
 _WARN_LOCK = threading.Lock()
@@ -1697,7 +1726,10 @@ def _jail_argv(bwrap: str, python: str, cfg: SandboxConfig) -> list[str]:
     package = os.path.dirname(os.path.dirname(_SCRIPT))  # trl_prime itself, when installed in a shown prefix
     if any(package.startswith(p + "/") for p in shown):
         argv += ["--tmpfs", package, "--remount-ro", package]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
+    # /proc read-only: run by root, the jail's uid 65534 is uid 0 on the host, and the kernel lets host uid 0 write
+    # /proc/sys without any capability (kernel.core_pattern would run a command as root outside the jail)
+    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
+    argv += ["--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
     argv += ["--remount-ro", "/", "--chdir", _JAIL_WORK, "--"]
     return argv
 
@@ -1736,8 +1768,8 @@ class SandboxConfig:
         disk_mb: size of the work dir's tmpfs (its disk quota; in the jail), MiB.
         output_limit: bytes of stdout (and of a returned value's JSON) kept per test case; a program
             writing this much (or more) is stopped by RLIMIT_FSIZE and gets ``output_limit``. The
-            verifier raises it per case to at least ``2 * len(expected) + 1024`` bytes, so a correct
-            answer always fits. RLIMIT_FSIZE also caps every file the program writes.
+            verifier raises it per case to ``2 * len(expected) + 1024`` bytes rounded up to a power of two,
+            so a correct answer always fits. RLIMIT_FSIZE also caps every file the program writes.
         max_processes: processes+threads in the sandbox (pids cgroup ``pids.max``; bwrap, the bootstrap,
             the harness and, in ``check`` mode, the judge count too).
         max_open_files: RLIMIT_NOFILE.
