@@ -298,3 +298,113 @@ def test_output_caps_tell_only_the_order_of_magnitude_of_the_expected_output():
     assert _output_cap(cfg, 300_000) == 1 << 20
     for n in (130_000, 300_000, 5_000_000):
         assert _output_cap(cfg, n) >= 2 * n + 1024
+
+
+# A second hostile round (same day) found these.
+
+DEVICES_AND_IPC = r"""
+import ctypes, os, stat
+libc = ctypes.CDLL(None, use_errno=True)
+p = "/dev/null"
+try:
+    os.chmod(p, stat.S_IMODE(os.stat(p).st_mode))  # its own mode: changes nothing but the host node's ctime
+    print("chmod /dev/null allowed")
+except OSError as e:
+    print("chmod /dev/null", e.strerror)
+try:
+    open("/dev/x", "w").close()
+    print("/dev/x created")
+except OSError as e:
+    print("/dev/x", e.strerror)
+for name, call in (("shmget", lambda: libc.shmget(0, 1 << 20, 0o1600)), ("msgget", lambda: libc.msgget(0, 0o1600)),
+                   ("inotify_init1", lambda: libc.inotify_init1(0))):
+    r = call()
+    print(name, "allowed" if r >= 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+@needs_jail
+def test_the_jail_cannot_change_device_nodes_or_hold_memory_outside_its_limits():
+    """bwrap binds the host's device nodes into /dev, owned by host uid 0 = the root-run jail's uid: chmod 0 of
+    /dev/null would break it on the host. /dev is a tmpfs outside the disk quota, and SysV shared memory and message
+    queues outlive the processes that made them: memory no limit counts. inotify instances count against host root's
+    quota. /dev is read-only now (checked from inside: ``fs_readonly``); seccomp denies chmod, chown and xattrs (the
+    device nodes themselves cannot be remounted read-only: bwrap would make them nodev), SysV IPC and inotify."""
+    run = run_program(DEVICES_AND_IPC, mode="stdin", inputs=[""])
+    assert run.ok and "fs_readonly" in run.layers and "seccomp" in run.layers, run
+    assert run.cases[0].stdout.splitlines() == [
+        "chmod /dev/null Operation not permitted",
+        "/dev/x Read-only file system",
+        "shmget Operation not permitted",
+        "msgget Operation not permitted",
+        "inotify_init1 Operation not permitted",
+    ]
+
+
+LOCK_WORK_DIR = 'import os\nos.chmod(".", 0)\nprint("wrong")\n'
+
+
+@pytest.mark.parametrize("disable", [("seccomp",), ("jail", "seccomp")], ids=["jail", "fallback"])
+def test_a_program_locking_its_work_dir_gets_its_own_verdict(tmp_path, disable):
+    """``chmod(".", 0)`` made the next case's set-up fail (``sandbox_error``: reward None on demand, for a program
+    that expects to fail). seccomp denies chmod now; where it is missing, the harness restores the work dir's mode
+    between cases."""
+    if "jail" not in disable and not JAIL_HERE:
+        pytest.skip("bubblewrap cannot start on this machine")
+    tests = {"stdin_stdout": [{"input": "", "output": "right"}] * 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r = verify_code([LOCK_WORK_DIR], [tests], disable=disable, tmp_root=str(tmp_path))[0]
+    assert (r.reward, r.reason, r.stdout) == (0.0, "failed", ("wrong\n", "wrong\n")), r
+
+
+SURVIVORS = r"""
+import os, time
+def spin():  # leaves the case's process group, then takes every process slot that frees up
+    os.setsid()
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            if os.fork() == 0:
+                spin()
+        except OSError:
+            time.sleep(0.005)
+    os._exit(0)
+if os.fork() == 0:
+    spin()
+time.sleep(0.3)
+print("wrong")
+"""
+
+
+@pytest.mark.parametrize("disable", [(), ("jail",)], ids=["jail", "fallback"])
+def test_processes_that_left_the_case_do_not_fail_the_next_case(tmp_path, disable):
+    """In the fallback, ``setsid`` children outlived their case (only the case's process group was killed) and kept
+    the pids cgroup full: the next case's fork failed, ``sandbox_error``. Every other member of the cgroup is killed
+    between cases now (in the jail, every process of its pid namespace already was)."""
+    if not disable and not JAIL_HERE:
+        pytest.skip("bubblewrap cannot start on this machine")
+    cfg = SandboxConfig(disable=disable, tmp_root=str(tmp_path), max_processes=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = run_program(SURVIVORS, mode="stdin", inputs=["", ""], config=cfg)
+    if "cgroup_pids" not in run.layers and disable:
+        pytest.skip("no pids cgroup here: the fallback cannot bound or find such processes")
+    assert run.ok, run.error
+    assert [(c.status, c.stdout) for c in run.cases] == [("ok", "wrong\n")] * 2
+    assert run.process_limit_hit
+
+
+def test_clearing_the_work_dir_is_bounded_and_finishes_what_python_cannot(tmp_path):
+    """Clearing runs in a child killed after its ``seconds`` (what is left only costs the program disk); given time,
+    coreutils removes what shutil.rmtree cannot (a tree thousands of folders deep)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    build = "import os\nfor _ in range(1500):\n    os.mkdir('a')\n    os.chdir('a')\n"
+    subprocess.run([sys.executable, "-c", build], cwd=work, check=True)
+    (work / "f").write_text("x")
+    sbx._clear_dir(str(work), False, 0.0)  # killed at once: returns, leaves no child behind
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+    sbx._clear_dir(str(work), False, 60.0)
+    assert os.listdir(work) == []

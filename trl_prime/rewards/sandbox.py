@@ -106,7 +106,7 @@ LAYERS: dict[str, str] = {
     "caps_dropped": "all capability sets empty (the jail's; in the fallback dropped by each case process)",
     "uid_drop": "the program runs as uid/gid 65534 (the jail's; in the fallback when the caller is root)",
     "landlock_signal": "Landlock: no signals / abstract sockets outside the case process's domain",
-    "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, prlimit on others, ... denied",
+    "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, SysV shm, chmod/chown/xattr, ...",
     "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
     "remote": "ran by a remote sandbox service (trl_prime.rewards.executors.SandboxFusion): its isolation",
 }
@@ -117,8 +117,9 @@ _DISABLEABLE = frozenset(
 )
 
 _MODES = ("stdin", "fn", "check")
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")  # the host's, bound read-write by bwrap --dev
 _NOBODY = 65534
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
 # Landlock (the same syscall numbers on every architecture that has it); only its ABI 6 scope is used: the case
 # process's domain handles no file system or network right, so it restricts nothing but signals and abstract
 # unix sockets to processes outside it.
@@ -197,7 +198,10 @@ def _landlock_scope() -> None:
 # ----------------------------------------------------------------------------------------------
 # seccomp-BPF (hand-assembled classic BPF; see the module docstring for the policy). The jail already has no
 # capabilities, a read-only file system, no host sockets and no controlling terminal; the filter adds what it
-# does not: no inspection of the harness or judge (same uid), no new namespaces, less kernel attack surface.
+# does not: no inspection of the harness or judge (same uid), no new namespaces, less kernel attack surface, no
+# change to the mode, owner or ACL of any file (run by root, the jail's uid owns the host's device nodes in /dev),
+# no SysV shared memory or message queues (memory that outlives its processes and no limit counts) and no inotify
+# (instances count against the caller's uid on the host).
 # ----------------------------------------------------------------------------------------------
 _SYSCALL_TABLE = """
     name                x86_64  aarch64
@@ -231,9 +235,29 @@ _SYSCALL_TABLE = """
     clone                   56      220
     clone3                 435      435
     prlimit64              302      261
+    shmget                  29      194
+    msgget                  68      186
+    inotify_init           253        -
+    inotify_init1          294       26
+    chmod                   90        -
+    fchmod                  91       52
+    fchmodat               268       53
+    fchmodat2              452      452
+    chown                   92        -
+    lchown                  94        -
+    fchown                  93       55
+    fchownat               260       54
+    setxattr               188        5
+    lsetxattr              189        6
+    fsetxattr              190        7
+    removexattr            197       14
+    lremovexattr           198       15
+    fremovexattr           199       16
 """
 _ROWS = [line.split() for line in _SYSCALL_TABLE.strip().splitlines()]
-_SYSCALLS = {arch: {row[0]: int(row[1 + j]) for row in _ROWS[1:]} for j, arch in enumerate(_ROWS[0][1:])}
+_SYSCALLS = {  # "-": no such system call on that architecture
+    arch: {row[0]: int(row[1 + j]) for row in _ROWS[1:] if row[1 + j] != "-"} for j, arch in enumerate(_ROWS[0][1:])
+}
 _SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # AUDIT_ARCH_*
 # denied outright with EPERM: every row of the table but the three with an argument rule
 _SECCOMP_DENY = tuple(row[0] for row in _ROWS[1:] if row[0] not in ("clone", "clone3", "prlimit64"))
@@ -258,7 +282,7 @@ def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     if machine == "x86_64":
         prog += [(_BPF_JGE_K, 0, 1, _X32_SYSCALL_BIT), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
     prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.ENOSYS)]
-    for name in _SECCOMP_DENY:
+    for name in filter(nrs.__contains__, _SECCOMP_DENY):
         prog += [(_BPF_JEQ_K, 0, 1, nrs[name]), (_BPF_RET_K, 0, 0, eperm)]
     # clone: EPERM when any namespace flag is set; prlimit64: only on the caller itself (pid 0)
     prog += [(_BPF_JEQ_K, 0, 4, nrs["clone"]), (_BPF_LD_W_ABS, 0, 0, _ARG0), (_BPF_JSET_K, 0, 1, _NS_CLONE_FLAGS)]
@@ -513,10 +537,11 @@ def _write_all(fd: int, data: bytes) -> None:
 def _jail_layers(notes: list[str]) -> list[str]:
     """Layers of the bubblewrap jail this process runs in, checked from inside where they can be."""
     layers = ["jail", "userns", "netns", "mountns", "fs_minimal", "proc_fresh", "tmpfs_work"]
-    if os.statvfs("/").f_flag & os.statvfs("/proc").f_flag & os.ST_RDONLY:
-        layers.append("fs_readonly")
+    writable = _writable_mounts() - {"/tmp", "/dev/shm", "/dev/pts", *(f"/dev/{node}" for node in _DEV_NODES)}
+    if writable:
+        notes.append(f"jail: writable mounts {sorted(writable)}")
     else:
-        notes.append("jail: / or /proc is writable")
+        layers.append("fs_readonly")
     if os.getpid() == 1:
         layers.append("pidns")
     else:
@@ -531,6 +556,16 @@ def _jail_layers(notes: list[str]) -> list[str]:
     except (OSError, ValueError, IndexError) as e:
         notes.append(f"capabilities unreadable: {e}")
     return layers
+
+
+def _writable_mounts() -> set[str]:
+    """Mount points of this mount namespace mounted read-write (from ``/proc/self/mountinfo``)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return {"/proc/self/mountinfo unreadable"}
+    return {row[4] for row in rows if len(row) > 5 and "rw" in row[5].split(",")}
 
 
 def _bootstrap_main(job_fd: str) -> None:
@@ -548,6 +583,8 @@ def _bootstrap_main(job_fd: str) -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if not job["jail"] and os.getppid() != job["parent_pid"]:
             os._exit(3)  # the parent already died
+        if not job["jail"]:  # orphans of the program come to this process, which reaps them (in the jail: pid 1)
+            _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         notes: list[str] = list(job["notes"])
@@ -817,9 +854,10 @@ def _setrlimit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _cleanup_case_processes(pgids, pidns: bool) -> None:
-    """Kill what a case left behind: in the jail every process of the pid namespace but init and the harness;
-    in the fallback the case's process groups (the pids cgroup catches the rest when the run ends)."""
+def _cleanup_case_processes(pgids, pidns: bool, cgroup: str | None = None) -> None:
+    """Kill what a case left behind, and wait until it is gone: in the jail every process of the pid namespace but
+    init and the harness; in the fallback the case's process groups and every other member of the pids cgroup
+    (``setsid`` leaves the group; left alive, such processes could fill the cgroup and fail the next case's fork)."""
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGKILL)
@@ -827,18 +865,35 @@ def _cleanup_case_processes(pgids, pidns: bool) -> None:
             pass
     deadline = time.monotonic() + 2.0
     while True:
+        left: set[int] = set()
         if pidns:
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
+            # and until init (pid 1) has reaped them: killed processes count against the pids cgroup until then
+            left = {int(n) for n in os.listdir("/proc") if n.isdigit()} - {1, os.getpid()}
+        elif cgroup:
+            try:
+                with open(os.path.join(cgroup, "cgroup.procs")) as f:
+                    left = set(map(int, f.read().split())) - {os.getpid(), os.getppid()}
+                with open(os.path.join(cgroup, "pids.current")) as f:
+                    if int(f.read()) > 2:  # killed but not reaped yet (the bootstrap reaps them: it is a subreaper)
+                        left.add(0)
+            except (OSError, ValueError):
+                pass
+            for pid in left - {0}:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
             busy = True  # a child is left that has not exited yet
         except ChildProcessError:
             busy = False
-        if not busy or time.monotonic() > deadline:
+        if not (busy or left) or time.monotonic() > deadline:
             return
         time.sleep(0.001)
 
@@ -1027,14 +1082,15 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
         pid, setup_r = _fork_case(job, plan, files, names, extra, cap, lambda: _execute_candidate(job, i, code, extra))
         status, ru, timed_out, stalled = _wait_case(pid, deadline, start, latest)
         end = time.monotonic()
-        _cleanup_case_processes([pid], pidns)
+        _cleanup_case_processes([pid], pidns, job["cgroup"])
         setup = os.read(setup_r, 65536)
         os.close(setup_r)
         out = {"out_size": files.size("out"), "stdout": files.read("out", cap), "res": files.read("res", cap + 1)}
         out.update(stderr=files.read("err", 2000, tail=True), diag=files.read("diag", 65536))
     finally:
         files.close()
-    _clear_dir(job["work_dir"], plan["uid_drop"])
+    if i + 1 < job["n_cases"]:  # the last case's files go with the jail's tmpfs (the fallback's with its run dir)
+        _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
     cpu = ru.ru_utime + ru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(cpu, 4)}
     rec["stderr"] = out["stderr"].decode("utf-8", "replace")
@@ -1101,7 +1157,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
         jstatus, jru, timed_out, stalled = _wait_case(jpid, deadline, start, latest)
         end = time.monotonic()
         cand_done, cstatus, cru = _end_candidate(cpid)
-        _cleanup_case_processes([cpid, jpid], pidns)
+        _cleanup_case_processes([cpid, jpid], pidns, job["cgroup"])
         setup_c, setup_j = os.read(setup_c_r, 65536), os.read(setup_j_r, 65536)
         out = {"stdout": files.read("out", 2000), "stderr": files.read("err", 2000, tail=True)}
         out.update(cdiag=files.read("diag", 65536), jout=files.read("jout", 2000, tail=True))
@@ -1113,7 +1169,8 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
             except OSError:
                 pass
         files.close()
-    _clear_dir(job["work_dir"], plan["uid_drop"])
+    if i + 1 < job["n_cases"]:  # the last case's files go with the jail's tmpfs (the fallback's with its run dir)
+        _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
     ccpu = cru.ru_utime + cru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(ccpu, 4)}
     rec.update(stderr=out["stderr"].decode("utf-8", "replace"), stdout=out["stdout"].decode("utf-8", "replace"))
@@ -1170,18 +1227,21 @@ def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
     return {"status": failure[0], "detail": failure[1]}
 
 
-def _clear_dir(path: str, as_nobody: bool) -> None:
+def _clear_dir(path: str, as_nobody: bool, seconds: float) -> None:
     """Empty the work dir between cases, in a child with the program's own rights (uid 65534 where the program drops
     to it): a symlink swapped in by a process of the program can only redirect the removal to what the program could
-    remove itself. Nothing it left (a tree too deep for Python, modes of 000) fails the harness."""
+    remove itself. Nothing it left fails the harness: a mode of 000 on the work dir is undone, a tree too deep for
+    Python goes to coreutils, and after ``seconds`` the child is killed (what is left only costs the program disk)."""
     try:
+        os.chmod(path, 0o700)  # the program owns its work dir (in the jail, the harness too) and may have locked it
         if not os.listdir(path):
             return
+        pid = os.fork()
     except OSError:
         return
-    pid = os.fork()
     if pid == 0:
         try:
+            os.setpgid(0, 0)  # killed as a group with the coreutils it starts
             if as_nobody:
                 _uid_drop()
             for name in os.listdir(path):
@@ -1195,12 +1255,17 @@ def _clear_dir(path: str, as_nobody: bool) -> None:
                     pass
         finally:
             os._exit(0)
-    os.waitpid(pid, 0)
+    try:
+        os.setpgid(pid, pid)  # (also here: no race with the kill at the deadline)
+    except OSError:
+        pass
+    _wait_case(pid, time.monotonic() + seconds)
 
 
 def _rmtree_force(path: str) -> None:
     """Remove a tree, whatever its modes and depth (never raises): Python's rmtree, then coreutils for what it left
-    (shutil.rmtree recurses: a tree thousands of folders deep raises RecursionError)."""
+    (shutil.rmtree recurses and opens a descriptor per level: a tree thousands of folders deep raises RecursionError
+    or runs out of descriptors, an error its handler swallows)."""
     import shutil
 
     def onerror(func, p, exc_info):
@@ -1218,9 +1283,12 @@ def _rmtree_force(path: str) -> None:
         else:
             shutil.rmtree(path, onerror=onerror)
     except Exception:  # noqa: BLE001 - RecursionError, or a path too long for the path-based error handler
+        pass
+    if os.path.lexists(path):
         import subprocess
 
         for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+            argv[0] = next((d + argv[0] for d in ("/usr/bin/", "/bin/") if os.path.exists(d + argv[0])), argv[0])
             try:
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             except OSError:
@@ -1726,11 +1794,12 @@ def _jail_argv(bwrap: str, python: str, cfg: SandboxConfig) -> list[str]:
     package = os.path.dirname(os.path.dirname(_SCRIPT))  # trl_prime itself, when installed in a shown prefix
     if any(package.startswith(p + "/") for p in shown):
         argv += ["--tmpfs", package, "--remount-ro", package]
-    # /proc read-only: run by root, the jail's uid 65534 is uid 0 on the host, and the kernel lets host uid 0 write
-    # /proc/sys without any capability (kernel.core_pattern would run a command as root outside the jail)
-    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
-    argv += ["--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
-    argv += ["--remount-ro", "/", "--chdir", _JAIL_WORK, "--"]
+    # Every mount read-only but the work dir and /dev/shm (and the jail's own /dev/pts): run by root, the jail's uid
+    # 65534 is uid 0 on the host, which the kernel lets write /proc/sys without any capability (kernel.core_pattern
+    # would run a command as root outside the jail). The host's device nodes bwrap binds into /dev stay read-write
+    # mounts (bwrap remounts read-only with nodev): their owner's chmod, chown and ACLs are seccomp's to deny.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(min(cfg.disk_mb, 16) << 20), "--tmpfs", "/dev/shm"]
+    argv += ["--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _JAIL_WORK, "--"]
     return argv
 
 
