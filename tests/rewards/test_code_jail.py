@@ -316,6 +316,12 @@ try:
     print("/dev/x created")
 except OSError as e:
     print("/dev/x", e.strerror)
+st = os.stat(p)
+try:
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # its own times
+    print("utime /dev/null allowed")
+except OSError as e:
+    print("utime /dev/null", e.strerror)
 for name, call in (("shmget", lambda: libc.shmget(0, 1 << 20, 0o1600)), ("msgget", lambda: libc.msgget(0, 0o1600)),
                    ("inotify_init1", lambda: libc.inotify_init1(0))):
     r = call()
@@ -335,6 +341,7 @@ def test_the_jail_cannot_change_device_nodes_or_hold_memory_outside_its_limits()
     assert run.cases[0].stdout.splitlines() == [
         "chmod /dev/null Operation not permitted",
         "/dev/x Read-only file system",
+        "utime /dev/null Operation not permitted",
         "shmget Operation not permitted",
         "msgget Operation not permitted",
         "inotify_init1 Operation not permitted",
@@ -408,3 +415,60 @@ def test_clearing_the_work_dir_is_bounded_and_finishes_what_python_cannot(tmp_pa
         os.waitpid(-1, os.WNOHANG)
     sbx._clear_dir(str(work), False, 60.0)
     assert os.listdir(work) == []
+
+
+# A third hostile round (same day) found these.
+
+SUPERSCRIPT_ERRNO = 'raise type("X\\n\\u00b2\\n", (Exception,), {})()\n'
+
+
+@pytest.mark.parametrize("disable", [(), ("jail",)], ids=["jail", "fallback"])
+def test_a_program_cannot_make_its_failure_unreadable(tmp_path, disable):
+    """The harness read the errno line of a program's failure with ``isdigit()``, which ``"²"`` passes and ``int``
+    refuses: an exception class named ``"X\\n²\\n"`` made the harness fail, ``sandbox_error`` (reward None) on
+    demand. The name is one line now and the errno is read as ASCII."""
+    if not disable and not JAIL_HERE:
+        pytest.skip("bubblewrap cannot start on this machine")
+    kw = dict(disable=disable, tmp_root=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r = verify_code([SUPERSCRIPT_ERRNO], [{"stdin_stdout": [{"input": "", "output": "right"}]}], **kw)[0]
+        run = run_program(
+            SUPERSCRIPT_ERRNO, mode="check", check=CHECK_TWICE, entry_point="f", config=SandboxConfig(**kw)
+        )
+    assert (r.reward, r.reason) == (0.0, "runtime_error"), r
+    assert run.ok and run.cases[0].status == "runtime_error" and not run.cases[0].verified, run
+
+
+CHECK_TWICE = "def check(candidate):\n    assert candidate(candidate(1)) == 3\n"
+DEEP_RETURN = """
+def f(x):
+    v = 1
+    for _ in range(DEPTH):
+        v = [v]
+    return v
+"""
+
+
+@pytest.mark.parametrize("depth", [300, 400])
+def test_a_deep_return_value_is_the_programs_bad_value_not_the_checks(depth):
+    """The judge accepted a return value 400 levels deep but could not send it back as an argument (one level more):
+    ``candidate(candidate(1))`` became ``UnsupportedArgument``, ``sandbox_error``. Values deeper than half the wire's
+    limit are the program's ``bad_value`` now."""
+    run = run_program(DEEP_RETURN.replace("DEPTH", str(depth)), mode="check", check=CHECK_TWICE, entry_point="f")
+    assert run.ok, run.error
+    assert run.cases[0].status == "bad_value" and not run.cases[0].verified, run.cases[0]
+
+
+SHM_NOTE = """
+import os
+print(os.path.exists("/dev/shm/note"))
+open("/dev/shm/note", "w").write("case state")
+"""
+
+
+@needs_jail
+def test_dev_shm_is_cleared_between_cases():
+    """The jail's /dev/shm (its own tmpfs) kept what one case wrote for the next; it is cleared like the work dir."""
+    run = run_program(SHM_NOTE, mode="stdin", inputs=["", ""])
+    assert run.ok and [c.stdout for c in run.cases] == ["False\n", "False\n"], run

@@ -53,7 +53,9 @@ read its own memory (its inputs, never expected outputs or the check); the inter
 read-only (keep no secrets in the venv); run as root, the jail's uid 65534 is uid 0 on the host, so
 ``RLIMIT_NPROC`` is not enforced (``cgroup_pids`` stops fork bombs) and the kernel's checks that compare the uid
 with root's, not a capability, pass: /proc (whose /proc/sys host uid 0 may write) is therefore mounted read-only,
-and nothing else of the kernel's is shown writable."""
+and nothing else of the kernel's is shown writable; the work dir's tmpfs bounds bytes, not files: empty files cost
+kernel memory (about 1.2 KB each) that no limit counts, as many as a program creates within its time limits (a memory
+cgroup per sandbox would bound it; not made)."""
 
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ LAYERS: dict[str, str] = {
     "caps_dropped": "all capability sets empty (the jail's; in the fallback dropped by each case process)",
     "uid_drop": "the program runs as uid/gid 65534 (the jail's; in the fallback when the caller is root)",
     "landlock_signal": "Landlock: no signals / abstract sockets outside the case process's domain",
-    "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, SysV shm, chmod/chown/xattr, ...",
+    "seccomp": "seccomp-BPF: ptrace, process_vm, namespaces, mounts, bpf, io_uring, SysV shm, chmod/chown/utime/xattr, ...",
     "judge_process": "HumanEval check() runs in a separate judge process; candidate is a plain-data proxy",
     "remote": "ran by a remote sandbox service (trl_prime.rewards.executors.SandboxFusion): its isolation",
 }
@@ -199,7 +201,7 @@ def _landlock_scope() -> None:
 # seccomp-BPF (hand-assembled classic BPF; see the module docstring for the policy). The jail already has no
 # capabilities, a read-only file system, no host sockets and no controlling terminal; the filter adds what it
 # does not: no inspection of the harness or judge (same uid), no new namespaces, less kernel attack surface, no
-# change to the mode, owner or ACL of any file (run by root, the jail's uid owns the host's device nodes in /dev),
+# change to the mode, owner, times or ACL of any file (run by root, the jail's uid owns the host's device nodes in /dev),
 # no SysV shared memory or message queues (memory that outlives its processes and no limit counts) and no inotify
 # (instances count against the caller's uid on the host).
 # ----------------------------------------------------------------------------------------------
@@ -253,6 +255,10 @@ _SYSCALL_TABLE = """
     removexattr            197       14
     lremovexattr           198       15
     fremovexattr           199       16
+    utimensat              280       88
+    utimes                 235        -
+    utime                  132        -
+    futimesat              261        -
 """
 _ROWS = [line.split() for line in _SYSCALL_TABLE.strip().splitlines()]
 _SYSCALLS = {  # "-": no such system call on that architecture
@@ -402,11 +408,11 @@ def _wire_reject_constant(name):
     raise ValueError(f"bare JSON constant {name}")
 
 
-def _wire_depth_ok(obj) -> bool:
+def _wire_depth_ok(obj, limit: int = _WIRE_DEPTH + 1) -> bool:  # +1: the frame's own envelope list
     todo = [(obj, 0)]
     while todo:
         o, d = todo.pop()
-        if d > _WIRE_DEPTH + 1:  # +1: the frame's own envelope list
+        if d > limit:
             return False
         t = type(o)
         if t is list or t is tuple or t is set or t is frozenset:
@@ -846,6 +852,23 @@ def _harness_main(job: dict, layers: list[str], notes: list[str]) -> None:
     os._exit(0)
 
 
+def _kill_member(pid: int, cgroup: str) -> None:
+    """SIGKILL ``pid`` if it is still a member of ``cgroup``: through a pidfd, so that a pid freed since the cgroup
+    was read and given to a process of the host is never signalled."""
+    try:
+        pfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:  # read after the pidfd pinned the process it names
+            if "/" + os.path.basename(cgroup) + "\n" in f.read():
+                signal.pidfd_send_signal(pfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+
+
 def _setrlimit(which: int, value: int) -> None:
     """Set soft = hard = value (never above the current hard limit, so it works unprivileged)."""
     _, hard = resource.getrlimit(which)
@@ -883,10 +906,7 @@ def _cleanup_case_processes(pgids, pidns: bool, cgroup: str | None = None) -> No
             except (OSError, ValueError):
                 pass
             for pid in left - {0}:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                _kill_member(pid, cgroup)
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -1019,7 +1039,12 @@ def _parse_diag(raw: bytes):
     # its own; it only ever chooses between failure reasons, never decides a pass)
     parts = raw.decode("utf-8", "replace").split("\n", 2) if raw else []
     exc = parts[0] if parts else ""
-    diag_errno = int(parts[1]) if len(parts) > 1 and parts[1].lstrip("-").isdigit() else None
+    diag_errno = None
+    if len(parts) > 1 and parts[1].isascii():  # "²".isdigit() is True, int("²") raises: the program writes this
+        try:
+            diag_errno = int(parts[1])
+        except ValueError:
+            pass
     msg = parts[2] if len(parts) > 2 else ""
     detail = (f"{exc}: {msg}" if exc else "")[:1000]
     return exc, diag_errno, detail
@@ -1090,7 +1115,7 @@ def _run_case(job: dict, plan: dict, i: int, code, total_deadline: float, pidns:
     finally:
         files.close()
     if i + 1 < job["n_cases"]:  # the last case's files go with the jail's tmpfs (the fallback's with its run dir)
-        _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
+        _clear_dirs(job, plan)
     cpu = ru.ru_utime + ru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(cpu, 4)}
     rec["stderr"] = out["stderr"].decode("utf-8", "replace")
@@ -1170,7 +1195,7 @@ def _run_check_case(job: dict, plan: dict, i: int, code, total_deadline: float, 
                 pass
         files.close()
     if i + 1 < job["n_cases"]:  # the last case's files go with the jail's tmpfs (the fallback's with its run dir)
-        _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
+        _clear_dirs(job, plan)
     ccpu = cru.ru_utime + cru.ru_stime
     rec = {"event": "case", "i": i, "time": round(end - start, 4), "cpu": round(ccpu, 4)}
     rec.update(stderr=out["stderr"].decode("utf-8", "replace"), stdout=out["stdout"].decode("utf-8", "replace"))
@@ -1227,17 +1252,18 @@ def _check_verdict(job: dict, out: dict, ended: dict) -> dict:
     return {"status": failure[0], "detail": failure[1]}
 
 
-def _clear_dir(path: str, as_nobody: bool, seconds: float) -> None:
+def _clear_dir(path: str, as_nobody: bool, seconds: float, mode: int = 0o700) -> None:
     """Empty the work dir between cases, in a child with the program's own rights (uid 65534 where the program drops
     to it): a symlink swapped in by a process of the program can only redirect the removal to what the program could
     remove itself. Nothing it left fails the harness: a mode of 000 on the work dir is undone, a tree too deep for
     Python goes to coreutils, and after ``seconds`` the child is killed (what is left only costs the program disk)."""
     try:
-        os.chmod(path, 0o700)  # the program owns its work dir (in the jail, the harness too) and may have locked it
-        if not os.listdir(path):
-            return
+        os.chmod(path, mode)  # the program owns its work dir (in the jail, the harness too) and may have locked it
+        with os.scandir(path) as entries:  # (not listdir: it may hold millions of names)
+            if next(entries, None) is None:
+                return
         pid = os.fork()
-    except OSError:
+    except (OSError, MemoryError):
         return
     if pid == 0:
         try:
@@ -1260,6 +1286,13 @@ def _clear_dir(path: str, as_nobody: bool, seconds: float) -> None:
     except OSError:
         pass
     _wait_case(pid, time.monotonic() + seconds)
+
+
+def _clear_dirs(job: dict, plan: dict) -> None:
+    """What a case wrote goes before the next: its work dir, and in the jail its own /dev/shm."""
+    _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
+    if job["jail"]:
+        _clear_dir("/dev/shm", False, job["timeout"], mode=0o1777)
 
 
 def _rmtree_force(path: str) -> None:
@@ -1575,6 +1608,8 @@ class _Judge:
             self.fail(_CandidateExited, f"the program closed its channel ({e.strerror})")
         msg = self.receive()
         if msg[0] == "r" and len(msg) == 2:
+            if not _wire_depth_ok(msg[1], _WIRE_DEPTH // 2):  # so that check() can pass it back as an argument
+                self.fail(_CandidateBadValue, f"return value nested deeper than {_WIRE_DEPTH // 2} levels")
             return msg[1]
         if msg[0] == "e" and len(msg) == 3 and type(msg[1]) is str and type(msg[2]) is str:
             # the program raised: re-raise a builtin exception of that name (checks may expect it)
@@ -1669,7 +1704,8 @@ def _write_diag(fd: int, e: BaseException) -> None:
         en = getattr(e, "errno", None)
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)
-        os.write(fd, f"{type(e).__name__}\n{en if isinstance(en, int) else ''}\n{msg}".encode("utf-8", "replace"))
+        name = str(type(e).__name__).replace("\n", " ")  # the program names its classes: one line, as the parser reads
+        os.write(fd, f"{name}\n{en if isinstance(en, int) else ''}\n{msg}".encode("utf-8", "replace"))
     except BaseException:  # noqa: BLE001
         pass
 
@@ -2026,10 +2062,7 @@ def _cgroup_kill_all(path: str) -> None:
         if not pids:
             return
         for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+            _kill_member(p, path)
         time.sleep(0.005)
 
 
