@@ -648,7 +648,9 @@ def sc(*a):
 out = {}
 nr = {'mount': 165, 'umount2': 166, 'unshare': 272, 'setns': 308, 'ptrace': 101, 'process_vm_readv': 310,
       'keyctl': 250, 'bpf': 321, 'perf_event_open': 298, 'io_uring_setup': 425, 'open_tree': 428,
-      'fsopen': 430, 'userfaultfd': 323, 'pidfd_getfd': 438, 'kcmp': 312, 'io_uring_enter': 426}
+      'fsopen': 430, 'userfaultfd': 323, 'pidfd_getfd': 438, 'kcmp': 312, 'io_uring_enter': 426,
+      'setxattrat': 463, 'removexattrat': 466, 'fanotify_init': 300, 'open_tree_attr': 467, 'utimensat': 280,
+      'fchmodat': 268, 'fchownat': 260, 'shmget': 29, 'msgget': 68, 'inotify_init1': 294}
 for k, n in nr.items():
     out[k] = sc(n, 0, 0, 0, 0, 0)
 out['clone_newuser'] = sc(56, 0x10000000 | 17, 0, 0, 0, 0)

@@ -101,7 +101,8 @@ LAYERS: dict[str, str] = {
     "pidns": "pid namespace; its init's exit kills every process inside",
     "mountns": "private mount namespace",
     "fs_minimal": "only the interpreter's prefixes, the system directories and a fresh work dir are visible",
-    "fs_readonly": "everything but the work dir (and /dev/shm) read-only, /proc (and /proc/sys) included",
+    "fs_readonly": "every mount read-only (/proc and /dev included) but the work dir, /dev/shm, /dev/pts and the "
+    "device nodes (whose chmod/chown/utime/xattr seccomp denies)",
     "tmpfs_work": "work dir is a size-limited tmpfs (disk quota)",
     "proc_fresh": "fresh /proc of the sandbox's pid namespace",
     "no_new_privs": "PR_SET_NO_NEW_PRIVS",
@@ -203,7 +204,7 @@ def _landlock_scope() -> None:
 # does not: no inspection of the harness or judge (same uid), no new namespaces, less kernel attack surface, no
 # change to the mode, owner, times or ACL of any file (run by root, the jail's uid owns the host's device nodes in /dev),
 # no SysV shared memory or message queues (memory that outlives its processes and no limit counts) and no inotify
-# (instances count against the caller's uid on the host).
+# (inotify and fanotify instances count against the caller's uid on the host).
 # ----------------------------------------------------------------------------------------------
 _SYSCALL_TABLE = """
     name                x86_64  aarch64
@@ -259,6 +260,10 @@ _SYSCALL_TABLE = """
     utimes                 235        -
     utime                  132        -
     futimesat              261        -
+    setxattrat             463      463
+    removexattrat          466      466
+    fanotify_init          300      262
+    open_tree_attr         467      467
 """
 _ROWS = [line.split() for line in _SYSCALL_TABLE.strip().splitlines()]
 _SYSCALLS = {  # "-": no such system call on that architecture
@@ -1289,10 +1294,14 @@ def _clear_dir(path: str, as_nobody: bool, seconds: float, mode: int = 0o700) ->
 
 
 def _clear_dirs(job: dict, plan: dict) -> None:
-    """What a case wrote goes before the next: its work dir, and in the jail its own /dev/shm."""
-    _clear_dir(job["work_dir"], plan["uid_drop"], job["timeout"])
-    if job["jail"]:
-        _clear_dir("/dev/shm", False, job["timeout"], mode=0o1777)
+    """What a case wrote goes before the next: its work dir, and in the jail its own /dev/shm; within one ``timeout``
+    and the run's total limit (no next case runs past it), so the harness always reports in time."""
+    for path, as_nobody, mode in [(job["work_dir"], plan["uid_drop"], 0o700)] + (
+        [("/dev/shm", False, 0o1777)] if job["jail"] else []
+    ):
+        seconds = min(job["timeout"], _total_deadline(job) - time.monotonic())
+        if seconds > 0:
+            _clear_dir(path, as_nobody, seconds, mode)
 
 
 def _rmtree_force(path: str) -> None:
